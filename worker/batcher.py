@@ -1,0 +1,79 @@
+"""The micro-batcher: pure, no I/O, time from an injected clock.
+
+A batch closes when it holds ``max_batch_size`` items or ``max_wait_ms`` after its first
+item arrived, whichever comes first. The caller feeds it items, asks for closed batches,
+and uses ``deadline()`` to bound how long it may block waiting for more input.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Hashable, Sequence
+from typing import Generic, TypeVar
+
+from worker.config import BatchPolicy
+
+__all__ = ["Batcher", "Clock", "monotonic_clock"]
+
+T = TypeVar("T")
+Clock = Callable[[], float]
+"""Seconds from an arbitrary, monotonic origin."""
+
+monotonic_clock: Clock = time.monotonic
+
+
+class Batcher(Generic[T]):
+    """Collects items into size- and time-bounded batches, in arrival order."""
+
+    __slots__ = ("_buffer", "_clock", "_first_at", "_max_size", "_max_wait_s")
+
+    def __init__(self, policy: BatchPolicy, clock: Clock = monotonic_clock) -> None:
+        self._max_size = policy.max_batch_size
+        self._max_wait_s = policy.max_wait_ms / 1000.0
+        self._clock = clock
+        self._buffer: list[T] = []
+        self._first_at = 0.0
+
+    def __len__(self) -> int:
+        return len(self._buffer)
+
+    def add(self, items: Sequence[T]) -> list[list[T]]:
+        """Buffer ``items``; return every batch that filled up (possibly none)."""
+        if not items:
+            return []
+        if not self._buffer:
+            self._first_at = self._clock()
+        self._buffer.extend(items)
+        full: list[list[T]] = []
+        size = self._max_size
+        while len(self._buffer) >= size:
+            full.append(self._buffer[:size])
+            del self._buffer[:size]
+            self._first_at = self._clock()
+        return full
+
+    def deadline(self) -> float | None:
+        """Clock time at which the open batch must close, or None when empty."""
+        return self._first_at + self._max_wait_s if self._buffer else None
+
+    def expired(self) -> list[T] | None:
+        """The open batch if its window has passed, else None."""
+        if self._buffer and self._clock() >= self._first_at + self._max_wait_s:
+            return self.flush()
+        return None
+
+    def flush(self) -> list[T] | None:
+        """Close the open batch now (shutdown, drain); None when empty."""
+        if not self._buffer:
+            return None
+        batch, self._buffer = self._buffer, []
+        return batch
+
+    def drop(self, keys: Collection[Hashable], key_of: Callable[[T], Hashable]) -> int:
+        """Forget buffered items whose key is in ``keys`` (revoked partitions)."""
+        if not self._buffer or not keys:
+            return 0
+        kept = [item for item in self._buffer if key_of(item) not in keys]
+        dropped = len(self._buffer) - len(kept)
+        self._buffer = kept
+        return dropped

@@ -1,0 +1,262 @@
+"""Typed, frozen configuration, loaded once from one TOML file plus environment overrides.
+
+Every value is validated at start-up; a bad one raises ``ConfigError`` whose message
+names the field (``pipelines[0].batch.max_batch_size``) and what is allowed. Environment
+variables ``STREAMFER_<SECTION>__<FIELD>`` override the file, with ``__`` between levels
+and list indices as numbers (``STREAMFER_PIPELINES__0__BATCH__MAX_WAIT_MS=5``). Secrets
+are ``SecretStr`` and never print.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+from worker.errors import ConfigError
+
+__all__ = [
+    "BatchPolicy",
+    "FeatureSpec",
+    "KafkaSettings",
+    "MetricsSettings",
+    "ModelSpec",
+    "PipelineConfig",
+    "RedisSettings",
+    "WorkerConfig",
+    "load_config",
+    "parse_config",
+]
+
+ENV_PREFIX = "STREAMFER_"
+
+LibrdkafkaValue = str | int | float | bool
+Provider = Literal["CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"]
+MissingPolicy = Literal["default", "dead_letter"]
+_CPU: Provider = "CPUExecutionProvider"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class KafkaSettings(_Frozen):
+    """Where the cluster is and how this worker joins its group.
+
+    ``options`` go to both consumer and producer verbatim (security settings, for
+    example); ``consumer_options`` and ``producer_options`` to one of them.
+    """
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    group_id: str = "streamfer"
+    auto_offset_reset: Literal["earliest", "latest", "error"] = "earliest"
+    session_timeout_ms: int = Field(default=45000, ge=1000, le=3_600_000)
+    max_poll_interval_ms: int = Field(default=300_000, ge=1000)
+    group_instance_id: str | None = None
+    options: dict[str, LibrdkafkaValue] = Field(default_factory=dict)
+    consumer_options: dict[str, LibrdkafkaValue] = Field(default_factory=dict)
+    producer_options: dict[str, LibrdkafkaValue] = Field(default_factory=dict)
+
+
+class RedisSettings(_Frozen):
+    """The feature store. The URL may carry a password, so it is a secret."""
+
+    url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
+    socket_timeout_s: float = Field(default=5.0, gt=0)
+
+
+class BatchPolicy(_Frozen):
+    """A batch closes at ``max_batch_size`` records or ``max_wait_ms`` after its first."""
+
+    max_batch_size: int = Field(default=256, ge=1, le=100_000)
+    max_wait_ms: float = Field(default=20.0, ge=0, le=60_000)
+
+
+class FeatureSpec(_Frozen):
+    """Which Redis hash holds an entity's features, which fields, and what a gap means."""
+
+    key_template: str = "features:{entity}"
+    fields: list[str] = Field(min_length=1)
+    on_missing_entity: MissingPolicy = "dead_letter"
+    on_missing_field: MissingPolicy = "default"
+    default_value: float = 0.0
+
+    @model_validator(mode="after")
+    def _template_names_entity(self) -> FeatureSpec:
+        if "{entity}" not in self.key_template:
+            raise ValueError("key_template must contain '{entity}'")
+        if len(set(self.fields)) != len(self.fields):
+            raise ValueError("fields must not repeat")
+        return self
+
+
+class ModelSpec(_Frozen):
+    """An ONNX model file, how to name it in results, and where to run it.
+
+    ``outputs`` maps result field names to model output names; by default a
+    classifier's label and probability outputs (as skl2onnx names them) become ``label``
+    and ``scores``, and any other model's outputs keep their own names.
+    """
+
+    path: Path
+    name: str = Field(min_length=1)
+    version: str = "1"
+    providers: list[Provider] = Field(default_factory=lambda: [_CPU])
+    intra_op_threads: int = Field(default=1, ge=0, le=256)
+    outputs: dict[str, str] | None = None
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
+
+
+class PipelineConfig(_Frozen):
+    """Request topics → features → model → result topic, with its own batch policy."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    request_topics: list[str] = Field(min_length=1)
+    result_topic: str = Field(min_length=1)
+    dead_letter_topic: str = Field(min_length=1)
+    features: FeatureSpec
+    model: ModelSpec
+    batch: BatchPolicy = BatchPolicy()
+    max_record_bytes: int = Field(default=1_048_576, ge=64)
+
+
+class MetricsSettings(_Frozen):
+    """The Prometheus endpoint; off unless a port is given."""
+
+    host: str = "127.0.0.1"
+    port: int | None = Field(default=None, ge=0, le=65535)
+
+
+class WorkerConfig(_Frozen):
+    """Everything one worker process needs; several pipelines may share it."""
+
+    kafka: KafkaSettings = KafkaSettings()
+    redis: RedisSettings = RedisSettings()
+    pipelines: list[PipelineConfig] = Field(min_length=1)
+    max_in_flight_batches: int = Field(default=4, ge=1, le=1024)
+    poll_timeout_ms: float = Field(default=100.0, gt=0, le=10_000)
+    shutdown_timeout_s: float = Field(default=30.0, gt=0)
+    log_format: Literal["text", "json"] = "text"
+    metrics: MetricsSettings = MetricsSettings()
+
+    @model_validator(mode="after")
+    def _topics_are_unambiguous(self) -> WorkerConfig:
+        names = [p.name for p in self.pipelines]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pipeline names must be unique, got {names}")
+        owner: dict[str, str] = {}
+        for p in self.pipelines:
+            for topic in p.request_topics:
+                if topic in owner:
+                    raise ValueError(
+                        f"request topic {topic!r} is in pipelines {owner[topic]!r} and {p.name!r}"
+                    )
+                owner[topic] = p.name
+        for p in self.pipelines:
+            for out in (p.result_topic, p.dead_letter_topic):
+                if out in owner:
+                    raise ValueError(f"output topic {out!r} of {p.name!r} is also a request topic")
+        return self
+
+
+def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> WorkerConfig:
+    """Read a TOML file, apply ``STREAMFER_`` overrides, validate. Raises ``ConfigError``."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    return parse_config(raw, environ=environ, base_dir=path.parent, source=str(path))
+
+
+def parse_config(
+    raw: dict[str, Any],
+    *,
+    environ: Mapping[str, str] | None = None,
+    base_dir: Path | None = None,
+    source: str = "config",
+) -> WorkerConfig:
+    """Validate a config mapping; relative model paths resolve against ``base_dir``."""
+    data = _apply_env(raw, os.environ if environ is None else environ)
+    try:
+        cfg = WorkerConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: invalid configuration\n{_describe(exc)}") from None
+    return _resolve_and_check_models(cfg, base_dir or Path.cwd(), source)
+
+
+def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    data: dict[str, Any] = _deep_copy(raw)
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        parts = [p.lower() for p in name[len(ENV_PREFIX) :].split("__") if p]
+        if not parts:
+            continue
+        _set_path(data, parts, _parse_env_value(environ[name]), name)
+    return data
+
+
+def _set_path(data: dict[str, Any], parts: list[str], value: Any, env_name: str) -> None:
+    node: Any = data
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(f"{env_name}: no list item {part!r} to override")
+            if last:
+                node[int(part)] = value
+            else:
+                node = node[int(part)]
+        elif isinstance(node, dict):
+            if last:
+                node[part] = value
+            else:
+                node = node.setdefault(part, {})
+        else:
+            raise ConfigError(f"{env_name}: cannot descend into a {type(node).__name__}")
+
+
+def _parse_env_value(text: str) -> Any:
+    """Read a value as TOML (numbers, booleans, arrays); anything else is a string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _deep_copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _deep_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_deep_copy(v) for v in value]
+    return value
+
+
+def _describe(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        where = ""
+        for part in err["loc"]:
+            where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
+        lines.append(f"  {where or '<root>'}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def _resolve_and_check_models(cfg: WorkerConfig, base_dir: Path, source: str) -> WorkerConfig:
+    pipelines = []
+    for i, p in enumerate(cfg.pipelines):
+        model_path = p.model.path if p.model.path.is_absolute() else base_dir / p.model.path
+        if not model_path.is_file():
+            raise ConfigError(
+                f"{source}: pipelines[{i}].model.path: model file not found: {model_path}"
+            )
+        model = p.model.model_copy(update={"path": model_path})
+        pipelines.append(p.model_copy(update={"model": model}))
+    return cfg.model_copy(update={"pipelines": pipelines})

@@ -1,0 +1,88 @@
+"""The one error tree of streamfer.
+
+Every failure a worker can meet is one of these, so callers can tell what to do by
+type alone: retry, dead-letter the record, or stop without committing.
+
+    StreamferError
+    ├── ConfigError            bad configuration, found at start-up; names the field
+    ├── SourceError            the consumer failed (fatal Kafka error)
+    ├── FeatureStoreError      the feature store is unreachable or answered nonsense
+    ├── EngineError            the model could not be loaded or run
+    ├── SinkError              a result or dead letter was not acknowledged
+    ├── CommitError            an offset commit failed
+    ├── StackError             a local service (Kafka, Redis, Tansu) did not start
+    └── RecordError            one record is bad; carries a code and becomes a dead letter
+
+``Retryable`` marks errors that may succeed when tried again; ``Backpressure`` is
+raised by a stage that cannot take more work now.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "Backpressure",
+    "CommitError",
+    "ConfigError",
+    "EngineError",
+    "FeatureStoreError",
+    "RecordError",
+    "Retryable",
+    "SinkError",
+    "SourceError",
+    "StackError",
+    "StreamferError",
+]
+
+
+class StreamferError(Exception):
+    """Base of every error streamfer raises on purpose."""
+
+
+class Retryable:
+    """Mixin: the operation may succeed if tried again later."""
+
+
+class Backpressure(StreamferError, Retryable):
+    """A stage is full; pause the source and try again later."""
+
+
+class ConfigError(StreamferError):
+    """Configuration is invalid; the message names the field and what is allowed."""
+
+
+class SourceError(StreamferError):
+    """The Kafka consumer reported a fatal error."""
+
+
+class FeatureStoreError(StreamferError, Retryable):
+    """The feature store could not be reached or answered unusable data."""
+
+
+class EngineError(StreamferError):
+    """A model could not be loaded, warmed up or run."""
+
+
+class SinkError(StreamferError):
+    """A produced record was not acknowledged by the broker; never commit past it."""
+
+
+class CommitError(StreamferError):
+    """Committing offsets failed."""
+
+
+class StackError(StreamferError):
+    """A local service of the development stack did not start or stop."""
+
+
+class RecordError(StreamferError):
+    """One record cannot be processed; it becomes a dead letter with this code.
+
+    ``stage`` is where it was refused (decode, schema, features, infer) and ``code`` a
+    short stable identifier for metrics and headers.
+    """
+
+    def __init__(self, stage: str, code: str, reason: str) -> None:
+        super().__init__(reason)
+        self.stage = stage
+        self.code = code
+        self.reason = reason

@@ -1,0 +1,66 @@
+"""Demo and test models, made here from data that ships with scikit-learn.
+
+``make_classifier`` trains a small random forest on the Wisconsin breast-cancer data set
+(569 rows, 30 features, bundled with scikit-learn, so nothing is downloaded) and converts
+it with skl2onnx to a float32 ONNX model whose probabilities are a plain tensor.
+``seed_entities`` writes each row's features to a Redis hash, one entity per row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import redis
+
+__all__ = ["DemoModel", "feature_names", "make_classifier", "seed_entities"]
+
+
+@dataclass(frozen=True, slots=True)
+class DemoModel:
+    path: Path
+    fields: list[str]
+    features: npt.NDArray[np.float32]
+    """One row per entity, in ``fields`` order."""
+
+
+def feature_names(n: int) -> list[str]:
+    return [f"f{i}" for i in range(n)]
+
+
+def make_classifier(path: Path, *, n_estimators: int = 16, max_depth: int = 6) -> DemoModel:
+    """Train and convert; returns where the model is and the data set's features."""
+    from skl2onnx import to_onnx
+    from sklearn.datasets import load_breast_cancer
+    from sklearn.ensemble import RandomForestClassifier
+
+    data = load_breast_cancer()
+    x = data.data.astype(np.float32)
+    model = RandomForestClassifier(
+        n_estimators=n_estimators, max_depth=max_depth, random_state=0, n_jobs=1
+    ).fit(x, data.target)
+    onx = to_onnx(model, x[:1], options={id(model): {"zipmap": False}}, target_opset=17)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(onx.SerializeToString())
+    return DemoModel(path, feature_names(x.shape[1]), x)
+
+
+def seed_entities(
+    client: redis.Redis,
+    model: DemoModel,
+    *,
+    key_template: str = "features:{entity}",
+    prefix: str = "e",
+) -> list[str]:
+    """One hash per data-set row; returns the entity ids (``e0``, ``e1`` ...)."""
+    entities = [f"{prefix}{i}" for i in range(len(model.features))]
+    pipe = client.pipeline(transaction=False)
+    for entity, row in zip(entities, model.features.tolist(), strict=True):
+        pipe.hset(
+            key_template.replace("{entity}", entity),
+            mapping=dict(zip(model.fields, map(repr, row), strict=True)),
+        )
+    pipe.execute()
+    return entities

@@ -1,0 +1,130 @@
+"""The Kafka source: a consumer-group member with manual offset control.
+
+Cooperative-sticky assignment, ``enable.auto.commit=false`` and
+``enable.auto.offset.store=false``: offsets move only through ``commit.Committer``.
+Rebalance callbacks are wired explicitly; they run inside ``consume`` on the caller's
+thread, so the worker's state needs no locks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from worker.config import KafkaSettings
+from worker.errors import SourceError
+
+__all__ = ["RebalanceHandler", "Source", "consumer_config", "position"]
+
+log = logging.getLogger(__name__)
+
+RebalanceHandler = Callable[[list[TopicPartition]], None]
+
+
+def position(msg: Message) -> tuple[str, int, int]:
+    """Topic, partition and offset of a consumed (never None) message."""
+    return cast(str, msg.topic()), cast(int, msg.partition()), cast(int, msg.offset())
+
+
+def consumer_config(settings: KafkaSettings) -> dict[str, Any]:
+    conf: dict[str, Any] = {
+        "bootstrap.servers": settings.bootstrap_servers,
+        "group.id": settings.group_id,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": settings.auto_offset_reset,
+        "partition.assignment.strategy": "cooperative-sticky",
+        "session.timeout.ms": settings.session_timeout_ms,
+        "max.poll.interval.ms": settings.max_poll_interval_ms,
+        "error_cb": _log_error,
+        "on_commit": _log_commit,
+    }
+    if settings.group_instance_id:
+        conf["group.instance.id"] = settings.group_instance_id
+    conf.update(settings.options)
+    conf.update(settings.consumer_options)
+    return conf
+
+
+def _log_error(err: KafkaError) -> None:
+    log.error("consumer error: %s", err.str())
+
+
+def _log_commit(err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+    if err is not None:
+        log.warning("offset commit failed: %s", err.str())
+
+
+class Source:
+    """Fetches messages in batches; surfaces fatal errors as ``SourceError``."""
+
+    def __init__(
+        self,
+        consumer: Consumer,
+        topics: Sequence[str],
+        *,
+        on_assign: RebalanceHandler,
+        on_revoke: RebalanceHandler,
+        on_lost: RebalanceHandler,
+    ) -> None:
+        self.consumer = consumer
+        self._topics = list(topics)
+        self._on_assign = on_assign
+        self._on_revoke = on_revoke
+        self._on_lost = on_lost
+        self._consume = consumer.consume
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: KafkaSettings,
+        topics: Sequence[str],
+        *,
+        on_assign: RebalanceHandler,
+        on_revoke: RebalanceHandler,
+        on_lost: RebalanceHandler,
+    ) -> Source:
+        return cls(
+            Consumer(consumer_config(settings)),
+            topics,
+            on_assign=on_assign,
+            on_revoke=on_revoke,
+            on_lost=on_lost,
+        )
+
+    def subscribe(self) -> None:
+        self.consumer.subscribe(
+            self._topics,
+            on_assign=lambda _c, parts: self._on_assign(parts),
+            on_revoke=lambda _c, parts: self._on_revoke(parts),
+            on_lost=lambda _c, parts: self._on_lost(parts),
+        )
+
+    def consume(self, max_messages: int, timeout: float) -> list[Message]:
+        """Up to ``max_messages`` records; blocks at most ``timeout`` seconds."""
+        messages: list[Message] = self._consume(max_messages, timeout)
+        if not messages:
+            return messages
+        if any(m.error() is not None for m in messages):
+            return self._without_errors(messages)
+        return messages
+
+    def _without_errors(self, messages: list[Message]) -> list[Message]:
+        good = []
+        for m in messages:
+            err = m.error()
+            if err is None:
+                good.append(m)
+            elif err.code() == KafkaError._PARTITION_EOF:
+                continue
+            elif err.fatal():
+                raise SourceError(f"fatal consumer error: {err.str()}")
+            else:
+                log.warning("consumer: %s", err.str())
+        return good
+
+    def close(self) -> None:
+        self.consumer.close()

