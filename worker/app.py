@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import cast
 
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from worker.batcher import Batcher, Clock, monotonic_clock
@@ -83,6 +83,7 @@ class Worker:
         self._stop = threading.Event()
         self._failed = False
         self.assigned: set[PartitionKey] = set()
+        self._assigned_at = 0.0
 
     @classmethod
     def from_config(cls, config: WorkerConfig, registry: CollectorRegistry | None = None) -> Worker:
@@ -103,13 +104,27 @@ class Worker:
                     retry_feature_store_s=min(30.0, config.kafka.max_poll_interval_ms / 2000.0),
                 )
             )
-        return cls(
+        built: list[Worker] = []
+        consumer = Consumer(
+            consumer_config(config.kafka, on_commit=lambda e, p: built[0].on_commit(e, p))
+        )
+        worker = cls(
             config=config,
-            consumer=Consumer(consumer_config(config.kafka)),
+            consumer=consumer,
             sink=Sink.from_settings(config.kafka),
             pipelines=pipelines,
             metrics=metrics,
         )
+        built.append(worker)
+        return worker
+
+    def on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """Result of an asynchronous commit; rejected offsets are committed again."""
+        failed = [tp for tp in partitions if err is not None or tp.error is not None]
+        if failed:
+            reason = err.str() if err is not None else str(failed[0].error)
+            log.warning("commit of %d partitions rejected (%s); will retry", len(failed), reason)
+            self._committer.requeue_failed(failed)
 
     def stop(self) -> None:
         """Ask the loop to finish; safe from signal handlers and other threads."""
@@ -171,8 +186,9 @@ class Worker:
             if (
                 burst_idle_s is not None
                 and not messages
+                and self.assigned
                 and not len(committer)
-                and time.monotonic() - idle_since >= burst_idle_s
+                and time.monotonic() - max(idle_since, self._assigned_at) >= burst_idle_s
                 and all(len(b) == 0 for b in batchers.values())
             ):
                 log.info("burst: idle for %.1fs, stopping", burst_idle_s)
@@ -207,6 +223,7 @@ class Worker:
 
     def _on_assign(self, partitions: list[TopicPartition]) -> None:
         self.assigned |= _keys(partitions)
+        self._assigned_at = time.monotonic()
         self.metrics.rebalances.labels("assign").inc()
         log.info("assigned %s; owning %d partitions", _describe(partitions), len(self.assigned))
 

@@ -3,8 +3,10 @@
 Batches are committed in the order they were produced: a batch's offsets (next offset,
 i.e. last + 1, per partition) are committed only when its deliveries and those of every
 earlier batch have all succeeded. An offset that would move a partition backwards is
-refused. A failed delivery stops commits for good: the caller must stop the worker so
-the uncommitted records are consumed again.
+refused. Asynchronous commits that the broker rejects (a rebalance was in progress, say)
+are reported through ``requeue_failed`` and sent again with the next commit. A failed
+delivery stops commits for good: the caller must stop the worker so the uncommitted
+records are consumed again.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class Committer:
         self._consumer = consumer
         self._queue: deque[_Pending] = deque()
         self._committed: dict[PartitionKey, int] = {}
+        self._retry: dict[PartitionKey, int] = {}
         self.commits = 0
 
     def __len__(self) -> int:
@@ -67,6 +70,8 @@ class Committer:
         while queue and queue[0].tracker.done:
             head = queue[0]
             if head.tracker.errors:
+                if merged:  # what was delivered before the failure is still committed
+                    self._commit(merged, asynchronous=False)
                 raise SinkError(
                     f"{len(head.tracker.errors)} deliveries of a batch failed, not committing: "
                     + "; ".join(head.tracker.errors)
@@ -76,9 +81,22 @@ class Committer:
                 if offset > merged.get(tp, -1):
                     merged[tp] = offset
             done += 1
+        if self._retry:
+            for tp, offset in self._retry.items():
+                if offset > merged.get(tp, -1):
+                    merged[tp] = offset
+            self._retry.clear()
         if merged:
             self._commit(merged, asynchronous)
         return done
+
+    def requeue_failed(self, partitions: list[TopicPartition]) -> None:
+        """Offsets the broker rejected (from ``on_commit``): send them with the next commit."""
+        for tp in partitions:
+            key = (tp.topic, tp.partition)
+            if self._committed.get(key) == tp.offset:
+                self._retry[key] = tp.offset
+                self._committed[key] = -1
 
     def _commit(self, offsets: dict[PartitionKey, int], asynchronous: bool) -> None:
         committed = self._committed
@@ -113,6 +131,7 @@ class Committer:
                 del pending.offsets[tp]
         for tp in keys:
             self._committed.pop(tp, None)
+            self._retry.pop(tp, None)
 
     def committed(self) -> dict[PartitionKey, int]:
         return dict(self._committed)

@@ -41,7 +41,7 @@ _CPU: Provider = "CPUExecutionProvider"
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", coerce_numbers_to_str=True)
 
 
 class KafkaSettings(_Frozen):
@@ -170,6 +170,8 @@ def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> W
         raw = tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
     return parse_config(raw, environ=environ, base_dir=path.parent, source=str(path))
@@ -197,8 +199,8 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any
         if not name.startswith(ENV_PREFIX):
             continue
         parts = [p.lower() for p in name[len(ENV_PREFIX) :].split("__") if p]
-        if not parts:
-            continue
+        if not parts or parts[0] not in WorkerConfig.model_fields:
+            continue  # STREAMFER_CONFIG, STREAMFER_CACHE and the like are not overrides
         _set_path(data, parts, _parse_env_value(environ[name]), name)
     return data
 

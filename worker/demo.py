@@ -14,7 +14,6 @@ import os
 import random
 import shutil
 import tempfile
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from worker.harness import (
     collect_outcomes,
     percentile,
     produce_requests,
+    wait_for_assignment,
     worker_config_toml,
 )
 from worker.modelgen import make_classifier, seed_entities
@@ -159,7 +159,7 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
             WorkerProcess(config, work / f"worker-{i}.log").start() for i in range(opts.workers)
         ]
         try:
-            _wait_for_assignment(workers, opts.partitions, timeout=60)
+            wait_for_assignment(workers, opts.partitions, timeout=60)
             requests, good, bad_tags = make_requests(
                 opts.records, entities, opts.bad_fraction, opts.seed
             )
@@ -194,23 +194,6 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
         if lost:
             report["_worker_logs"] = ["\n".join(w.log_text().splitlines()[-15:]) for w in workers]
         return report
-
-
-def _wait_for_assignment(workers: list[WorkerProcess], partitions: int, timeout: float) -> None:
-    """Wait until the workers' logs say they own all partitions between them."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        owned = 0
-        for w in workers:
-            if not w.alive():
-                raise StackError(f"a demo worker exited:\n{w.log_text()[-3000:]}")
-            lines = [ln for ln in w.log_text().splitlines() if "; owning " in ln]
-            if lines:
-                owned += int(lines[-1].rsplit("; owning ", 1)[1].split()[0])
-        if owned >= partitions:
-            return
-        time.sleep(0.2)
-    raise StackError(f"workers did not take all {partitions} partitions in {timeout:.0f}s")
 
 
 def print_report(report: dict[str, Any], *, as_json: bool) -> None:

@@ -103,6 +103,11 @@ def assemble(
     if lookup_rows:
         distinct = list(dict.fromkeys(entities[r] for r in lookup_rows))
         raw = store.get_many(distinct)  # type: ignore[arg-type]
+        if len(raw) != len(distinct) or any(len(row) != width for row in raw):
+            raise FeatureStoreError(
+                f"feature store answered {len(raw)} rows for {len(distinct)} entities "
+                f"(expected {width} values each)"
+            )
         values, absent, bad = _parse_rows(raw, width)
         unknown: npt.NDArray[np.bool_] = np.asarray(absent.all(axis=1))
         partial: npt.NDArray[np.bool_] = np.asarray(absent.any(axis=1)) & ~unknown
@@ -135,11 +140,12 @@ def assemble(
                     rejected.append((r, "missing_feature", reason))
 
     column = {name: j for j, name in enumerate(spec.fields)}
-    for r in range(n):
-        feats = inline[r]
-        if feats:
-            for name, v in feats.items():
-                matrix[r, column[name]] = v
+    with np.errstate(over="ignore"):  # beyond float32 range becomes inf, refused below
+        for r in range(n):
+            feats = inline[r]
+            if feats:
+                for name, v in feats.items():
+                    matrix[r, column[name]] = v
 
     finite = np.isfinite(matrix).all(axis=1)
     if not finite.all():
@@ -175,7 +181,8 @@ def _parse_rows(
                 except ValueError:
                     bad[i] = f"stored feature {j} is not a number: {v[:32]!r}"
                     break
-    return values.astype(np.float32), absent, bad
+    with np.errstate(over="ignore"):  # beyond float32 range becomes inf, refused later
+        return values.astype(np.float32), absent, bad
 
 
 def _missing_names(

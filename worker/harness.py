@@ -23,6 +23,8 @@ from typing import Any
 import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
+from worker.errors import StackError
+
 __all__ = [
     "Outcomes",
     "WorkerProcess",
@@ -31,6 +33,7 @@ __all__ = [
     "end_offsets",
     "percentile",
     "produce_requests",
+    "wait_for_assignment",
     "worker_config_toml",
 ]
 
@@ -101,13 +104,14 @@ class WorkerProcess:
     def start(self) -> WorkerProcess:
         env = dict(os.environ)
         env.update(self.env or {})
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "worker", "run", "--config", str(self.config_path)],
-            stdout=self.log_path.open("ab"),
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-        )
+        with self.log_path.open("ab") as log_file:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "worker", "run", "--config", str(self.config_path)],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
         return self
 
     @property
@@ -314,3 +318,20 @@ def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     k = min(len(ordered) - 1, max(0, round(q / 100.0 * (len(ordered) - 1))))
     return float(ordered[k])
+
+
+def wait_for_assignment(workers: list[WorkerProcess], partitions: int, timeout: float) -> None:
+    """Wait until each worker's log says it owns partitions and together they own all."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        owned = []
+        for w in workers:
+            if not w.alive():
+                raise StackError(f"a worker exited:\n{w.log_text()[-3000:]}")
+            lines = [ln for ln in w.log_text().splitlines() if "; owning " in ln]
+            owned.append(int(lines[-1].rsplit("; owning ", 1)[1].split()[0]) if lines else 0)
+        enough = all(n > 0 for n in owned) or len(workers) > partitions
+        if enough and sum(owned) >= partitions:
+            return
+        time.sleep(0.2)
+    raise StackError(f"workers did not take all {partitions} partitions in {timeout:.0f}s")

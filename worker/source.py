@@ -29,7 +29,13 @@ def position(msg: Message) -> tuple[str, int, int]:
     return cast(str, msg.topic()), cast(int, msg.partition()), cast(int, msg.offset())
 
 
-def consumer_config(settings: KafkaSettings) -> dict[str, Any]:
+CommitCallback = Callable[[KafkaError | None, list[TopicPartition]], None]
+
+
+def consumer_config(
+    settings: KafkaSettings, on_commit: CommitCallback | None = None
+) -> dict[str, Any]:
+    """librdkafka settings; ``on_commit`` receives the result of asynchronous commits."""
     conf: dict[str, Any] = {
         "bootstrap.servers": settings.bootstrap_servers,
         "group.id": settings.group_id,
@@ -40,7 +46,7 @@ def consumer_config(settings: KafkaSettings) -> dict[str, Any]:
         "session.timeout.ms": settings.session_timeout_ms,
         "max.poll.interval.ms": settings.max_poll_interval_ms,
         "error_cb": _log_error,
-        "on_commit": _log_commit,
+        "on_commit": on_commit or _log_commit,
     }
     if settings.group_instance_id:
         conf["group.instance.id"] = settings.group_instance_id

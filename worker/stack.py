@@ -225,25 +225,26 @@ def start_kafka(
             raise StackError(f"formatting Kafka storage failed:\n{fmt.stdout}{fmt.stderr}")
     log_path = work / "kafka.log"
     env = dict(os.environ)
-    process = subprocess.Popen(
-        [
-            java,
-            f"-Xmx{heap_mb}m",
-            f"-Xms{min(heap_mb, 256)}m",
-            "-XX:+UseG1GC",
-            "-XX:TieredStopAtLevel=1",
-            f"-Dlog4j2.configurationFile={work / 'log4j2.xml'}",
-            "-cp",
-            classpath,
-            "kafka.Kafka",
-            str(props_path),
-        ],
-        stdout=log_path.open("ab"),
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        env=env,
-        start_new_session=True,
-    )
+    with log_path.open("ab") as log_file:
+        process = subprocess.Popen(
+            [
+                java,
+                f"-Xmx{heap_mb}m",
+                f"-Xms{min(heap_mb, 256)}m",
+                "-XX:+UseG1GC",
+                "-XX:TieredStopAtLevel=1",
+                f"-Dlog4j2.configurationFile={work / 'log4j2.xml'}",
+                "-cp",
+                classpath,
+                "kafka.Kafka",
+                str(props_path),
+            ],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
     svc = Service("kafka", f"127.0.0.1:{port}", process, work, log_path, owned)
     _wait_for_port(svc, port, timeout)
     _wait_for_kafka_metadata(svc, timeout)
@@ -270,27 +271,28 @@ def start_redis(*, port: int | None = None, timeout: float = 20.0) -> Service:
     port = port or free_port()
     work = Path(tempfile.mkdtemp(prefix="streamfer-redis-"))
     log_path = work / "redis.log"
-    process = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(work),
-            "--protected-mode",
-            "yes",
-        ],
-        stdout=log_path.open("ab"),
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    with log_path.open("ab") as log_file:
+        process = subprocess.Popen(
+            [
+                binary,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(work),
+                "--protected-mode",
+                "yes",
+            ],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     svc = Service("redis", f"redis://127.0.0.1:{port}/0", process, work, log_path, True)
     _wait_for_port(svc, port, timeout)
     return svc
@@ -306,22 +308,23 @@ def start_tansu(*, port: int | None = None, timeout: float = 20.0) -> Service:
     port = port or free_port()
     work = Path(tempfile.mkdtemp(prefix="streamfer-tansu-"))
     log_path = work / "tansu.log"
-    process = subprocess.Popen(
-        [
-            binary,
-            "broker",
-            "--listener-url",
-            f"tcp://127.0.0.1:{port}",
-            "--advertised-listener-url",
-            f"tcp://127.0.0.1:{port}",
-            "--storage-engine",
-            "memory://tansu/",
-        ],
-        stdout=log_path.open("ab"),
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    with log_path.open("ab") as log_file:
+        process = subprocess.Popen(
+            [
+                binary,
+                "broker",
+                "--listener-url",
+                f"tcp://127.0.0.1:{port}",
+                "--advertised-listener-url",
+                f"tcp://127.0.0.1:{port}",
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     svc = Service("tansu", f"127.0.0.1:{port}", process, work, log_path, True)
     _wait_for_port(svc, port, timeout)
     return svc

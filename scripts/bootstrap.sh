@@ -1,0 +1,31 @@
+# Sourced by scripts/demo.sh and scripts/test.sh: make a fresh machine ready.
+# Installs what the stack needs (redis-server; Java 17 and Maven for Apache Kafka) when
+# missing and we may, then a virtual environment with streamfer and its dev tools.
+set -euo pipefail
+
+need_apt=()
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
+if ((${#need_apt[@]})); then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "streamfer: installing ${need_apt[*]}" >&2
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+    else
+        echo "streamfer: please install ${need_apt[*]} (Debian package names)" >&2
+    fi
+fi
+
+PY=${PYTHON:-python3}
+"$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
+    echo "streamfer needs Python 3.11 or newer ($PY is $("$PY" --version 2>&1))" >&2; exit 2; }
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+stamp=.venv/.streamfer-installed
+if [ ! -f "$stamp" ] || ! cmp -s pyproject.toml "$stamp"; then
+    .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+    .venv/bin/python -m pip install -q -e ".[dev]"
+    cp pyproject.toml "$stamp"
+fi
+export PATH="$PWD/.venv/bin:$PATH"

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Lint, type-check and run every test against real Apache Kafka and redis-server, which
+# the suite starts itself (or KAFKA_BOOTSTRAP_SERVERS / REDIS_URL). Flags go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/bootstrap.sh
+ruff check worker tests benchmarks
+ruff format --check worker tests benchmarks
+mypy
+set +e
+python -m pytest -q "$@"
+rc=$?
+set -e
+if [ "$rc" = 5 ]; then
+    echo "streamfer: pytest collected no tests; that is a failure" >&2
+    exit 1
+fi
+exit "$rc"

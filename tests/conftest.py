@@ -1,0 +1,91 @@
+"""Shared fixtures: real Apache Kafka and redis-server for the whole session.
+
+They are started from the project's own code (``worker.stack``) unless
+``KAFKA_BOOTSTRAP_SERVERS`` / ``REDIS_URL`` point at existing ones. Each test gets
+fresh topics and a fresh consumer group from the factory fixtures.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+
+from worker.modelgen import DemoModel, make_classifier, seed_entities
+from worker.stack import start_kafka, start_redis
+from worker.topics import ensure_topics
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    existing = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if existing:
+        yield existing
+        return
+    svc = start_kafka()
+    try:
+        yield svc.address
+    finally:
+        svc.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    existing = os.environ.get("REDIS_URL")
+    if existing:
+        yield existing
+        return
+    svc = start_redis()
+    try:
+        yield svc.address
+    finally:
+        svc.stop()
+
+
+@pytest.fixture(scope="session")
+def model(tmp_path_factory: pytest.TempPathFactory) -> DemoModel:
+    return make_classifier(tmp_path_factory.mktemp("model") / "classifier.onnx")
+
+
+@pytest.fixture(scope="session")
+def entities(redis_url: str, model: DemoModel) -> list[str]:
+    """Entity ids whose feature hashes are in Redis (``features:<id>``)."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return seed_entities(client, model, prefix="it-")
+    finally:
+        client.close()
+
+
+@dataclass(frozen=True)
+class Topics:
+    requests: str
+    results: str
+    dead_letters: str
+    group: str
+
+
+@pytest.fixture
+def fresh_topics(kafka_bootstrap: str) -> Callable[..., Topics]:
+    """Factory: new request/result/dead-letter topics and a new group name per call."""
+
+    def make(partitions: int = 4) -> Topics:
+        tag = uuid.uuid4().hex[:10]
+        t = Topics(f"req-{tag}", f"res-{tag}", f"dlq-{tag}", f"group-{tag}")
+        ensure_topics(
+            kafka_bootstrap,
+            [(t.requests, partitions), (t.results, partitions), (t.dead_letters, 1)],
+        )
+        return t
+
+    return make
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    return tmp_path

@@ -1,0 +1,38 @@
+"""Helpers shared by the integration tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import orjson
+from jsonschema import Draft202012Validator
+
+SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
+
+# Bad requests beyond the demo's mix: each must become a dead letter with this code.
+EXTRA_BAD: dict[str, tuple[bytes, str]] = {
+    "oversized": (b'{"id": "big", "entity": "' + b"x" * 70_000 + b'"}', "oversized"),
+    "array": (b"[1, 2, 3]", "not_an_object"),
+    "overflow": (b'{"id": "o", "features": {"f0": 1e400}}', "invalid_json"),
+    "invalid_utf8": (b'{"id": "\xff\xfe"}', "invalid_json"),
+    "unknown_feature": (
+        b'{"id": "u", "entity": "it-1", "features": {"nope": 1}}',
+        "unknown_feature",
+    ),
+    "string_feature": (b'{"id": "s", "entity": "it-1", "features": {"f1": "7"}}', "wrong_type"),
+    "deep": (b"[" * 5000 + b"]" * 5000, "invalid_json"),
+    "null_json": (b"null", "not_an_object"),
+}
+
+
+def validator(name: str) -> Draft202012Validator:
+    schema = json.loads((SCHEMAS / f"{name}.schema.json").read_text())
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema)
+
+
+def assert_valid(v: Draft202012Validator, doc: Any) -> None:
+    errors = sorted(v.iter_errors(doc), key=str)
+    assert not errors, f"{errors[0].message} in {orjson.dumps(doc)[:300]!r}"

@@ -1,0 +1,123 @@
+"""The command line as an operator meets it: bad config, ``check`` and burst mode."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Topics
+from worker.harness import (
+    collect_outcomes,
+    committed_offsets,
+    end_offsets,
+    produce_requests,
+    worker_config_toml,
+)
+from worker.modelgen import DemoModel
+
+pytestmark = pytest.mark.integration
+
+
+def _streamfer(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "worker", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _config(tmp_path: Path, t: Topics, bootstrap: str, redis_url: str, model: DemoModel) -> Path:
+    path = tmp_path / "worker.toml"
+    path.write_text(
+        worker_config_toml(
+            bootstrap=bootstrap,
+            redis_url=redis_url,
+            group=t.group,
+            request_topic=t.requests,
+            result_topic=t.results,
+            dead_letter_topic=t.dead_letters,
+            model_path=model.path,
+            fields=model.fields,
+        )
+    )
+    return path
+
+
+def test_bad_config_exits_2_naming_the_field(tmp_path: Path, model: DemoModel) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(f"""
+[kafka]
+auto_offset_reset = "sometimes"
+[[pipelines]]
+name = "p"
+request_topics = ["a"]
+result_topic = "b"
+dead_letter_topic = "c"
+[pipelines.features]
+fields = ["f0"]
+[pipelines.model]
+path = "{model.path}"
+name = "m"
+""")
+    proc = _streamfer("run", "--config", str(path))
+    assert proc.returncode == 2
+    assert "kafka.auto_offset_reset" in proc.stderr
+    assert "'earliest'" in proc.stderr
+
+
+def test_missing_model_file_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("""
+[[pipelines]]
+name = "p"
+request_topics = ["a"]
+result_topic = "b"
+dead_letter_topic = "c"
+[pipelines.features]
+fields = ["f0"]
+[pipelines.model]
+path = "no/such/model.onnx"
+name = "m"
+""")
+    proc = _streamfer("check", "--config", str(path))
+    assert proc.returncode == 2
+    assert "pipelines[0].model.path" in proc.stderr
+    assert "model.onnx" in proc.stderr
+
+
+def test_check_then_burst_run_serves_backlog_and_commits(
+    kafka_bootstrap: str,
+    redis_url: str,
+    model: DemoModel,
+    entities: list[str],
+    fresh_topics: Callable[..., Topics],
+    tmp_path: Path,
+) -> None:
+    t = fresh_topics(2)
+    path = _config(tmp_path, t, kafka_bootstrap, redis_url, model)
+    check = _streamfer("check", "--config", str(path))
+    assert check.returncode == 0, check.stderr
+    assert "ok: pipeline demo" in check.stdout
+
+    ids = {f"b{i}" for i in range(500)}
+    produce_requests(
+        kafka_bootstrap,
+        t.requests,
+        [
+            (i, None, f'{{"id": "{i}", "entity": "{entities[n % 50]}"}}'.encode())
+            for n, i in enumerate(sorted(ids))
+        ],
+    )
+    run = _streamfer("run", "--config", str(path), "--burst-idle-s", "3", timeout=180)
+    assert run.returncode == 0, run.stderr[-3000:]
+    outcomes = collect_outcomes(kafka_bootstrap, t.results, t.dead_letters, ids, timeout=30)
+    assert outcomes.lost(ids) == []
+    assert committed_offsets(kafka_bootstrap, t.group, t.requests) == end_offsets(
+        kafka_bootstrap, t.requests
+    )

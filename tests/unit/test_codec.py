@@ -1,0 +1,409 @@
+"""Decoding requests (never raises for bad input) and encoding dead letters."""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from worker.codec import (
+    MAX_ID_LENGTH,
+    MAX_REASON_LENGTH,
+    decode_requests,
+    encode_dead_letter,
+    safe_text,
+)
+from worker.types import DecodedRequests, Rejection
+
+FIELDS = ("a", "b", "c")
+LIMIT = 4096
+
+Decode = Callable[..., DecodedRequests]
+
+
+@pytest.fixture
+def decode() -> Decode:
+    def run(
+        values: Sequence[bytes | None],
+        fields: Sequence[str] = FIELDS,
+        max_record_bytes: int = LIMIT,
+    ) -> DecodedRequests:
+        return decode_requests(values, fields, max_record_bytes)
+
+    return run
+
+
+def js(doc: Any) -> bytes:
+    return orjson.dumps(doc)
+
+
+def only_rejection(out: DecodedRequests) -> Rejection:
+    assert out.rows == []
+    assert out.ids == []
+    assert out.entities == []
+    assert out.inline == []
+    assert len(out.rejections) == 1
+    return out.rejections[0]
+
+
+# --- good requests ----------------------------------------------------------------
+
+
+def test_request_with_entity(decode: Decode) -> None:
+    out = decode([js({"id": "r1", "entity": "e1"})])
+    assert out.rows == [0]
+    assert out.ids == ["r1"]
+    assert out.entities == ["e1"]
+    assert out.inline == [None]
+    assert out.rejections == []
+
+
+def test_request_with_entity_and_partial_features(decode: Decode) -> None:
+    out = decode([js({"id": "r1", "entity": "e1", "features": {"b": 2.5}})])
+    assert out.rows == [0]
+    assert out.inline == [{"b": 2.5}]
+
+
+def test_request_with_complete_inline_features(decode: Decode) -> None:
+    out = decode([js({"id": "r2", "features": {"a": 1, "b": -2.5, "c": 0}})])
+    assert out.rows == [0]
+    assert out.ids == ["r2"]
+    assert out.entities == [None]
+    assert out.inline == [{"a": 1, "b": -2.5, "c": 0}]
+    assert out.rejections == []
+
+
+def test_extra_top_level_fields_are_allowed(decode: Decode) -> None:
+    out = decode([js({"id": "r", "entity": "e", "trace": {"x": [1, 2]}})])
+    assert out.rows == [0]
+
+
+def test_id_of_max_length_is_accepted(decode: Decode) -> None:
+    out = decode([js({"id": "x" * MAX_ID_LENGTH, "entity": "e"})])
+    assert out.ids == ["x" * MAX_ID_LENGTH]
+
+
+def test_empty_batch(decode: Decode) -> None:
+    out = decode([])
+    assert (out.rows, out.ids, out.entities, out.inline, out.rejections) == ([], [], [], [], [])
+
+
+# --- decode-stage rejections -----------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [b"", None])
+def test_empty_value(decode: Decode, value: bytes | None) -> None:
+    rej = only_rejection(decode([value]))
+    assert (rej.index, rej.stage, rej.code) == (0, "decode", "empty_value")
+
+
+def test_oversized_is_checked_before_parsing(decode: Decode) -> None:
+    huge_and_invalid = b"{" * (LIMIT + 1)
+    rej = only_rejection(decode([huge_and_invalid]))
+    assert (rej.stage, rej.code) == ("decode", "oversized")
+    assert str(LIMIT + 1) in rej.reason
+    assert str(LIMIT) in rej.reason
+
+
+def test_value_exactly_at_limit_is_parsed(decode: Decode) -> None:
+    doc = js({"id": "r", "entity": "e"})
+    out = decode([doc], max_record_bytes=len(doc))
+    assert out.rows == [0]
+    rej = only_rejection(decode([doc], max_record_bytes=len(doc) - 1))
+    assert rej.code == "oversized"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param(b'{"id": "\xff\xfe", "entity": "e"}', id="invalid-utf8"),
+        pytest.param(b'{"id": "r", "entity": "e"', id="truncated"),
+        pytest.param(b'{"id": "r", "features": {"a": NaN, "b": 1, "c": 1}}', id="nan"),
+        pytest.param(b'{"id": "r", "features": {"a": Infinity, "b": 1, "c": 1}}', id="inf"),
+        pytest.param(b'{"id": "r", "features": {"a": -Infinity, "b": 1, "c": 1}}', id="-inf"),
+        pytest.param(b'{"id": "r", "features": {"a": 1e400, "b": 1, "c": 1}}', id="1e400"),
+        pytest.param(b'{"id": "r", "entity": "e"} trailing', id="trailing-garbage"),
+        pytest.param(b"\x00\x01\x02", id="binary"),
+    ],
+)
+def test_invalid_json(decode: Decode, value: bytes) -> None:
+    rej = only_rejection(decode([value]))
+    assert (rej.stage, rej.code) == ("decode", "invalid_json")
+    assert rej.reason.startswith("not valid JSON")
+
+
+def _nested(depth: int) -> bytes:
+    return b'{"id": "r", "entity": "e", "x": ' + b"[" * depth + b"]" * depth + b"}"
+
+
+def test_deep_nesting_is_rejected(decode: Decode) -> None:
+    deep = _nested(5000)
+    rej = only_rejection(decode([deep], max_record_bytes=len(deep)))
+    assert (rej.stage, rej.code) == ("decode", "invalid_json")
+
+
+def test_deep_nesting_under_size_limit_does_not_crash_the_process() -> None:
+    # 300 000 levels fit in 600 kB, under the default 1 MiB record limit. A crash here
+    # would be a poison pill: every worker that consumes the record dies.
+    script = (
+        "from worker.codec import decode_requests\n"
+        "deep = b'{\"id\": \"r\", \"x\": ' + b'[' * 300000 + b']' * 300000 + b'}'\n"
+        "out = decode_requests([deep], ['a'], 1 << 20)\n"
+        "print(out.rows, [r.code for r in out.rejections])\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[] ['invalid_json']"
+
+
+def test_moderate_nesting_in_extra_field_is_accepted(decode: Decode) -> None:
+    out = decode([_nested(100)])
+    assert out.rows == [0]
+    assert out.rejections == []
+
+
+# --- schema-stage rejections -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "json_type"),
+    [(b"[1, 2]", "array"), (b"42", "number"), (b"null", "null"), (b'"s"', "string")],
+)
+def test_not_an_object(decode: Decode, value: bytes, json_type: str) -> None:
+    rej = only_rejection(decode([value]))
+    assert (rej.stage, rej.code) == ("schema", "not_an_object")
+    assert json_type in rej.reason
+
+
+@pytest.mark.parametrize(
+    ("doc", "code", "mentions"),
+    [
+        pytest.param({"entity": "e"}, "missing_field", "'id'", id="missing-id"),
+        pytest.param({"id": None, "entity": "e"}, "missing_field", "'id'", id="null-id"),
+        pytest.param({"id": 7, "entity": "e"}, "wrong_type", "number", id="id-number"),
+        pytest.param({"id": ["r"], "entity": "e"}, "wrong_type", "array", id="id-array"),
+        pytest.param({"id": True, "entity": "e"}, "wrong_type", "boolean", id="id-bool"),
+        pytest.param({"id": "", "entity": "e"}, "invalid_id", "1 to 256", id="id-empty"),
+        pytest.param(
+            {"id": "x" * (MAX_ID_LENGTH + 1), "entity": "e"},
+            "invalid_id",
+            "1 to 256",
+            id="id-too-long",
+        ),
+        pytest.param({"id": "r", "entity": 5}, "wrong_type", "'entity'", id="entity-number"),
+        pytest.param({"id": "r", "entity": ""}, "wrong_type", "'entity'", id="entity-empty"),
+        pytest.param({"id": "r", "entity": {}}, "wrong_type", "object", id="entity-object"),
+        pytest.param({"id": "r", "entity": "e", "features": [1]}, "wrong_type", "array"),
+        pytest.param({"id": "r", "entity": "e", "features": "a=1"}, "wrong_type", "string"),
+        pytest.param(
+            {"id": "r", "entity": "e", "features": {"zzz": 1.0}},
+            "unknown_feature",
+            "'zzz'",
+            id="unknown-feature",
+        ),
+        pytest.param(
+            {"id": "r", "entity": "e", "features": {"a": "1.0"}},
+            "wrong_type",
+            "string",
+            id="feature-string",
+        ),
+        pytest.param(
+            {"id": "r", "entity": "e", "features": {"a": True}},
+            "wrong_type",
+            "boolean",
+            id="feature-bool",
+        ),
+        pytest.param(
+            {"id": "r", "entity": "e", "features": {"a": None}},
+            "wrong_type",
+            "null",
+            id="feature-null",
+        ),
+        pytest.param(
+            {"id": "r", "entity": "e", "features": {"a": [1.0]}},
+            "wrong_type",
+            "array",
+            id="feature-array",
+        ),
+        pytest.param({"id": "r"}, "missing_field", "'entity' or 'features'", id="no-entity"),
+        pytest.param(
+            {"id": "r", "features": {"a": 1.0, "b": 2.0}},
+            "missing_field",
+            "['c']",
+            id="no-entity-incomplete-features",
+        ),
+        pytest.param(
+            {"id": "r", "features": {}},
+            "missing_field",
+            "['a', 'b', 'c']",
+            id="no-entity-empty-features",
+        ),
+    ],
+)
+def test_schema_rejections(decode: Decode, doc: dict[str, Any], code: str, mentions: str) -> None:
+    rej = only_rejection(decode([js(doc)]))
+    assert (rej.index, rej.stage, rej.code) == (0, "schema", code)
+    assert mentions in rej.reason
+
+
+def test_unknown_feature_name_is_escaped_in_reason(decode: Decode) -> None:
+    rej = only_rejection(decode([js({"id": "r", "entity": "e", "features": {"\x1b[31m": 1}})]))
+    assert rej.code == "unknown_feature"
+    assert "\x1b" not in rej.reason
+    assert "\\x1b" in rej.reason
+
+
+def test_huge_integer_feature_is_finite_number(decode: Decode) -> None:
+    # orjson reads integers beyond 64 bits as doubles: still a finite number.
+    out = decode([b'{"id": "r", "features": {"a": 18446744073709551616, "b": 1, "c": 2}}'])
+    assert out.rows == [0]
+    assert out.inline[0] is not None
+    assert out.inline[0]["a"] == pytest.approx(1.8446744073709552e19)
+
+
+# --- batches mixing good and bad records -------------------------------------------
+
+
+def test_columns_align_with_rows_when_good_and_bad_mix(decode: Decode) -> None:
+    values: list[bytes | None] = [
+        b"not json",
+        js({"id": "r1", "entity": "e1"}),
+        None,
+        js({"id": "r3", "features": {"a": 1, "b": 2, "c": 3}}),
+        js([1]),
+        js({"id": 4, "entity": "e4"}),
+        js({"id": "r6", "entity": "e6", "features": {"c": 9.5}}),
+        b"x" * (LIMIT + 1),
+    ]
+    out = decode(values)
+    assert out.rows == [1, 3, 6]
+    assert out.ids == ["r1", "r3", "r6"]
+    assert out.entities == ["e1", None, "e6"]
+    assert out.inline == [None, {"a": 1, "b": 2, "c": 3}, {"c": 9.5}]
+    got = [(r.index, r.code) for r in out.rejections]
+    assert got == [
+        (0, "invalid_json"),
+        (2, "empty_value"),
+        (4, "not_an_object"),
+        (5, "wrong_type"),
+        (7, "oversized"),
+    ]
+    # every record is accounted for exactly once
+    assert sorted(out.rows + [r.index for r in out.rejections]) == list(range(len(values)))
+
+
+def test_fields_may_be_a_set(decode: Decode) -> None:
+    out = decode([js({"id": "r", "features": {"a": 1, "b": 2, "c": 3}})], fields={"a", "b", "c"})
+    assert out.rows == [0]
+
+
+# --- safe_text -----------------------------------------------------------------------
+
+
+def test_safe_text_keeps_printable_ascii() -> None:
+    assert safe_text("model run failed: shape (3, 30)") == "model run failed: shape (3, 30)"
+
+
+def test_safe_text_escapes_control_and_non_ascii() -> None:
+    out = safe_text("a\nb\tc\x00d\x7fé€\U0001f600")
+    assert out == "a\\x0ab\\x09c\\x00d\\x7f\\xe9\\u20ac\\U0001f600"
+    assert all(32 <= ord(ch) < 127 for ch in out)
+
+
+def test_safe_text_truncates_to_limit() -> None:
+    out = safe_text("x" * 1000)
+    assert len(out) == MAX_REASON_LENGTH
+    assert out.endswith("...")
+    assert safe_text("abcdefghij", 8) == "abcde..."
+    assert safe_text("abcdefgh", 8) == "abcdefgh"
+
+
+def test_safe_text_truncates_after_escaping() -> None:
+    out = safe_text("\n" * 100, 20)
+    assert len(out) == 20
+    assert out.startswith("\\x0a\\x0a")
+
+
+# --- encode_dead_letter --------------------------------------------------------------
+
+
+DeadLetter = Callable[..., dict[str, Any]]
+
+
+@pytest.fixture
+def dead_letter() -> DeadLetter:
+    def make(value: bytes | None, max_value_bytes: int = 16, **kw: Any) -> dict[str, Any]:
+        args: dict[str, Any] = {
+            "pipeline": "p",
+            "stage": "schema",
+            "code": "wrong_type",
+            "reason": "bad\nthing",
+            "topic": "requests",
+            "partition": 3,
+            "offset": 42,
+            "timestamp_ms": 1700000000000,
+            "key": b"k\x00",
+            "value": value,
+            "max_value_bytes": max_value_bytes,
+            "request_id": "r1",
+            "worker_version": "0.1.0",
+            "model": "m:1",
+        }
+        args.update(kw)
+        doc: dict[str, Any] = orjson.loads(encode_dead_letter(**args))
+        return doc
+
+    return make
+
+
+def test_dead_letter_keeps_small_value(dead_letter: DeadLetter) -> None:
+    doc = dead_letter(b"0123456789abcdef", max_value_bytes=16)
+    assert base64.b64decode(doc["value_b64"]) == b"0123456789abcdef"
+    assert doc["value_bytes"] == 16
+    assert doc["key_b64"] == base64.b64encode(b"k\x00").decode()
+    assert doc["source"] == {
+        "topic": "requests",
+        "partition": 3,
+        "offset": 42,
+        "timestamp_ms": 1700000000000,
+    }
+    assert doc["reason"] == "bad\\x0athing"
+    assert (doc["pipeline"], doc["stage"], doc["code"]) == ("p", "schema", "wrong_type")
+    assert (doc["request_id"], doc["worker_version"], doc["model"]) == ("r1", "0.1.0", "m:1")
+
+
+def test_dead_letter_drops_value_over_limit(dead_letter: DeadLetter) -> None:
+    doc = dead_letter(b"0123456789abcdefX", max_value_bytes=16)
+    assert doc["value_b64"] is None
+    assert doc["value_bytes"] == 17
+
+
+def test_dead_letter_of_missing_value_and_key(dead_letter: DeadLetter) -> None:
+    doc = dead_letter(None, key=None, request_id=None, model=None, timestamp_ms=None)
+    assert doc["value_b64"] is None
+    assert doc["value_bytes"] == 0
+    assert doc["key_b64"] is None
+    assert doc["request_id"] is None
+    assert doc["source"]["timestamp_ms"] is None
+
+
+def test_dead_letter_reason_is_truncated(dead_letter: DeadLetter) -> None:
+    doc = dead_letter(b"v", reason="é" * 1000)
+    assert len(doc["reason"]) == MAX_REASON_LENGTH
+    assert doc["reason"].isascii()

@@ -1,0 +1,322 @@
+"""The committer: commits the delivered prefix of batches, in order, never backwards."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from worker.commit import Committer, PartitionKey
+from worker.errors import CommitError, SinkError
+from worker.sink import DeliveryTracker
+
+
+@dataclass
+class FakeConsumer:
+    """Records what the committer asks of ``confluent_kafka.Consumer``."""
+
+    stored: list[list[tuple[str, int, int]]] = field(default_factory=list)
+    commits: list[tuple[list[tuple[str, int, int]], bool]] = field(default_factory=list)
+    fail_with: Exception | None = None
+
+    def store_offsets(self, *, offsets: list[TopicPartition]) -> None:
+        self.stored.append(_plain(offsets))
+
+    def commit(
+        self, *, offsets: list[TopicPartition], asynchronous: bool
+    ) -> list[TopicPartition] | None:
+        if self.fail_with is not None:
+            raise self.fail_with
+        self.commits.append((_plain(offsets), asynchronous))
+        return None
+
+
+def _plain(offsets: list[TopicPartition]) -> list[tuple[str, int, int]]:
+    return sorted((tp.topic, tp.partition, tp.offset) for tp in offsets)
+
+
+class FakeMsg:
+    def __init__(self, topic: str = "res", partition: int = 0) -> None:
+        self._topic, self._partition = topic, partition
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+
+def sent(n: int) -> DeliveryTracker:
+    """A tracker with ``n`` deliveries outstanding, as ``Sink.send`` leaves it."""
+    tracker = DeliveryTracker()
+    tracker.pending = n
+    tracker.sent = n
+    return tracker
+
+
+def deliver(tracker: DeliveryTracker, n: int = 1, err: KafkaError | None = None) -> None:
+    for _ in range(n):
+        tracker.on_delivery(err, FakeMsg())  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def consumer() -> FakeConsumer:
+    return FakeConsumer()
+
+
+@pytest.fixture
+def committer(consumer: FakeConsumer) -> Committer:
+    return Committer(consumer)
+
+
+# --- DeliveryTracker -------------------------------------------------------------------
+
+
+def test_tracker_counts_deliveries() -> None:
+    t = sent(2)
+    assert not t.done
+    deliver(t)
+    assert not t.done
+    deliver(t)
+    assert t.done
+    assert t.errors == []
+
+
+def test_tracker_keeps_errors_with_location() -> None:
+    t = sent(1)
+    t.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT), FakeMsg("out", 3))  # type: ignore[arg-type]
+    assert t.done
+    assert len(t.errors) == 1
+    assert t.errors[0].startswith("out[3]: ")
+
+
+def test_tracker_caps_error_list() -> None:
+    t = sent(25)
+    deliver(t, 25, KafkaError(KafkaError._MSG_TIMED_OUT))
+    assert t.done
+    assert len(t.errors) == 10
+
+
+def test_tracker_refused_counts_as_failed_delivery() -> None:
+    t = sent(1)
+    t.refused("res", "Message size too large")
+    assert t.done
+    assert t.errors == ["res: refused by producer: Message size too large"]
+
+
+# --- Committer -------------------------------------------------------------------------
+
+
+def test_commits_a_delivered_batch(committer: Committer, consumer: FakeConsumer) -> None:
+    t = sent(2)
+    committer.track(t, {("req", 0): 11, ("req", 1): 5})
+    assert committer.commit_ready() == 0
+    assert consumer.commits == []
+    deliver(t, 2)
+    assert committer.commit_ready() == 1
+    assert consumer.stored == [[("req", 0, 11), ("req", 1, 5)]]
+    assert consumer.commits == [([("req", 0, 11), ("req", 1, 5)], True)]
+    assert committer.committed() == {("req", 0): 11, ("req", 1): 5}
+    assert committer.commits == 1
+    assert len(committer) == 0
+
+
+def test_synchronous_commit_is_passed_through(committer: Committer, consumer: FakeConsumer) -> None:
+    t = sent(0)
+    committer.track(t, {("req", 0): 1})
+    assert committer.commit_ready(asynchronous=False) == 1
+    assert consumer.commits == [([("req", 0, 1)], False)]
+
+
+def test_later_batch_waits_for_earlier(committer: Committer, consumer: FakeConsumer) -> None:
+    first, second = sent(1), sent(1)
+    committer.track(first, {("req", 0): 10})
+    committer.track(second, {("req", 0): 20})
+    deliver(second)  # batch 2 is done, batch 1 still pending
+    assert committer.commit_ready() == 0
+    assert consumer.commits == []
+    assert consumer.stored == []
+    assert len(committer) == 2
+    deliver(first)
+    assert committer.commit_ready() == 2
+    # both batches in one commit, with the highest offset
+    assert consumer.commits == [([("req", 0, 20)], True)]
+    assert committer.committed() == {("req", 0): 20}
+
+
+def test_commits_only_the_delivered_prefix(committer: Committer, consumer: FakeConsumer) -> None:
+    a, b, c = sent(1), sent(1), sent(1)
+    committer.track(a, {("req", 0): 3})
+    committer.track(b, {("req", 1): 7})
+    committer.track(c, {("req", 0): 9})
+    deliver(a)
+    deliver(c)
+    assert committer.commit_ready() == 1
+    assert consumer.commits == [([("req", 0, 3)], True)]
+    assert len(committer) == 2
+    deliver(b)
+    assert committer.commit_ready() == 2
+    assert consumer.commits[-1] == ([("req", 0, 9), ("req", 1, 7)], True)
+    assert committer.commits == 2
+
+
+def test_merges_max_offset_per_partition(committer: Committer, consumer: FakeConsumer) -> None:
+    for offsets in ({("a", 0): 5, ("b", 2): 40}, {("a", 0): 9}, {("a", 1): 1, ("b", 2): 41}):
+        committer.track(sent(0), dict(offsets))
+    assert committer.commit_ready() == 3
+    assert consumer.commits == [([("a", 0, 9), ("a", 1, 1), ("b", 2, 41)], True)]
+
+
+def test_nothing_to_commit(committer: Committer, consumer: FakeConsumer) -> None:
+    assert committer.commit_ready() == 0
+    assert consumer.commits == []
+    assert committer.commits == 0
+
+
+def test_failed_delivery_raises_and_is_not_committed(
+    committer: Committer, consumer: FakeConsumer
+) -> None:
+    t = sent(2)
+    committer.track(t, {("req", 0): 50})
+    deliver(t)
+    deliver(t, err=KafkaError(KafkaError._MSG_TIMED_OUT))
+    with pytest.raises(SinkError, match=r"1 deliveries of a batch failed"):
+        committer.commit_ready()
+    assert consumer.commits == []
+    assert consumer.stored == []
+    assert committer.committed() == {}
+    # stays failed: a later call still refuses
+    with pytest.raises(SinkError):
+        committer.commit_ready()
+
+
+def test_refused_record_blocks_commit(committer: Committer, consumer: FakeConsumer) -> None:
+    t = sent(1)
+    t.refused("res", "Broker: Message size too large")
+    committer.track(t, {("req", 0): 5})
+    with pytest.raises(SinkError, match="Message size too large"):
+        committer.commit_ready()
+    assert consumer.commits == []
+
+
+def test_failed_batch_blocks_later_batches(committer: Committer, consumer: FakeConsumer) -> None:
+    bad, good = sent(1), sent(1)
+    committer.track(bad, {("req", 0): 10})
+    committer.track(good, {("req", 0): 20})
+    deliver(bad, err=KafkaError(KafkaError._MSG_TIMED_OUT))
+    deliver(good)
+    with pytest.raises(SinkError):
+        committer.commit_ready()
+    assert consumer.commits == []
+
+
+def test_delivered_batches_before_a_failed_one_are_committed(
+    committer: Committer, consumer: FakeConsumer
+) -> None:
+    good, bad = sent(1), sent(1)
+    committer.track(good, {("req", 0): 10})
+    committer.track(bad, {("req", 0): 20})
+    deliver(good)
+    deliver(bad, err=KafkaError(KafkaError._MSG_TIMED_OUT))
+    with pytest.raises(SinkError):
+        committer.commit_ready()
+    # Synchronous: the worker stops right after, so the commit must land first.
+    assert consumer.commits == [([("req", 0, 10)], False)]
+
+
+def test_refuses_to_move_backwards(committer: Committer, consumer: FakeConsumer) -> None:
+    committer.track(sent(0), {("req", 0): 100, ("req", 1): 3})
+    committer.commit_ready()
+    committer.track(sent(0), {("req", 0): 60, ("req", 1): 4})
+    assert committer.commit_ready() == 1
+    assert consumer.commits[-1] == ([("req", 1, 4)], True)
+    assert committer.committed() == {("req", 0): 100, ("req", 1): 4}
+
+
+def test_backwards_only_commits_nothing(committer: Committer, consumer: FakeConsumer) -> None:
+    committer.track(sent(0), {("req", 0): 100})
+    committer.commit_ready()
+    committer.track(sent(0), {("req", 0): 99})
+    assert committer.commit_ready() == 1
+    assert len(consumer.commits) == 1
+    assert committer.commits == 1
+
+
+def test_forget_drops_partitions_from_pending_batches(
+    committer: Committer, consumer: FakeConsumer
+) -> None:
+    t1, t2 = sent(0), sent(1)
+    committer.track(t1, {("req", 0): 100})
+    committer.commit_ready()
+    committer.track(t2, {("req", 0): 120, ("req", 1): 8})
+    committer.forget([("req", 0)])
+    assert committer.committed() == {}
+    deliver(t2)
+    assert committer.commit_ready() == 1
+    assert consumer.commits[-1] == ([("req", 1, 8)], True)
+    # after re-assignment, an older offset of the forgotten partition is accepted again
+    committer.track(sent(0), {("req", 0): 50})
+    committer.commit_ready()
+    assert committer.committed()[("req", 0)] == 50
+
+
+def test_forget_leaves_other_partitions(committer: Committer) -> None:
+    keep: PartitionKey = ("req", 1)
+    committer.track(sent(0), {keep: 4, ("req", 2): 6})
+    committer.commit_ready()
+    committer.forget([("req", 2), ("other", 0)])
+    assert committer.committed() == {keep: 4}
+
+
+def test_kafka_failure_becomes_commit_error(committer: Committer, consumer: FakeConsumer) -> None:
+    consumer.fail_with = KafkaException(KafkaError(KafkaError._NO_OFFSET))
+    committer.track(sent(0), {("req", 0): 1})
+    with pytest.raises(CommitError, match="commit of 1 partitions failed"):
+        committer.commit_ready()
+    assert committer.commits == 0
+
+
+# --- asynchronous commits the broker rejected ------------------------------------------
+
+
+def test_rejected_commit_is_sent_again(committer: Committer, consumer: FakeConsumer) -> None:
+    committer.track(sent(0), {("req", 0): 10, ("req", 1): 4})
+    committer.commit_ready()
+    committer.requeue_failed([TopicPartition("req", 0, 10)])
+    assert committer.commit_ready() == 0  # no new batch, but the retry goes out
+    assert consumer.commits[-1] == ([("req", 0, 10)], True)
+    assert committer.committed() == {("req", 0): 10, ("req", 1): 4}
+    assert committer.commit_ready() == 0
+    assert len(consumer.commits) == 2  # sent once, not on every call
+
+
+def test_rejected_commit_merges_with_newer_batch(
+    committer: Committer, consumer: FakeConsumer
+) -> None:
+    committer.track(sent(0), {("req", 0): 10})
+    committer.commit_ready()
+    committer.requeue_failed([TopicPartition("req", 0, 10)])
+    committer.track(sent(0), {("req", 0): 15, ("req", 1): 2})
+    assert committer.commit_ready() == 1
+    assert consumer.commits[-1] == ([("req", 0, 15), ("req", 1, 2)], True)
+
+
+def test_stale_rejection_is_ignored(committer: Committer, consumer: FakeConsumer) -> None:
+    committer.track(sent(0), {("req", 0): 10})
+    committer.commit_ready()
+    committer.track(sent(0), {("req", 0): 20})
+    committer.commit_ready()
+    committer.requeue_failed([TopicPartition("req", 0, 10)])  # superseded by 20
+    assert committer.commit_ready() == 0
+    assert len(consumer.commits) == 2
+    assert committer.committed() == {("req", 0): 20}
+
+
+def test_forget_drops_pending_retry(committer: Committer, consumer: FakeConsumer) -> None:
+    committer.track(sent(0), {("req", 0): 10})
+    committer.commit_ready()
+    committer.requeue_failed([TopicPartition("req", 0, 10)])
+    committer.forget([("req", 0)])
+    assert committer.commit_ready() == 0
+    assert len(consumer.commits) == 1

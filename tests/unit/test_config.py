@@ -1,0 +1,421 @@
+"""Configuration: TOML + STREAMFER_ overrides, validated, with errors that name the field."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from worker.config import (
+    BatchPolicy,
+    FeatureSpec,
+    WorkerConfig,
+    load_config,
+    parse_config,
+)
+from worker.errors import ConfigError
+
+VALID_TOML = """
+log_format = "json"
+
+[kafka]
+bootstrap_servers = "broker-1:9092,broker-2:9092"
+group_id = "scorers"
+auto_offset_reset = "latest"
+
+[kafka.options]
+"security.protocol" = "SASL_SSL"
+
+[redis]
+url = "redis://:hunter2@redis.internal:6379/0"
+
+[[pipelines]]
+name = "fraud"
+request_topics = ["fraud.requests"]
+result_topic = "fraud.results"
+dead_letter_topic = "fraud.dead"
+
+[pipelines.features]
+fields = ["f0", "f1", "f2"]
+on_missing_entity = "default"
+default_value = -1.0
+
+[pipelines.model]
+path = "models/m.onnx"
+name = "fraud-rf"
+version = "7"
+
+[pipelines.batch]
+max_batch_size = 64
+max_wait_ms = 10
+"""
+
+
+@pytest.fixture
+def model_file(tmp_path: Path) -> Path:
+    """Config only checks that the model file exists; an empty one will do."""
+    path = tmp_path / "models" / "m.onnx"
+    path.parent.mkdir()
+    path.write_bytes(b"")
+    return path
+
+
+@pytest.fixture
+def config_file(tmp_path: Path, model_file: Path) -> Path:
+    path = tmp_path / "streamfer.toml"
+    path.write_text(VALID_TOML)
+    return path
+
+
+Raw = dict[str, Any]
+
+
+@pytest.fixture
+def make_raw(model_file: Path) -> Callable[..., Raw]:
+    """A minimal valid config mapping; keyword arguments replace pipeline fields."""
+
+    def make(**pipeline: Any) -> Raw:
+        base: Raw = {
+            "name": "p",
+            "request_topics": ["req"],
+            "result_topic": "res",
+            "dead_letter_topic": "dlq",
+            "features": {"fields": ["a", "b"]},
+            "model": {"path": str(model_file), "name": "m"},
+        }
+        base.update(pipeline)
+        return {"pipelines": [base]}
+
+    return make
+
+
+def config_error(raw: Raw, environ: dict[str, str] | None = None) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw, environ=environ or {})
+    return str(info.value)
+
+
+# --- loading a valid file ------------------------------------------------------------
+
+
+def test_load_valid_toml(config_file: Path, model_file: Path) -> None:
+    cfg = load_config(config_file, environ={})
+    assert isinstance(cfg, WorkerConfig)
+    assert cfg.log_format == "json"
+    assert cfg.kafka.bootstrap_servers == "broker-1:9092,broker-2:9092"
+    assert cfg.kafka.group_id == "scorers"
+    assert cfg.kafka.auto_offset_reset == "latest"
+    assert cfg.kafka.options == {"security.protocol": "SASL_SSL"}
+    assert cfg.redis.url.get_secret_value() == "redis://:hunter2@redis.internal:6379/0"
+    (p,) = cfg.pipelines
+    assert p.name == "fraud"
+    assert p.request_topics == ["fraud.requests"]
+    assert p.features.fields == ["f0", "f1", "f2"]
+    assert p.features.on_missing_entity == "default"
+    assert p.features.on_missing_field == "default"
+    assert p.features.default_value == -1.0
+    assert p.model.version == "7"
+    assert p.model.providers == ["CPUExecutionProvider"]
+    assert p.batch == BatchPolicy(max_batch_size=64, max_wait_ms=10)
+    # the relative model path resolves against the config file's folder
+    assert p.model.path == model_file
+    assert p.model.path.is_absolute()
+
+
+def test_defaults(make_raw: Callable[..., Raw]) -> None:
+    cfg = parse_config(make_raw(), environ={})
+    assert cfg.kafka.bootstrap_servers == "127.0.0.1:9092"
+    assert cfg.kafka.auto_offset_reset == "earliest"
+    assert cfg.max_in_flight_batches == 4
+    assert cfg.metrics.port is None
+    p = cfg.pipelines[0]
+    assert p.batch.max_batch_size == 256
+    assert p.batch.max_wait_ms == 20.0
+    assert p.max_record_bytes == 1_048_576
+    assert p.features.key_template == "features:{entity}"
+    assert p.features.on_missing_entity == "dead_letter"
+
+
+def test_config_is_frozen(make_raw: Callable[..., Raw]) -> None:
+    cfg = parse_config(make_raw(), environ={})
+    with pytest.raises(ValidationError):
+        cfg.pipelines[0].batch.max_batch_size = 5  # type: ignore[misc]
+
+
+def test_parse_does_not_mutate_its_input(make_raw: Callable[..., Raw]) -> None:
+    raw = make_raw()
+    before = copy.deepcopy(raw)
+    parse_config(raw, environ={"STREAMFER_PIPELINES__0__BATCH__MAX_WAIT_MS": "5"})
+    assert raw == before
+
+
+def test_secret_redis_url_is_not_printed(config_file: Path) -> None:
+    cfg = load_config(config_file, environ={})
+    for text in (repr(cfg), str(cfg), repr(cfg.redis), str(cfg.redis.url), cfg.model_dump_json()):
+        assert "hunter2" not in text
+    assert "**********" in repr(cfg.redis)
+
+
+# --- errors name the field -----------------------------------------------------------
+
+
+def test_error_names_nested_field(make_raw: Callable[..., Raw]) -> None:
+    msg = config_error(make_raw(batch={"max_batch_size": 0}))
+    assert "pipelines[0].batch.max_batch_size" in msg
+    assert "greater than or equal to 1" in msg
+
+
+def test_error_names_second_pipeline_index(make_raw: Callable[..., Raw]) -> None:
+    raw = make_raw()
+    second = {**raw["pipelines"][0], "name": "q", "request_topics": ["req2"]}
+    second["batch"] = {"max_wait_ms": -1}
+    raw["pipelines"].append(second)
+    msg = config_error(raw)
+    assert "pipelines[1].batch.max_wait_ms" in msg
+
+
+def test_literal_error_lists_allowed_values(make_raw: Callable[..., Raw]) -> None:
+    raw = make_raw()
+    raw["kafka"] = {"auto_offset_reset": "sometimes"}
+    msg = config_error(raw)
+    assert "kafka.auto_offset_reset" in msg
+    for allowed in ("'earliest'", "'latest'", "'error'"):
+        assert allowed in msg
+
+
+def test_unknown_provider_lists_allowed_values(
+    make_raw: Callable[..., Raw], model_file: Path
+) -> None:
+    msg = config_error(make_raw(model={"path": str(model_file), "name": "m", "providers": ["TPU"]}))
+    assert "pipelines[0].model.providers[0]" in msg
+    assert "'CPUExecutionProvider'" in msg
+
+
+@pytest.mark.parametrize(
+    ("where", "extra"),
+    [("kafka", {"bootstrap": "x"}), ("top", {"pipelinez": []})],
+)
+def test_unknown_field_is_rejected(
+    make_raw: Callable[..., Raw], where: str, extra: dict[str, Any]
+) -> None:
+    raw = make_raw()
+    if where == "top":
+        raw.update(extra)
+    else:
+        raw[where] = extra
+    msg = config_error(raw)
+    name = next(iter(extra))
+    assert name in msg
+    assert "Extra inputs are not permitted" in msg
+
+
+def test_unknown_pipeline_field_names_its_path(make_raw: Callable[..., Raw]) -> None:
+    msg = config_error(make_raw(batch={"max_batch": 5}))
+    assert "pipelines[0].batch.max_batch" in msg
+
+
+def test_missing_required_field(make_raw: Callable[..., Raw]) -> None:
+    raw = make_raw()
+    del raw["pipelines"][0]["result_topic"]
+    msg = config_error(raw)
+    assert "pipelines[0].result_topic" in msg
+    assert "Field required" in msg
+
+
+def test_no_pipelines() -> None:
+    assert "pipelines" in config_error({"pipelines": []})
+    assert "pipelines: Field required" in config_error({})
+
+
+@pytest.mark.parametrize(
+    ("features", "expected"),
+    [
+        ({"fields": []}, "pipelines[0].features.fields"),
+        ({"fields": ["a", "a"]}, "fields must not repeat"),
+        ({"fields": ["a"], "key_template": "features:x"}, "must contain '{entity}'"),
+        ({"fields": ["a"], "on_missing_field": "ignore"}, "'default' or 'dead_letter'"),
+    ],
+)
+def test_feature_spec_errors(
+    make_raw: Callable[..., Raw], features: dict[str, Any], expected: str
+) -> None:
+    msg = config_error(make_raw(features=features))
+    assert expected in msg
+    assert "pipelines[0].features" in msg
+
+
+def test_bad_sha256_pin(make_raw: Callable[..., Raw], model_file: Path) -> None:
+    msg = config_error(make_raw(model={"path": str(model_file), "name": "m", "sha256": "abc"}))
+    assert "pipelines[0].model.sha256" in msg
+
+
+def test_bad_pipeline_name(make_raw: Callable[..., Raw]) -> None:
+    msg = config_error(make_raw(name="has space"))
+    assert "pipelines[0].name" in msg
+
+
+def test_missing_model_file_names_field(make_raw: Callable[..., Raw], tmp_path: Path) -> None:
+    missing = tmp_path / "nope.onnx"
+    msg = config_error(make_raw(model={"path": str(missing), "name": "m"}))
+    assert "pipelines[0].model.path" in msg
+    assert str(missing) in msg
+
+
+def test_model_path_is_a_directory(make_raw: Callable[..., Raw], tmp_path: Path) -> None:
+    msg = config_error(make_raw(model={"path": str(tmp_path), "name": "m"}))
+    assert "pipelines[0].model.path" in msg
+
+
+def test_relative_model_path_resolves_against_base_dir(
+    make_raw: Callable[..., Raw], model_file: Path
+) -> None:
+    raw = make_raw(model={"path": "models/m.onnx", "name": "m"})
+    cfg = parse_config(raw, environ={}, base_dir=model_file.parent.parent)
+    assert cfg.pipelines[0].model.path == model_file
+    with pytest.raises(ConfigError, match=r"pipelines\[0\]\.model\.path"):
+        parse_config(raw, environ={}, base_dir=model_file.parent)
+
+
+def test_same_request_topic_in_two_pipelines(make_raw: Callable[..., Raw]) -> None:
+    raw = make_raw()
+    raw["pipelines"].append({**raw["pipelines"][0], "name": "q", "result_topic": "res2"})
+    msg = config_error(raw)
+    assert "request topic 'req' is in pipelines 'p' and 'q'" in msg
+
+
+def test_duplicate_pipeline_names(make_raw: Callable[..., Raw]) -> None:
+    raw = make_raw()
+    raw["pipelines"].append({**raw["pipelines"][0], "request_topics": ["other"]})
+    assert "pipeline names must be unique" in config_error(raw)
+
+
+def test_output_topic_that_is_a_request_topic(make_raw: Callable[..., Raw]) -> None:
+    msg = config_error(make_raw(dead_letter_topic="req"))
+    assert "output topic 'req' of 'p' is also a request topic" in msg
+
+
+def test_error_message_names_the_source_file(config_file: Path) -> None:
+    config_file.write_text(VALID_TOML.replace("max_batch_size = 64", "max_batch_size = -3"))
+    with pytest.raises(ConfigError) as info:
+        load_config(config_file, environ={})
+    msg = str(info.value)
+    assert str(config_file) in msg
+    assert "pipelines[0].batch.max_batch_size" in msg
+
+
+# --- the file itself -----------------------------------------------------------------
+
+
+def test_bad_toml(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[kafka\nbootstrap_servers = 1")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(path, environ={})
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "absent.toml", environ={})
+
+
+def test_config_file_that_is_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.toml"
+    path.write_bytes('log_format = "text" # caf\xe9\n'.encode("latin-1"))
+    with pytest.raises(ConfigError):
+        load_config(path, environ={})
+
+
+# --- environment overrides -----------------------------------------------------------
+
+
+def test_env_overrides_file(config_file: Path) -> None:
+    env = {
+        "STREAMFER_KAFKA__BOOTSTRAP_SERVERS": "kafka-9:9093",
+        "STREAMFER_PIPELINES__0__BATCH__MAX_WAIT_MS": "5",
+        "STREAMFER_PIPELINES__0__FEATURES__FIELDS": '["x", "y"]',
+        "STREAMFER_MAX_IN_FLIGHT_BATCHES": "9",
+        "OTHER_VARIABLE": "ignored",
+    }
+    cfg = load_config(config_file, environ=env)
+    assert cfg.kafka.bootstrap_servers == "kafka-9:9093"
+    assert cfg.kafka.group_id == "scorers"  # untouched
+    assert cfg.pipelines[0].batch.max_wait_ms == 5.0
+    assert cfg.pipelines[0].batch.max_batch_size == 64  # untouched sibling
+    assert cfg.pipelines[0].features.fields == ["x", "y"]
+    assert cfg.max_in_flight_batches == 9
+
+
+def test_env_creates_missing_sections(make_raw: Callable[..., Raw]) -> None:
+    env = {"STREAMFER_METRICS__PORT": "9100", "STREAMFER_REDIS__URL": "redis://r:6379/1"}
+    cfg = parse_config(make_raw(), environ=env)
+    assert cfg.metrics.port == 9100
+    assert cfg.redis.url.get_secret_value() == "redis://r:6379/1"
+
+
+def test_env_booleans_and_strings(make_raw: Callable[..., Raw]) -> None:
+    env = {
+        "STREAMFER_KAFKA__OPTIONS__ENABLE_SSL": "true",
+        "STREAMFER_KAFKA__OPTIONS__CLIENT_ID": "worker one",
+    }
+    cfg = parse_config(make_raw(), environ=env)
+    assert cfg.kafka.options == {"enable_ssl": True, "client_id": "worker one"}
+
+
+def test_env_value_is_validated(make_raw: Callable[..., Raw]) -> None:
+    msg = config_error(make_raw(), {"STREAMFER_PIPELINES__0__BATCH__MAX_BATCH_SIZE": "0"})
+    assert "pipelines[0].batch.max_batch_size" in msg
+
+
+def test_env_unknown_field_is_rejected(make_raw: Callable[..., Raw]) -> None:
+    msg = config_error(make_raw(), {"STREAMFER_KAFKA__BOOTSTRAP": "x"})
+    assert "kafka.bootstrap" in msg
+    assert "Extra inputs are not permitted" in msg
+
+
+def test_env_list_index_out_of_range(make_raw: Callable[..., Raw]) -> None:
+    msg = config_error(make_raw(), {"STREAMFER_PIPELINES__3__NAME": "x"})
+    assert "STREAMFER_PIPELINES__3__NAME" in msg
+    assert "no list item '3'" in msg
+
+
+def test_env_cannot_descend_into_a_scalar(make_raw: Callable[..., Raw]) -> None:
+    msg = config_error(make_raw(), {"STREAMFER_PIPELINES__0__NAME__X": "y"})
+    assert "STREAMFER_PIPELINES__0__NAME__X" in msg
+    assert "cannot descend into a str" in msg
+
+
+def test_os_environ_is_the_default(
+    make_raw: Callable[..., Raw], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STREAMFER_KAFKA__GROUP_ID", "from-env")
+    assert parse_config(make_raw()).kafka.group_id == "from-env"
+    assert parse_config(make_raw(), environ={}).kafka.group_id == "streamfer"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("STREAMFER_KAFKA__GROUP_ID", "12345"),
+        ("STREAMFER_PIPELINES__0__MODEL__VERSION", "2"),
+    ],
+)
+def test_env_numeric_looking_string(make_raw: Callable[..., Raw], name: str, value: str) -> None:
+    cfg = parse_config(make_raw(), environ={name: value})
+    assert value in (cfg.kafka.group_id, cfg.pipelines[0].model.version)
+
+
+@pytest.mark.parametrize("name", ["STREAMFER_CONFIG", "STREAMFER_CACHE"])
+def test_env_variables_of_other_tools_are_not_overrides(config_file: Path, name: str) -> None:
+    cfg = load_config(config_file, environ={name: str(config_file)})
+    assert cfg.kafka.group_id == "scorers"
+
+
+def test_feature_spec_direct() -> None:
+    spec = FeatureSpec(fields=["a", "b"])
+    assert spec.on_missing_field == "default"
+    with pytest.raises(ValidationError):
+        FeatureSpec(fields=["a"], on_missing_entity="skip")  # type: ignore[arg-type]

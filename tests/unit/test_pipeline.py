@@ -1,0 +1,511 @@
+"""Pipeline.handle with the real ONNX engine, an in-memory store and a recording sink."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+import pytest
+from prometheus_client import CollectorRegistry
+
+from worker.config import FeatureSpec, ModelSpec, PipelineConfig
+from worker.engines import InferenceEngine, OnnxEngine, Outputs
+from worker.errors import EngineError, FeatureStoreError
+from worker.metrics import Metrics
+from worker.modelgen import DemoModel
+from worker.pipeline import Pipeline
+from worker.sink import DeliveryTracker, Headers
+
+if TYPE_CHECKING:
+    from conftest import MemoryStore, StoreFactory
+
+POISON = -999.0  # f0 value the failing engine refuses
+NAN_ROW = -1.0  # f0 value for which the NaN engine returns NaN scores
+MAX_RECORD_BYTES = 2048
+
+
+class FakeMessage:
+    """The part of ``confluent_kafka.Message`` the pipeline reads."""
+
+    def __init__(
+        self,
+        value: bytes | None,
+        offset: int,
+        *,
+        key: bytes | None = None,
+        topic: str = "req",
+        partition: int = 0,
+        ts_ms: int = 1_700_000_000_000,
+    ) -> None:
+        self._value, self._offset, self._key = value, offset, key
+        self._topic, self._partition, self._ts = topic, partition, ts_ms
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, self._ts)
+
+    def error(self) -> None:
+        return None
+
+
+@dataclass
+class Sent:
+    topic: str
+    value: bytes
+    key: bytes | None
+    headers: Headers
+
+    @property
+    def body(self) -> dict[str, Any]:
+        doc: dict[str, Any] = orjson.loads(self.value)
+        return doc
+
+    def header(self, name: str) -> str | bytes | None:
+        values = [v for k, v in self.headers if k == name]
+        assert len(values) == 1, f"header {name} appears {len(values)} times"
+        return values[0]
+
+
+@dataclass
+class FakeSink:
+    """Records ``send`` calls and counts them on the tracker like ``Sink.send``."""
+
+    sent: list[Sent] = field(default_factory=list)
+
+    def send(
+        self,
+        tracker: DeliveryTracker,
+        topic: str,
+        value: bytes,
+        key: bytes | None,
+        headers: Headers,
+    ) -> None:
+        tracker.pending += 1
+        tracker.sent += 1
+        self.sent.append(Sent(topic, value, key, list(headers)))
+
+    def to(self, topic: str) -> list[Sent]:
+        return [s for s in self.sent if s.topic == topic]
+
+    def by_offset(self) -> dict[int, Sent]:
+        out: dict[int, Sent] = {}
+        for s in self.sent:
+            offset = int(s.header("streamfer.source_offset") or b"-1")
+            assert offset not in out, f"offset {offset} got two records"
+            out[offset] = s
+        return out
+
+
+class WrappedEngine:
+    """Delegates to the real engine; subclasses break it on purpose."""
+
+    def __init__(self, inner: OnnxEngine) -> None:
+        self.inner = inner
+        self.calls: list[int] = []
+
+    @property
+    def n_features(self) -> int | None:
+        return self.inner.n_features
+
+    @property
+    def model_hash(self) -> str:
+        return self.inner.model_hash
+
+    def infer(self, batch: npt.NDArray[np.float32]) -> Outputs:
+        self.calls.append(len(batch))
+        return self.inner.infer(batch)
+
+    def warm_up(self, batch_sizes: Sequence[int]) -> None:
+        self.inner.warm_up(batch_sizes)
+
+
+class PoisonEngine(WrappedEngine):
+    """Fails the whole call when any row has f0 == POISON."""
+
+    def infer(self, batch: npt.NDArray[np.float32]) -> Outputs:
+        self.calls.append(len(batch))
+        if (batch[:, 0] == POISON).any():
+            raise EngineError("poison row in batch")
+        return self.inner.infer(batch)
+
+
+class NanEngine(WrappedEngine):
+    """Returns NaN scores for rows whose f0 == NAN_ROW."""
+
+    def infer(self, batch: npt.NDArray[np.float32]) -> Outputs:
+        out = super().infer(batch)
+        scores = out["scores"].copy()
+        scores[batch[:, 0] == NAN_ROW] = np.nan
+        return {**out, "scores": scores}
+
+
+# --- fixtures ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def onnx_engine(classifier: DemoModel) -> OnnxEngine:
+    return OnnxEngine(ModelSpec(path=classifier.path, name="demo"))
+
+
+@pytest.fixture
+def config(classifier: DemoModel) -> PipelineConfig:
+    return PipelineConfig(
+        name="p",
+        request_topics=["req"],
+        result_topic="res",
+        dead_letter_topic="dlq",
+        features=FeatureSpec(fields=classifier.fields, on_missing_entity="dead_letter"),
+        model=ModelSpec(path=classifier.path, name="demo", version="3"),
+        max_record_bytes=MAX_RECORD_BYTES,
+    )
+
+
+@pytest.fixture
+def store(make_store: StoreFactory, classifier: DemoModel) -> MemoryStore:
+    data = {
+        f"e{i}": {
+            name: repr(float(v)).encode() for name, v in zip(classifier.fields, row, strict=True)
+        }
+        for i, row in enumerate(classifier.features[:50].tolist())
+    }
+    return make_store(data, classifier.fields)
+
+
+@pytest.fixture
+def metrics() -> Metrics:
+    return Metrics(CollectorRegistry())
+
+
+PipelineFactory = Callable[..., Pipeline]
+
+
+@pytest.fixture
+def make_pipeline(
+    config: PipelineConfig, store: MemoryStore, onnx_engine: OnnxEngine, metrics: Metrics
+) -> PipelineFactory:
+    def make(engine: InferenceEngine | None = None, **kw: Any) -> Pipeline:
+        return Pipeline(
+            config,
+            store=kw.pop("store", store),
+            engine=engine if engine is not None else onnx_engine,
+            metrics=metrics.for_pipeline("p"),
+            **kw,
+        )
+
+    return make
+
+
+@pytest.fixture
+def sink() -> FakeSink:
+    return FakeSink()
+
+
+def req(rid: str, entity: str | None = None, features: dict[str, float] | None = None) -> bytes:
+    doc: dict[str, Any] = {"id": rid}
+    if entity is not None:
+        doc["entity"] = entity
+    if features is not None:
+        doc["features"] = features
+    return orjson.dumps(doc)
+
+
+def inline_row(classifier: DemoModel, i: int, f0: float | None = None) -> dict[str, float]:
+    values = classifier.features[i].tolist()
+    row = {name: float(v) for name, v in zip(classifier.fields, values, strict=True)}
+    if f0 is not None:
+        row["f0"] = f0
+    return row
+
+
+def messages(values: Sequence[bytes | None], start: int = 100) -> list[FakeMessage]:
+    return [FakeMessage(v, start + i, key=f"k{i}".encode()) for i, v in enumerate(values)]
+
+
+def handle(
+    pipeline: Pipeline, batch: Sequence[FakeMessage], sink: FakeSink
+) -> tuple[DeliveryTracker, dict[tuple[str, int], int]]:
+    return pipeline.handle(batch, sink)  # type: ignore[arg-type]
+
+
+def expected_scores(engine: OnnxEngine, classifier: DemoModel, rows: list[int]) -> Any:
+    return engine.infer(classifier.features[rows])["scores"].tolist()
+
+
+# --- tests ------------------------------------------------------------------------------
+
+
+def test_every_message_yields_exactly_one_record(
+    make_pipeline: PipelineFactory,
+    sink: FakeSink,
+    classifier: DemoModel,
+    onnx_engine: OnnxEngine,
+    store: MemoryStore,
+    metrics: Metrics,
+) -> None:
+    values: list[bytes | None] = [
+        req("r0", "e0"),  # 100: result
+        b"{not json",  # 101: decode / invalid_json
+        req("r2", "e2"),  # 102: result
+        req("r3", "ghost"),  # 103: features / unknown_entity
+        None,  # 104: decode / empty_value
+        req("r5", features=inline_row(classifier, 5)),  # 105: result, no lookup
+        req("r6", "e6", {"zzz": 1.0}),  # 106: schema / unknown_feature
+        b" " * (MAX_RECORD_BYTES + 1),  # 107: decode / oversized
+        req("r8", "e0"),  # 108: result (same entity as r0)
+    ]
+    pipeline = make_pipeline()
+    tracker, offsets = handle(pipeline, messages(values), sink)
+
+    assert len(sink.sent) == len(values)
+    assert tracker.sent == len(values)
+    assert tracker.pending == len(values)
+    assert offsets == {("req", 0): 109}
+    # one store round trip for the batch, distinct entities only
+    assert store.calls == [["e0", "e2", "ghost"]]
+
+    by_offset = sink.by_offset()
+    assert sorted(by_offset) == list(range(100, 109))
+    results = {o for o, s in by_offset.items() if s.topic == "res"}
+    assert results == {100, 102, 105, 108}
+    dead = {o: s for o, s in by_offset.items() if s.topic == "dlq"}
+    codes = {o: s.header("streamfer.error_code") for o, s in dead.items()}
+    assert codes == {
+        101: b"invalid_json",
+        103: b"unknown_entity",
+        104: b"empty_value",
+        106: b"unknown_feature",
+        107: b"oversized",
+    }
+    stages = {o: s.header("streamfer.error_stage") for o, s in dead.items()}
+    assert stages == {
+        101: b"decode",
+        103: b"features",
+        104: b"decode",
+        106: b"schema",
+        107: b"decode",
+    }
+
+    scores = expected_scores(onnx_engine, classifier, [0, 2, 5, 0])
+    for offset, rid, want in zip(
+        [100, 102, 105, 108], ["r0", "r2", "r5", "r8"], scores, strict=True
+    ):
+        body = by_offset[offset].body
+        assert body["id"] == rid
+        np.testing.assert_allclose(body["outputs"]["scores"], want, rtol=1e-6)
+        assert body["outputs"]["label"] == int(np.argmax(want))
+
+    sample = metrics.registry.get_sample_value
+    assert sample("streamfer_records_total", {"pipeline": "p"}) == len(values)
+    assert sample("streamfer_results_total", {"pipeline": "p"}) == 4
+    assert sample("streamfer_batches_total", {"pipeline": "p"}) == 1
+    assert sample("streamfer_dead_letters_total", {"pipeline": "p", "code": "oversized"}) == 1
+
+
+def test_result_record_shape(
+    make_pipeline: PipelineFactory, sink: FakeSink, onnx_engine: OnnxEngine
+) -> None:
+    batch = [FakeMessage(req("abc", "e1"), 42, key=b"user-1", partition=3, ts_ms=1234)]
+    handle(make_pipeline(), batch, sink)
+    (out,) = sink.sent
+    assert out.topic == "res"
+    assert out.key == b"user-1"
+    body = out.body
+    assert body["id"] == "abc"
+    assert body["key"] == "user-1"
+    assert body["pipeline"] == "p"
+    assert body["request_ts_ms"] == 1234
+    assert body["model"] == {"name": "demo", "version": "3", "sha256": onnx_engine.model_hash}
+    assert set(body["timings_ms"]) == {"wait_ms", "decode_ms", "enrich_ms", "infer_ms"}
+    assert out.header("streamfer.request_id") == b"abc"
+    assert out.header("streamfer.source_topic") == b"req"
+    assert out.header("streamfer.source_partition") == b"3"
+    assert out.header("streamfer.source_offset") == b"42"
+
+
+def test_dead_letter_record_shape(make_pipeline: PipelineFactory, sink: FakeSink) -> None:
+    value = req("r1", "e1", {"f0": "high"})  # type: ignore[dict-item]
+    batch = [FakeMessage(value, 7, key=b"k", partition=1, ts_ms=99)]
+    handle(make_pipeline(), batch, sink)
+    (out,) = sink.sent
+    assert out.topic == "dlq"
+    assert out.key == b"k"
+    assert out.header("streamfer.error_stage") == b"schema"
+    assert out.header("streamfer.error_code") == b"wrong_type"
+    reason = out.header("streamfer.error_reason")
+    assert isinstance(reason, bytes)
+    assert b"f0" in reason
+    assert out.header("streamfer.source_offset") == b"7"
+    assert out.header("streamfer.source_partition") == b"1"
+    body = out.body
+    assert body["code"] == "wrong_type"
+    assert body["stage"] == "schema"
+    assert body["model"] == "demo:3"
+    assert body["source"] == {"topic": "req", "partition": 1, "offset": 7, "timestamp_ms": 99}
+    assert base64.b64decode(body["value_b64"]) == value
+
+
+def test_feature_stage_dead_letter_carries_request_id(
+    make_pipeline: PipelineFactory, sink: FakeSink
+) -> None:
+    handle(make_pipeline(), messages([req("who", "ghost")]), sink)
+    (out,) = sink.sent
+    assert out.header("streamfer.request_id") == b"who"
+    assert out.body["request_id"] == "who"
+
+
+def test_oversized_dead_letter_omits_value(make_pipeline: PipelineFactory, sink: FakeSink) -> None:
+    handle(make_pipeline(), messages([b"x" * (MAX_RECORD_BYTES + 1)]), sink)
+    (out,) = sink.sent
+    assert out.body["value_b64"] is None
+    assert out.body["value_bytes"] == MAX_RECORD_BYTES + 1
+    assert out.header("streamfer.error_code") == b"oversized"
+
+
+def test_bisection_isolates_failing_row(
+    make_pipeline: PipelineFactory,
+    sink: FakeSink,
+    classifier: DemoModel,
+    onnx_engine: OnnxEngine,
+) -> None:
+    engine = PoisonEngine(onnx_engine)
+    pipeline = make_pipeline(engine)
+    values = [req(f"r{i}", f"e{i}") for i in range(7)]
+    values[4] = req("r4", features=inline_row(classifier, 4, f0=POISON))
+    tracker, _ = handle(pipeline, messages(values, start=0), sink)
+
+    assert tracker.sent == 7
+    assert len(engine.calls) > 1  # the first call failed and was split
+    assert engine.calls[0] == 7
+    by_offset = sink.by_offset()
+    dead = by_offset[4]
+    assert dead.topic == "dlq"
+    assert dead.header("streamfer.error_code") == b"model_error"
+    assert dead.header("streamfer.error_stage") == b"infer"
+    assert dead.body["request_id"] == "r4"
+    assert "poison row in batch" in dead.body["reason"]
+
+    good = [0, 1, 2, 3, 5, 6]
+    assert [o for o, s in sorted(by_offset.items()) if s.topic == "res"] == good
+    # results stay aligned with their rows after stitching the halves back together
+    for offset, want in zip(good, expected_scores(onnx_engine, classifier, good), strict=True):
+        body = by_offset[offset].body
+        assert body["id"] == f"r{offset}"
+        np.testing.assert_allclose(body["outputs"]["scores"], want, rtol=1e-6)
+
+
+def test_bisection_with_several_failing_rows(
+    make_pipeline: PipelineFactory,
+    sink: FakeSink,
+    classifier: DemoModel,
+    onnx_engine: OnnxEngine,
+) -> None:
+    pipeline = make_pipeline(PoisonEngine(onnx_engine))
+    poisoned = {0, 5, 6, 12}
+    values = [
+        req(f"r{i}", features=inline_row(classifier, i, f0=POISON if i in poisoned else None))
+        for i in range(13)
+    ]
+    handle(pipeline, messages(values, start=0), sink)
+    by_offset = sink.by_offset()
+    assert len(by_offset) == 13
+    assert {o for o, s in by_offset.items() if s.topic == "dlq"} == poisoned
+    for o in poisoned:
+        assert by_offset[o].header("streamfer.error_code") == b"model_error"
+
+
+def test_every_row_failing(
+    make_pipeline: PipelineFactory, sink: FakeSink, classifier: DemoModel, onnx_engine: OnnxEngine
+) -> None:
+    pipeline = make_pipeline(PoisonEngine(onnx_engine))
+    values = [req(f"r{i}", features=inline_row(classifier, i, f0=POISON)) for i in range(3)]
+    tracker, _ = handle(pipeline, messages(values), sink)
+    assert tracker.sent == 3
+    assert [s.topic for s in sink.sent] == ["dlq"] * 3
+    assert {s.header("streamfer.error_code") for s in sink.sent} == {b"model_error"}
+
+
+def test_non_finite_model_output(
+    make_pipeline: PipelineFactory, sink: FakeSink, classifier: DemoModel, onnx_engine: OnnxEngine
+) -> None:
+    pipeline = make_pipeline(NanEngine(onnx_engine))
+    values = [req(f"r{i}", features=inline_row(classifier, i)) for i in range(4)]
+    values[2] = req("r2", features=inline_row(classifier, 2, f0=NAN_ROW))
+    handle(pipeline, messages(values, start=0), sink)
+    by_offset = sink.by_offset()
+    assert [o for o, s in sorted(by_offset.items()) if s.topic == "res"] == [0, 1, 3]
+    dead = by_offset[2]
+    assert dead.topic == "dlq"
+    assert dead.header("streamfer.error_code") == b"model_non_finite"
+    assert dead.header("streamfer.error_stage") == b"infer"
+
+
+def test_offsets_per_partition(make_pipeline: PipelineFactory, sink: FakeSink) -> None:
+    batch = [
+        FakeMessage(req("a", "e1"), 10, partition=0),
+        FakeMessage(b"bad", 4, partition=1),
+        FakeMessage(req("b", "e2"), 11, partition=0),
+        FakeMessage(req("c", "e3"), 5, partition=1),
+        FakeMessage(req("d", "e4"), 0, topic="req2", partition=0),
+    ]
+    _, offsets = handle(make_pipeline(), batch, sink)
+    assert offsets == {("req", 0): 12, ("req", 1): 6, ("req2", 0): 1}
+    assert len(sink.sent) == 5
+
+
+def test_all_bad_batch_skips_store_and_model(
+    make_pipeline: PipelineFactory, sink: FakeSink, store: MemoryStore, onnx_engine: OnnxEngine
+) -> None:
+    engine = WrappedEngine(onnx_engine)
+    tracker, offsets = handle(make_pipeline(engine), messages([b"[]", b"", b"{"]), sink)
+    assert store.calls == []
+    assert engine.calls == []
+    assert [s.topic for s in sink.sent] == ["dlq"] * 3
+    assert tracker.sent == 3
+    assert offsets == {("req", 0): 103}
+
+
+def test_feature_store_error_propagates_without_retry(
+    make_pipeline: PipelineFactory, sink: FakeSink
+) -> None:
+    class DownStore:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def get_many(self, entities: Sequence[str]) -> list[list[bytes | None]]:
+            self.calls += 1
+            raise FeatureStoreError("redis is down")
+
+    down = DownStore()
+    pipeline = make_pipeline(store=down, retry_feature_store_s=0.0)
+    with pytest.raises(FeatureStoreError, match="redis is down"):
+        handle(pipeline, messages([b"oops", req("r", "e1")]), sink)
+    assert down.calls == 1
+    # the decode-stage dead letter was queued before the store failed
+    assert [s.header("streamfer.error_code") for s in sink.sent] == [b"invalid_json"]
+
+
+def test_model_width_must_match_fields(
+    config: PipelineConfig, onnx_engine: OnnxEngine, store: MemoryStore, metrics: Metrics
+) -> None:
+    narrow = config.model_copy(update={"features": FeatureSpec(fields=["a", "b"])})
+    with pytest.raises(EngineError, match=r"expects 30 features but features\.fields lists 2"):
+        Pipeline(narrow, store=store, engine=onnx_engine, metrics=metrics.for_pipeline("p"))
