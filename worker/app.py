@@ -159,20 +159,25 @@ class Worker:
         idle_since = time.monotonic()
 
         while not self._stop.is_set():
+            # consume() waits for a full batch or the timeout, so never longer than the
+            # earliest window: an open batch's deadline, or an empty one's whole window.
+            fetch_started = clock()
             timeout = poll_s
             for batcher in batchers.values():
                 deadline = batcher.deadline()
-                if deadline is not None:
-                    timeout = min(timeout, max(0.0, deadline - clock()))
+                if deadline is None:
+                    timeout = min(timeout, batcher.max_wait_s)
+                else:
+                    timeout = min(timeout, max(0.0, deadline - fetch_started))
             messages = source.consume(max_messages, timeout)
             if messages:
                 idle_since = time.monotonic()
                 if single is not None:
-                    for batch in batchers[single].add(messages):
+                    for batch in batchers[single].add(messages, fetch_started):
                         self._process(single, batch)
                 else:
                     for name, items in _group_by_pipeline(messages, route).items():
-                        for batch in batchers[name].add(items):
+                        for batch in batchers[name].add(items, fetch_started):
                             self._process(name, batch)
             for name, batcher in batchers.items():
                 expired = batcher.expired()

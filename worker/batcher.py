@@ -37,12 +37,18 @@ class Batcher(Generic[T]):
     def __len__(self) -> int:
         return len(self._buffer)
 
-    def add(self, items: Sequence[T]) -> list[list[T]]:
-        """Buffer ``items``; return every batch that filled up (possibly none)."""
+    def add(self, items: Sequence[T], received_since: float | None = None) -> list[list[T]]:
+        """Buffer ``items``; return every batch that filled up (possibly none).
+
+        ``received_since`` is the earliest clock time the items may have arrived (when the
+        fetch that returned them began); an empty batch's window starts there, so a record
+        never waits longer than ``max_wait_ms`` after it could have been seen.
+        """
         if not items:
             return []
         if not self._buffer:
-            self._first_at = self._clock()
+            now = self._clock()
+            self._first_at = now if received_since is None else min(received_since, now)
         self._buffer.extend(items)
         full: list[list[T]] = []
         size = self._max_size
@@ -51,6 +57,10 @@ class Batcher(Generic[T]):
             del self._buffer[:size]
             self._first_at = self._clock()
         return full
+
+    @property
+    def max_wait_s(self) -> float:
+        return self._max_wait_s
 
     def deadline(self) -> float | None:
         """Clock time at which the open batch must close, or None when empty."""

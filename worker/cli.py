@@ -105,6 +105,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except StreamferError as exc:
         log.error("cannot start: %s", exc)
         return 2 if isinstance(exc, ConfigError) else 1
+    if config.metrics.port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(
+            config.metrics.port, addr=config.metrics.host, registry=worker.metrics.registry
+        )
+        log.info("metrics on http://%s:%d/metrics", config.metrics.host, config.metrics.port)
     _install_signal_handlers(worker.stop)
     log.info(
         "streamfer %s: group %s, pipelines %s",

@@ -165,6 +165,9 @@ def produce_requests(
     )
     failures: list[str] = []
     positions: dict[str, str] = {}
+    # Connect and fetch metadata before the first record, so its timestamp does not
+    # include the producer's own start-up.
+    producer.list_topics(topic, timeout=10)
 
     def reporter(tag: str) -> Any:
         def on_delivery(err: KafkaError | None, msg: Any) -> None:

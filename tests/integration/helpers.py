@@ -36,3 +36,13 @@ def validator(name: str) -> Draft202012Validator:
 def assert_valid(v: Draft202012Validator, doc: Any) -> None:
     errors = sorted(v.iter_errors(doc), key=str)
     assert not errors, f"{errors[0].message} in {orjson.dumps(doc)[:300]!r}"
+
+
+def assert_committed_to_end(bootstrap: str, group: str, topic: str) -> None:
+    """Every partition's committed offset is its log end; an empty one may have none."""
+    from worker.harness import committed_offsets, end_offsets
+
+    committed = committed_offsets(bootstrap, group, topic)
+    ends = end_offsets(bootstrap, topic)
+    normalised = {p: (ends[p] if off < 0 and ends[p] == 0 else off) for p, off in committed.items()}
+    assert normalised == ends, f"committed {committed} != log end {ends}"

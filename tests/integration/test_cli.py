@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import Topics
+from tests.integration.helpers import assert_committed_to_end
 from worker.harness import (
+    WorkerProcess,
     collect_outcomes,
-    committed_offsets,
-    end_offsets,
     produce_requests,
+    wait_for_assignment,
     worker_config_toml,
 )
 from worker.modelgen import DemoModel
+from worker.stack import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -118,6 +122,58 @@ def test_check_then_burst_run_serves_backlog_and_commits(
     assert run.returncode == 0, run.stderr[-3000:]
     outcomes = collect_outcomes(kafka_bootstrap, t.results, t.dead_letters, ids, timeout=30)
     assert outcomes.lost(ids) == []
-    assert committed_offsets(kafka_bootstrap, t.group, t.requests) == end_offsets(
-        kafka_bootstrap, t.requests
+    assert_committed_to_end(kafka_bootstrap, t.group, t.requests)
+
+
+def test_metrics_endpoint_counts_records_results_and_dead_letters(
+    kafka_bootstrap: str,
+    redis_url: str,
+    model: DemoModel,
+    entities: list[str],
+    fresh_topics: Callable[..., Topics],
+    tmp_path: Path,
+) -> None:
+    t = fresh_topics(2)
+    port = free_port()
+    path = tmp_path / "worker.toml"
+    path.write_text(
+        worker_config_toml(
+            bootstrap=kafka_bootstrap,
+            redis_url=redis_url,
+            group=t.group,
+            request_topic=t.requests,
+            result_topic=t.results,
+            dead_letter_topic=t.dead_letters,
+            model_path=model.path,
+            fields=model.fields,
+        ).replace("[kafka]", f'[metrics]\nhost = "127.0.0.1"\nport = {port}\n\n[kafka]')
     )
+    worker = WorkerProcess(path, tmp_path / "worker.log").start()
+    try:
+        wait_for_assignment([worker], 2, timeout=60)
+        good = [
+            (f"m{i}", None, f'{{"id": "m{i}", "entity": "{entities[i]}"}}'.encode())
+            for i in range(200)
+        ]
+        positions = produce_requests(kafka_bootstrap, t.requests, [*good, ("bad", None, b"{")])
+        outcomes = collect_outcomes(
+            kafka_bootstrap,
+            t.results,
+            t.dead_letters,
+            {g[0] for g in good},
+            {positions["bad"]},
+            timeout=60,
+        )
+        assert len(outcomes.results) == 200
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    finally:
+        assert worker.terminate() == 0, worker.log_text()[-2000:]
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text.decode())
+        for s in family.samples
+    }
+    assert samples[("streamfer_records_total", (("pipeline", "demo"),))] == 201
+    assert samples[("streamfer_results_total", (("pipeline", "demo"),))] == 200
+    key = ("streamfer_dead_letters_total", (("code", "invalid_json"), ("pipeline", "demo")))
+    assert samples[key] == 1

@@ -9,13 +9,11 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from tests.conftest import Topics
-from tests.integration.helpers import EXTRA_BAD, assert_valid, validator
+from tests.integration.helpers import EXTRA_BAD, assert_committed_to_end, assert_valid, validator
 from worker.demo import make_requests
 from worker.harness import (
     WorkerProcess,
     collect_outcomes,
-    committed_offsets,
-    end_offsets,
     produce_requests,
     wait_for_assignment,
     worker_config_toml,
@@ -102,9 +100,7 @@ def test_two_workers_serve_every_request_and_dead_letter_every_bad_one(
     for doc in outcomes.dead_letter_docs:
         assert_valid(dead_schema, doc)
 
-    assert committed_offsets(kafka_bootstrap, t.group, t.requests) == end_offsets(
-        kafka_bootstrap, t.requests
-    )
+    assert_committed_to_end(kafka_bootstrap, t.group, t.requests)
     _assert_result_headers(kafka_bootstrap, t.results, t.requests)
 
 

@@ -10,13 +10,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Topics
+from tests.integration.helpers import assert_committed_to_end
 from worker.demo import make_requests
 from worker.harness import (
     Outcomes,
     WorkerProcess,
     collect_outcomes,
-    committed_offsets,
-    end_offsets,
     produce_requests,
     wait_for_assignment,
     worker_config_toml,
@@ -94,6 +93,4 @@ def test_sigkill_mid_stream_then_restart_loses_nothing(
     # Bound: 4 batches in flight of 64 records each, plus the batches whose asynchronous
     # commit was still travelling when the process died (one commit per loop turn).
     assert outcomes.duplicates() <= 2 * 4 * 64, outcomes.duplicates()
-    assert committed_offsets(kafka_bootstrap, t.group, t.requests) == end_offsets(
-        kafka_bootstrap, t.requests
-    )
+    assert_committed_to_end(kafka_bootstrap, t.group, t.requests)
