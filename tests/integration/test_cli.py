@@ -18,7 +18,6 @@ from worker.harness import (
     collect_outcomes,
     produce_requests,
     wait_for_assignment,
-    worker_config_toml,
 )
 from worker.modelgen import DemoModel
 from worker.stack import free_port
@@ -34,23 +33,6 @@ def _streamfer(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[
         timeout=timeout,
         check=False,
     )
-
-
-def _config(tmp_path: Path, t: Topics, bootstrap: str, redis_url: str, model: DemoModel) -> Path:
-    path = tmp_path / "worker.toml"
-    path.write_text(
-        worker_config_toml(
-            bootstrap=bootstrap,
-            redis_url=redis_url,
-            group=t.group,
-            request_topic=t.requests,
-            result_topic=t.results,
-            dead_letter_topic=t.dead_letters,
-            model_path=model.path,
-            fields=model.fields,
-        )
-    )
-    return path
 
 
 def test_bad_config_exits_2_naming_the_field(tmp_path: Path, model: DemoModel) -> None:
@@ -97,14 +79,13 @@ name = "m"
 
 def test_check_then_burst_run_serves_backlog_and_commits(
     kafka_bootstrap: str,
-    redis_url: str,
-    model: DemoModel,
     entities: list[str],
     fresh_topics: Callable[..., Topics],
+    write_config: Callable[..., Path],
     tmp_path: Path,
 ) -> None:
     t = fresh_topics(2)
-    path = _config(tmp_path, t, kafka_bootstrap, redis_url, model)
+    path = write_config(t)
     check = _streamfer("check", "--config", str(path))
     assert check.returncode == 0, check.stderr
     assert "ok: pipeline demo" in check.stdout
@@ -127,27 +108,14 @@ def test_check_then_burst_run_serves_backlog_and_commits(
 
 def test_metrics_endpoint_counts_records_results_and_dead_letters(
     kafka_bootstrap: str,
-    redis_url: str,
-    model: DemoModel,
     entities: list[str],
     fresh_topics: Callable[..., Topics],
+    write_config: Callable[..., Path],
     tmp_path: Path,
 ) -> None:
     t = fresh_topics(2)
     port = free_port()
-    path = tmp_path / "worker.toml"
-    path.write_text(
-        worker_config_toml(
-            bootstrap=kafka_bootstrap,
-            redis_url=redis_url,
-            group=t.group,
-            request_topic=t.requests,
-            result_topic=t.results,
-            dead_letter_topic=t.dead_letters,
-            model_path=model.path,
-            fields=model.fields,
-        ).replace("[kafka]", f'[metrics]\nhost = "127.0.0.1"\nport = {port}\n\n[kafka]')
-    )
+    path = write_config(t, extra=f'[metrics]\nhost = "127.0.0.1"\nport = {port}\n')
     worker = WorkerProcess(path, tmp_path / "worker.log").start()
     try:
         wait_for_assignment([worker], 2, timeout=60)

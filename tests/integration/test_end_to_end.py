@@ -16,37 +16,20 @@ from worker.harness import (
     collect_outcomes,
     produce_requests,
     wait_for_assignment,
-    worker_config_toml,
 )
-from worker.modelgen import DemoModel
 
 pytestmark = pytest.mark.integration
 
 
 def test_two_workers_serve_every_request_and_dead_letter_every_bad_one(
     kafka_bootstrap: str,
-    redis_url: str,
-    model: DemoModel,
     entities: list[str],
     fresh_topics: Callable[..., Topics],
+    write_config: Callable[..., Path],
     tmp_path: Path,
 ) -> None:
     t = fresh_topics(4)
-    config = tmp_path / "worker.toml"
-    config.write_text(
-        worker_config_toml(
-            bootstrap=kafka_bootstrap,
-            redis_url=redis_url,
-            group=t.group,
-            request_topic=t.requests,
-            result_topic=t.results,
-            dead_letter_topic=t.dead_letters,
-            model_path=model.path,
-            fields=model.fields,
-            max_batch_size=128,
-            max_wait_ms=10,
-        )
-    )
+    config = write_config(t, max_batch_size=128, max_wait_ms=10)
     requests, good, bad_tags = make_requests(20_000, entities, 0.01, seed=3)
     extra_codes = {}
     for name, (value, code) in EXTRA_BAD.items():
