@@ -4,37 +4,59 @@
 Redis, and builds the real consumer, producer and stores before joining the group. The
 constructor takes those parts as keyword arguments so tests can hand in others.
 
-The loop is single-threaded: consume → route to the pipeline's batcher → process closed
-batches → serve delivery reports → commit the delivered prefix. At most
-``max_in_flight_batches`` batches await delivery; past that the loop waits on the
-producer. Rebalance callbacks run inside ``consume`` on the same thread: on revoke the
-buffered records of revoked partitions are dropped (never produced, so the next owner
-takes them without duplicates), deliveries are flushed and what finished is committed
-synchronously; on lost they are dropped without a commit. ``stop()`` (from a signal
-handler) ends the loop; the worker then drains open batches, commits and leaves.
+Two threads. The loop thread owns the consumer: it consumes, routes records to each
+pipeline's batcher, hands closed batches to the processing thread, serves delivery
+reports, commits the delivered prefix of batches, and pauses its partitions while
+``max_in_flight_batches`` batches are unfinished (it keeps calling ``consume``, so slow
+models or an unreachable Redis never make it miss ``max.poll.interval.ms``). The
+processing thread (``worker.processor``) decodes, enriches, infers and produces, one
+batch at a time in order.
+
+Rebalances run inside ``consume`` on the loop thread. On revoke: buffered records of the
+revoked partitions are dropped (never produced, so the next owner serves them without
+duplicates), batches holding them are given ``revoke_timeout_s`` to finish, and what
+finished is committed synchronously. On lost: dropped without a commit. ``stop()`` (from
+a signal handler) ends the loop; the worker then drains open batches, commits and leaves.
+
+With ``delivery = "exactly-once"`` each batch is one transaction holding its results,
+dead letters and offsets; an abortable error aborts it and rewinds every owned partition
+to its committed offset, a fatal one also re-creates the producer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Sequence
 from typing import cast
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+import orjson
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 from prometheus_client import CollectorRegistry
 
 from worker.batcher import Batcher, Clock, monotonic_clock
 from worker.commit import Committer, OffsetConsumer, PartitionKey
 from worker.config import WorkerConfig
 from worker.engines import OnnxEngine
-from worker.errors import CommitError
+from worker.errors import CommitError, SinkError
 from worker.features import RedisHashStore
+from worker.health import HealthState
 from worker.metrics import Metrics
-from worker.pipeline import Pipeline
-from worker.sink import Sink
+from worker.pipeline import Pipeline, next_offsets
+from worker.processor import Job, Processor
+from worker.sink import DeliveryTracker, Sink
 from worker.source import Source, consumer_config, position
+from worker.transactions import transactional_producer, verify_isolation
 
 __all__ = ["Worker"]
 
@@ -61,18 +83,29 @@ class Worker:
         sink: Sink,
         pipelines: Sequence[Pipeline],
         metrics: Metrics,
+        health: HealthState | None = None,
+        abort: threading.Event | None = None,
         clock: Clock = monotonic_clock,
     ) -> None:
         self.config = config
         self.metrics = metrics
+        self.health = health or HealthState(liveness_timeout_s=config.liveness_timeout_s)
+        self.health.models_loaded = True
+        self._abort = abort or threading.Event()
+        self._consumer = consumer
         self._sink = sink
+        self._transactional = config.delivery == "exactly-once"
         self._pipelines = {p.name: p for p in pipelines}
         self._route = {t: p.name for p in pipelines for t in p.config.request_topics}
         self._batchers: dict[str, Batcher[Message]] = {
             p.name: Batcher(p.config.batch, clock) for p in pipelines
         }
         self._clock = clock
-        self._committer = Committer(cast(OffsetConsumer, consumer))
+        self._committer = Committer(
+            cast(OffsetConsumer, consumer),
+            transactional=self._transactional,
+            on_done=self._observe_done,
+        )
         self._source = Source(
             consumer,
             list(self._route),
@@ -80,43 +113,83 @@ class Worker:
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
         )
+        self._processor = Processor(self._run_job)
         self._stop = threading.Event()
         self._failed = False
+        self._rewind = threading.Event()
+        self._producer_broken = False
+        self._paused: set[PartitionKey] = set()
+        self._backpressure = False
+        self._to_check: set[PartitionKey] = set()
+        self._consumed = 0
+        self._rate = 0.0
+        self._rate_at = (time.monotonic(), 0)
         self.assigned: set[PartitionKey] = set()
         self._assigned_at = 0.0
 
     @classmethod
     def from_config(cls, config: WorkerConfig, registry: CollectorRegistry | None = None) -> Worker:
-        """Build real parts; load and warm every model before the group is joined."""
+        """Build real parts; load and warm every model before the group is joined.
+
+        Raises ConfigError (including a broker without working transactions in
+        exactly-once mode), EngineError or FeatureStoreError.
+        """
         metrics = Metrics(registry)
+        health = HealthState(liveness_timeout_s=config.liveness_timeout_s)
+        abort = threading.Event()
+
+        def feature_store_ok(ok: bool) -> None:
+            health.feature_store_ok = ok
+
         pipelines = []
         for p in config.pipelines:
             engine = OnnxEngine(p.model)
             engine.warm_up(sorted({1, p.batch.max_batch_size}))
             store = RedisHashStore.connect(config.redis, p.features)
             store.ping()
+            metrics.model_info.labels(
+                p.name, p.model.name, p.model.version, engine.model_hash, engine.providers[0]
+            ).set(1)
             pipelines.append(
                 Pipeline(
                     p,
                     store=store,
                     engine=engine,
                     metrics=metrics.for_pipeline(p.name),
-                    retry_feature_store_s=min(30.0, config.kafka.max_poll_interval_ms / 2000.0),
+                    retry_feature_store_s=config.feature_store_retry_s,
+                    abort=abort,
+                    on_feature_store=feature_store_ok,
                 )
             )
+        if config.delivery == "exactly-once":
+            verify_isolation(config.kafka)
+            sink = Sink(transactional_producer(config.kafka))
+        else:
+            sink = Sink.from_settings(config.kafka)
         built: list[Worker] = []
         consumer = Consumer(
-            consumer_config(config.kafka, on_commit=lambda e, p: built[0].on_commit(e, p))
+            consumer_config(
+                config.kafka,
+                on_commit=lambda e, p: built[0].on_commit(e, p),
+                on_error=lambda e: built[0].on_error(e),
+                on_stats=lambda s: built[0].on_stats(s),
+                statistics_interval_ms=config.statistics_interval_ms,
+                read_committed=config.delivery == "exactly-once",
+            )
         )
         worker = cls(
             config=config,
             consumer=consumer,
-            sink=Sink.from_settings(config.kafka),
+            sink=sink,
             pipelines=pipelines,
             metrics=metrics,
+            health=health,
+            abort=abort,
         )
         built.append(worker)
         return worker
+
+    # -- callbacks from librdkafka (loop thread) ------------------------------------------
 
     def on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """Result of an asynchronous commit; rejected offsets are committed again."""
@@ -124,10 +197,44 @@ class Worker:
         if failed:
             reason = err.str() if err is not None else str(failed[0].error)
             log.warning("commit of %d partitions rejected (%s); will retry", len(failed), reason)
+            self.metrics.commit_failures.inc()
             self._committer.requeue_failed(failed)
+
+    def on_error(self, err: KafkaError) -> None:
+        if err.code() == KafkaError._ALL_BROKERS_DOWN:
+            self.health.broker_ok = False
+        log.error("kafka: %s", err.str())
+
+    def on_stats(self, raw: str) -> None:
+        """librdkafka statistics: consumer lag per owned partition and seconds to drain."""
+        stats = orjson.loads(raw)
+        brokers = stats.get("brokers", {}).values()
+        self.health.broker_ok = any(b.get("state") == "UP" for b in brokers)
+        total = 0
+        gauge = self.metrics.consumer_lag
+        for topic, tstats in stats.get("topics", {}).items():
+            for part, pstats in tstats.get("partitions", {}).items():
+                key = (topic, int(part))
+                if key not in self.assigned:
+                    continue
+                lag = pstats.get("consumer_lag", -1)
+                if lag >= 0:
+                    gauge.labels(topic, part).set(lag)
+                    total += lag
+        now = time.monotonic()
+        then, count = self._rate_at
+        if now > then:
+            recent = (self._consumed - count) / (now - then)
+            self._rate = recent if self._rate == 0 else 0.5 * self._rate + 0.5 * recent
+        self._rate_at = (now, self._consumed)
+        drain = 0.0 if total == 0 else (total / self._rate if self._rate > 0 else float("inf"))
+        self.metrics.seconds_to_drain.set(drain)
+
+    # -- control -------------------------------------------------------------------------
 
     def stop(self) -> None:
         """Ask the loop to finish; safe from signal handlers and other threads."""
+        self.health.stopping = True
         self._stop.set()
 
     def run(self, *, burst_idle_s: float | None = None) -> None:
@@ -142,23 +249,32 @@ class Worker:
             self._drain()
         except BaseException:
             self._failed = True
+            self._abort.set()
             raise
         finally:
             self._close()
 
+    # -- the loop ------------------------------------------------------------------------
+
     def _loop(self, burst_idle_s: float | None) -> None:
         cfg = self.config
-        source, sink, committer = self._source, self._sink, self._committer
+        source, committer, processor = self._source, self._committer, self._processor
         batchers = self._batchers
         single = next(iter(batchers)) if len(batchers) == 1 else None
         route = self._route
         clock = self._clock
+        health = self.health
         max_messages = max(p.config.batch.max_batch_size for p in self._pipelines.values())
         poll_s = cfg.poll_timeout_ms / 1000.0
-        in_flight_bound = cfg.max_in_flight_batches
         idle_since = time.monotonic()
 
         while not self._stop.is_set():
+            health.turned()
+            processor.check()
+            if self._rewind.is_set():
+                self._rewind_to_committed()
+            if self._to_check:
+                self._check_committed_offsets()
             # consume() waits for a full batch or the timeout, so never longer than the
             # earliest window: an open batch's deadline, or an empty one's whole window.
             fetch_started = clock()
@@ -172,22 +288,21 @@ class Worker:
             messages = source.consume(max_messages, timeout)
             if messages:
                 idle_since = time.monotonic()
+                self._consumed += len(messages)
                 if single is not None:
                     for batch in batchers[single].add(messages, fetch_started):
-                        self._process(single, batch)
+                        self._submit(single, batch)
                 else:
                     for name, items in _group_by_pipeline(messages, route).items():
                         for batch in batchers[name].add(items, fetch_started):
-                            self._process(name, batch)
+                            self._submit(name, batch)
             for name, batcher in batchers.items():
                 expired = batcher.expired()
                 if expired is not None:
-                    self._process(name, expired)
-            sink.poll(0)
+                    self._submit(name, expired)
+            self._serve_deliveries(0)
             self._commit()
-            while len(committer) >= in_flight_bound:
-                sink.poll(0.005)
-                self._commit()
+            self._apply_backpressure()
             if (
                 burst_idle_s is not None
                 and not messages
@@ -199,37 +314,224 @@ class Worker:
                 log.info("burst: idle for %.1fs, stopping", burst_idle_s)
                 break
 
-    def _process(self, name: str, batch: list[Message]) -> None:
-        tracker, offsets = self._pipelines[name].handle(batch, self._sink)
+    def _submit(self, name: str, batch: list[Message]) -> None:
+        ts = batch[0].timestamp()[1]
+        tracker = DeliveryTracker(name, ts if ts > 0 else 0)
+        offsets = next_offsets(batch)
         self._committer.track(tracker, offsets)
+        self._processor.submit(Job(name, batch, tracker, offsets))
+        self.metrics.in_flight_batches.set(len(self._committer))
+
+    def _serve_deliveries(self, timeout: float) -> None:
+        # In exactly-once mode the processing thread serves them inside commit_transaction.
+        if not self._transactional:
+            self._sink.poll(timeout)
+        elif timeout:
+            time.sleep(timeout)
 
     def _commit(self, *, asynchronous: bool = True) -> None:
-        if self._committer.commit_ready(asynchronous=asynchronous):
-            self.metrics.commits.inc()
+        started = time.perf_counter()
+        try:
+            done = self._committer.commit_ready(asynchronous=asynchronous)
+        except CommitError:
+            self.metrics.commit_failures.inc()
+            raise
+        if done:
+            self.metrics.in_flight_batches.set(len(self._committer))
+            if not self._transactional:
+                self.metrics.commits.inc()
+                elapsed = time.perf_counter() - started
+                for p in self._pipelines.values():
+                    p.metrics.commit_seconds.observe(elapsed)
+
+    def _observe_done(self, tracker: DeliveryTracker) -> None:
+        pipeline = self._pipelines.get(tracker.pipeline)
+        if pipeline is None:
+            return
+        m = pipeline.metrics
+        if tracker.sealed_at:
+            m.publish_seconds.observe(max(0.0, time.monotonic() - tracker.sealed_at))
+        if tracker.oldest_ts_ms:
+            m.end_to_end_seconds.observe(max(0.0, time.time() - tracker.oldest_ts_ms / 1000.0))
+
+    def _apply_backpressure(self) -> None:
+        """Pause every owned partition while too many batches are unfinished."""
+        full = len(self._committer) >= self.config.max_in_flight_batches
+        if full:
+            newly = self.assigned - self._paused
+            if newly:
+                self._source.pause(newly)
+                self._paused |= newly
+                if not self._backpressure:
+                    log.info(
+                        "backpressure: %d batches in flight, pausing %d partitions",
+                        len(self._committer),
+                        len(self._paused),
+                    )
+                self._backpressure = True
+        elif self._paused:
+            owned = self._paused & self.assigned
+            self._source.resume(owned)
+            self._paused.clear()
+            self._backpressure = False
+        self.metrics.paused_partitions.set(len(self._paused))
+
+    def _run_job(self, job: Job) -> None:
+        """On the processing thread: one batch, in a transaction when exactly-once."""
+        pipeline = self._pipelines[job.pipeline]
+        if not self._transactional:
+            pipeline.handle(job.batch, self._sink, job.tracker)
+            return
+        if self._rewind.is_set():
+            job.tracker.fail("skipped: a rewind is pending")
+            job.tracker.seal()
+            return
+        producer = self._sink.producer
+        try:
+            producer.begin_transaction()
+            pipeline.handle(job.batch, self._sink, job.tracker)
+            offsets = [TopicPartition(t, p, o) for (t, p), o in job.offsets.items()]
+            producer.send_offsets_to_transaction(
+                offsets, self._consumer.consumer_group_metadata(), 30
+            )
+            self._commit_transaction()
+        except KafkaException as exc:
+            err = exc.args[0]
+            fatal = not isinstance(err, KafkaError) or not err.txn_requires_abort()
+            log.warning(
+                "transaction failed (%s); %s and rewinding",
+                exc,
+                "re-creating the producer" if fatal else "aborting",
+            )
+            if not fatal:
+                try:
+                    producer.abort_transaction(30)
+                except KafkaException:
+                    fatal = True
+            self._producer_broken = fatal
+            self._rewind.set()
+            job.tracker.fail(f"transaction failed: {exc}")
+            job.tracker.seal()
+
+    def _commit_transaction(self) -> None:
+        producer = self._sink.producer
+        for attempt in range(5):
+            try:
+                producer.commit_transaction(30)
+                return
+            except KafkaException as exc:
+                err = exc.args[0]
+                if isinstance(err, KafkaError) and err.retriable() and attempt < 4:
+                    continue
+                raise
+
+    def _rewind_to_committed(self) -> None:
+        """Exactly-once: drop all work in flight and restart from the committed offsets."""
+        dropped = len(self._processor.discard_queued())
+        deadline = time.monotonic() + self.config.shutdown_timeout_s
+        while self._processor.pending() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for batcher in self._batchers.values():
+            batcher.flush()
+        self._committer.clear()
+        if self._producer_broken:
+            log.warning("re-creating the transactional producer")
+            self._sink.use(transactional_producer(self.config.kafka))
+            self._producer_broken = False
+        self._seek_to_committed(self.assigned)
+        self._rewind.clear()
+        log.warning(
+            "rewound %d partitions to their committed offsets (%d queued batches dropped)",
+            len(self.assigned),
+            dropped,
+        )
+
+    def _seek_to_committed(self, partitions: set[PartitionKey]) -> None:
+        if not partitions:
+            return
+        tps = [TopicPartition(t, p) for t, p in sorted(partitions)]
+        reset = (
+            OFFSET_BEGINNING if self.config.kafka.auto_offset_reset == "earliest" else OFFSET_END
+        )
+        for tp in self._consumer.committed(tps, timeout=30):
+            offset = tp.offset if tp.offset >= 0 else reset
+            self._consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+
+    def _check_committed_offsets(self) -> None:
+        """Say loudly when a committed offset lies below the log start: retention deleted
+        records this group never processed, and the consumer will skip past them."""
+        keys, self._to_check = self._to_check & self.assigned, set()
+        if not keys:
+            return
+        try:
+            committed = self._consumer.committed(
+                [TopicPartition(t, p) for t, p in sorted(keys)], timeout=10
+            )
+            for tp in committed:
+                if tp.offset < 0:
+                    continue
+                low, _high = self._consumer.get_watermark_offsets(
+                    TopicPartition(tp.topic, tp.partition), timeout=10
+                )
+                if tp.offset < low:
+                    log.error(
+                        "%s[%d]: committed offset %d is below the log start %d: %d records were "
+                        "deleted by retention before this group processed them",
+                        tp.topic,
+                        tp.partition,
+                        tp.offset,
+                        low,
+                        low - tp.offset,
+                    )
+        except KafkaException as exc:
+            log.warning("could not check committed offsets: %s", exc)
+
+    # -- shutdown ------------------------------------------------------------------------
 
     def _drain(self) -> None:
         for name, batcher in self._batchers.items():
             rest = batcher.flush()
             if rest:
-                self._process(name, rest)
-        remaining = self._sink.flush(self.config.shutdown_timeout_s)
+                self._submit(name, rest)
+        deadline = time.monotonic() + self.config.shutdown_timeout_s
+        while self._processor.pending() and time.monotonic() < deadline:
+            self._processor.check()
+            self._serve_deliveries(0.01)
+            self._commit()
+        unfinished = self._processor.pending()
+        if unfinished:
+            self._abort.set()  # an unreachable feature store gives up now
+        if not self._transactional:
+            self._sink.flush(max(1.0, deadline - time.monotonic()))
         self._commit(asynchronous=False)
-        if remaining:
-            log.error(
-                "shutdown: %d deliveries unconfirmed; their records stay uncommitted", remaining
+        if unfinished or len(self._committer):
+            raise SinkError(
+                f"stopped with {len(self._committer)} batches unfinished after "
+                f"{self.config.shutdown_timeout_s:.0f}s; their records stay uncommitted and "
+                "will be consumed again"
             )
 
     def _close(self) -> None:
+        self._abort.set()
+        if not self._processor.close(5.0):
+            log.warning("the processing thread did not finish")
         try:
             self._source.close()
         except Exception:  # close must not hide the error that brought us here
             log.exception("closing the consumer failed")
-        self._sink.flush(min(5.0, self.config.shutdown_timeout_s))
+        if not self._transactional:
+            self._sink.flush(min(5.0, self.config.shutdown_timeout_s))
+
+    # -- rebalance callbacks (inside consume, loop thread) --------------------------------
 
     def _on_assign(self, partitions: list[TopicPartition]) -> None:
-        self.assigned |= _keys(partitions)
+        keys = _keys(partitions)
+        self.assigned |= keys
+        self._to_check |= keys
         self._assigned_at = time.monotonic()
+        self.health.joined = True
         self.metrics.rebalances.labels("assign").inc()
+        self.metrics.assigned_partitions.set(len(self.assigned))
         log.info("assigned %s; owning %d partitions", _describe(partitions), len(self.assigned))
 
     def _on_revoke(self, partitions: list[TopicPartition]) -> None:
@@ -237,26 +539,42 @@ class Worker:
         self.metrics.rebalances.labels("revoke").inc()
         dropped = sum(b.drop(keys, _partition_of) for b in self._batchers.values())
         if not self._failed:
-            left = self._sink.flush(min(10.0, self.config.shutdown_timeout_s))
+            deadline = time.monotonic() + self.config.revoke_timeout_s
+            while self._processor.busy_with(keys) and time.monotonic() < deadline:
+                self._serve_deliveries(0.01)
+            if self._processor.busy_with(keys):
+                log.warning(
+                    "revoke: batches of %s still running after %.0fs; the next owner "
+                    "may repeat them",
+                    _describe(partitions),
+                    self.config.revoke_timeout_s,
+                )
+            if not self._transactional:
+                self._sink.flush(max(0.1, deadline - time.monotonic()))
             try:
                 self._commit(asynchronous=False)
-            except CommitError as exc:
+            except (CommitError, SinkError) as exc:
                 log.warning(
                     "commit on revoke failed, the next owner repeats those records: %s", exc
                 )
-            if left:
-                log.warning("revoke: %d deliveries still unconfirmed", left)
-        self._committer.forget(keys)
-        self.assigned -= keys
+        self._forget(keys)
         log.info("revoked %s (dropped %d buffered records)", _describe(partitions), dropped)
 
     def _on_lost(self, partitions: list[TopicPartition]) -> None:
         keys = _keys(partitions)
         self.metrics.rebalances.labels("lost").inc()
         dropped = sum(b.drop(keys, _partition_of) for b in self._batchers.values())
+        self._forget(keys)
+        log.warning("lost %s (dropped %d buffered records)", _describe(partitions), dropped)
+
+    def _forget(self, keys: set[PartitionKey]) -> None:
         self._committer.forget(keys)
         self.assigned -= keys
-        log.warning("lost %s (dropped %d buffered records)", _describe(partitions), dropped)
+        self._paused -= keys
+        for topic, partition in keys:
+            with contextlib.suppress(KeyError):
+                self.metrics.consumer_lag.remove(topic, str(partition))
+        self.metrics.assigned_partitions.set(len(self.assigned))
 
 
 def _group_by_pipeline(messages: list[Message], route: dict[str, str]) -> dict[str, list[Message]]:

@@ -106,12 +106,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         log.error("cannot start: %s", exc)
         return 2 if isinstance(exc, ConfigError) else 1
     if config.metrics.port is not None:
-        from prometheus_client import start_http_server
+        from worker.health import HealthServer
 
-        start_http_server(
-            config.metrics.port, addr=config.metrics.host, registry=worker.metrics.registry
-        )
-        log.info("metrics on http://%s:%d/metrics", config.metrics.host, config.metrics.port)
+        server = HealthServer(
+            worker.health, worker.metrics.registry, config.metrics.host, config.metrics.port
+        ).start()
+        log.info("metrics, /healthz and /readyz on http://%s:%d", config.metrics.host, server.port)
     _install_signal_handlers(worker.stop)
     log.info(
         "streamfer %s: group %s, pipelines %s",

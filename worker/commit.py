@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -48,8 +48,18 @@ class _Pending:
 class Committer:
     """Tracks batches in flight and commits the delivered prefix."""
 
-    def __init__(self, consumer: OffsetConsumer) -> None:
+    def __init__(
+        self,
+        consumer: OffsetConsumer,
+        *,
+        transactional: bool = False,
+        on_done: Callable[[DeliveryTracker], None] | None = None,
+    ) -> None:
+        """With ``transactional`` the offsets went into each batch's transaction, so done
+        batches are only retired here; ``on_done`` sees every retired batch."""
         self._consumer = consumer
+        self._transactional = transactional
+        self._on_done = on_done
         self._queue: deque[_Pending] = deque()
         self._committed: dict[PartitionKey, int] = {}
         self._retry: dict[PartitionKey, int] = {}
@@ -77,6 +87,8 @@ class Committer:
                     + "; ".join(head.tracker.errors)
                 )
             queue.popleft()
+            if self._on_done is not None:
+                self._on_done(head.tracker)
             for tp, offset in head.offsets.items():
                 if offset > merged.get(tp, -1):
                     merged[tp] = offset
@@ -86,9 +98,16 @@ class Committer:
                 if offset > merged.get(tp, -1):
                     merged[tp] = offset
             self._retry.clear()
-        if merged:
+        if merged and not self._transactional:
             self._commit(merged, asynchronous)
         return done
+
+    def clear(self) -> int:
+        """Forget every batch in flight (a rewind to the committed offsets follows)."""
+        dropped = len(self._queue)
+        self._queue.clear()
+        self._retry.clear()
+        return dropped
 
     def requeue_failed(self, partitions: list[TopicPartition]) -> None:
         """Offsets the broker rejected (from ``on_commit``): send them with the next commit."""

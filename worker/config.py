@@ -137,9 +137,15 @@ class WorkerConfig(_Frozen):
     kafka: KafkaSettings = KafkaSettings()
     redis: RedisSettings = RedisSettings()
     pipelines: list[PipelineConfig] = Field(min_length=1)
+    delivery: Literal["at-least-once", "exactly-once"] = "at-least-once"
     max_in_flight_batches: int = Field(default=4, ge=1, le=1024)
     poll_timeout_ms: float = Field(default=100.0, gt=0, le=10_000)
     shutdown_timeout_s: float = Field(default=30.0, gt=0)
+    revoke_timeout_s: float = Field(default=10.0, gt=0)
+    feature_store_retry_s: float | None = Field(default=None, gt=0)
+    """How long one batch waits for an unreachable feature store; None: until it is back."""
+    statistics_interval_ms: int = Field(default=5000, ge=0)
+    liveness_timeout_s: float = Field(default=60.0, gt=0)
     log_format: Literal["text", "json"] = "text"
     metrics: MetricsSettings = MetricsSettings()
 

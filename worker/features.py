@@ -108,6 +108,10 @@ class Assembled:
     matrix: npt.NDArray[np.float32]
     rejected: list[tuple[int, str, str]]
     """(row, code, reason) for each request row that must become a dead letter."""
+    lookups: int = 0
+    """Distinct entities looked up in the store."""
+    misses: int = 0
+    """Of those, entities the store had nothing for."""
 
 
 def assemble(
@@ -120,6 +124,7 @@ def assemble(
     n, width = len(entities), len(spec.fields)
     matrix = np.full((n, width), spec.default_value, dtype=np.float32)
     rejected: list[tuple[int, str, str]] = []
+    lookups = misses = 0
 
     lookup_rows = [r for r in range(n) if entities[r] is not None and len(inline[r] or ()) < width]
     if lookup_rows:
@@ -132,6 +137,7 @@ def assemble(
             )
         values, absent, bad = _parse_rows(raw, width)
         unknown: npt.NDArray[np.bool_] = np.asarray(absent.all(axis=1))
+        lookups, misses = len(distinct), int(unknown.sum())
         partial: npt.NDArray[np.bool_] = np.asarray(absent.any(axis=1)) & ~unknown
         position = {entity: i for i, entity in enumerate(distinct)}
         idx = np.fromiter((position[entities[r]] for r in lookup_rows), np.intp, len(lookup_rows))
@@ -175,7 +181,7 @@ def assemble(
         for r in np.flatnonzero(~finite).tolist():
             if r not in already:
                 rejected.append((r, "non_finite", "a feature value is NaN or infinite"))
-    return Assembled(matrix, rejected)
+    return Assembled(matrix, rejected, lookups, misses)
 
 
 def _parse_rows(

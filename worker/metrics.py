@@ -1,19 +1,38 @@
 """Prometheus metrics of one worker, on an injected ``CollectorRegistry``.
 
 Nothing is registered at import time, so tests can build many workers in one process.
-Label children are resolved once per pipeline, never per record.
+Label children are resolved once per pipeline, never per record, and no label ever
+carries a record key or id. ``METRIC_NAMES`` lists every exported family; dashboards and
+alerts may only use these.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["Metrics", "PipelineMetrics"]
+__all__ = ["METRIC_NAMES", "STAGES", "Metrics", "PipelineMetrics"]
 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
-_SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+_SECONDS_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+)
+STAGES = ("queue", "decode", "enrich", "infer", "publish", "commit")
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,9 +43,16 @@ class PipelineMetrics:
     results: Counter
     batches: Counter
     batch_size: Histogram
+    queue_seconds: Histogram
     decode_seconds: Histogram
     enrich_seconds: Histogram
     infer_seconds: Histogram
+    publish_seconds: Histogram
+    commit_seconds: Histogram
+    end_to_end_seconds: Histogram
+    feature_hits: Counter
+    feature_misses: Counter
+    feature_store_errors: Counter
     dead_letters: Counter
     """Parent metric; labelled per code on the (rare) dead-letter path."""
     pipeline: str
@@ -55,25 +81,106 @@ class Metrics:
         )
         self.stage_seconds = Histogram(
             "streamfer_stage_seconds",
-            "Seconds per batch in each stage",
+            "Seconds per batch in each stage (queue: first record's Kafka timestamp to "
+            "processing start; commit: last delivery to offset commit)",
             ["pipeline", "stage"],
             buckets=_SECONDS_BUCKETS,
             registry=r,
         )
+        self.end_to_end_seconds = Histogram(
+            "streamfer_end_to_end_seconds",
+            "Request Kafka timestamp to the acknowledgement of its batch's results",
+            ["pipeline"],
+            buckets=_SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.feature_lookups = Counter(
+            "streamfer_feature_lookups",
+            "Entity lookups in the feature store by outcome",
+            ["pipeline", "outcome"],
+            registry=r,
+        )
+        self.feature_store_errors = Counter(
+            "streamfer_feature_store_errors",
+            "Failed feature-store round trips (retried)",
+            ["pipeline"],
+            registry=r,
+        )
+        self.model_info = Gauge(
+            "streamfer_model_info",
+            "The model each pipeline serves (value is always 1)",
+            ["pipeline", "name", "version", "sha256", "provider"],
+            registry=r,
+        )
+        self.in_flight_batches = Gauge(
+            "streamfer_in_flight_batches", "Batches submitted but not yet committed", registry=r
+        )
+        self.paused_partitions = Gauge(
+            "streamfer_paused_partitions", "Partitions paused for backpressure", registry=r
+        )
+        self.assigned_partitions = Gauge(
+            "streamfer_assigned_partitions", "Partitions this worker owns", registry=r
+        )
+        self.consumer_lag = Gauge(
+            "streamfer_consumer_lag",
+            "Records behind the log end, per owned partition",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.seconds_to_drain = Gauge(
+            "streamfer_seconds_to_drain",
+            "Total lag of owned partitions divided by recent throughput",
+            registry=r,
+        )
+        self.ready = Gauge("streamfer_ready", "1 when the worker is ready", registry=r)
         self.commits = Counter("streamfer_commits", "Offset commits issued", registry=r)
+        self.commit_failures = Counter(
+            "streamfer_commit_failures", "Offset commits rejected or failed", registry=r
+        )
         self.rebalances = Counter(
             "streamfer_rebalances", "Partition assignment changes", ["kind"], registry=r
         )
 
     def for_pipeline(self, name: str) -> PipelineMetrics:
+        stage = self.stage_seconds
         return PipelineMetrics(
             records=self.records.labels(name),
             results=self.results.labels(name),
             batches=self.batches.labels(name),
             batch_size=self.batch_size.labels(name),
-            decode_seconds=self.stage_seconds.labels(name, "decode"),
-            enrich_seconds=self.stage_seconds.labels(name, "enrich"),
-            infer_seconds=self.stage_seconds.labels(name, "infer"),
+            queue_seconds=stage.labels(name, "queue"),
+            decode_seconds=stage.labels(name, "decode"),
+            enrich_seconds=stage.labels(name, "enrich"),
+            infer_seconds=stage.labels(name, "infer"),
+            publish_seconds=stage.labels(name, "publish"),
+            commit_seconds=stage.labels(name, "commit"),
+            end_to_end_seconds=self.end_to_end_seconds.labels(name),
+            feature_hits=self.feature_lookups.labels(name, "hit"),
+            feature_misses=self.feature_lookups.labels(name, "miss"),
+            feature_store_errors=self.feature_store_errors.labels(name),
             dead_letters=self.dead_letters,
             pipeline=name,
         )
+
+
+METRIC_NAMES = (
+    "streamfer_records_total",
+    "streamfer_results_total",
+    "streamfer_dead_letters_total",
+    "streamfer_batches_total",
+    "streamfer_batch_size",
+    "streamfer_stage_seconds",
+    "streamfer_end_to_end_seconds",
+    "streamfer_feature_lookups_total",
+    "streamfer_feature_store_errors_total",
+    "streamfer_model_info",
+    "streamfer_in_flight_batches",
+    "streamfer_paused_partitions",
+    "streamfer_assigned_partitions",
+    "streamfer_consumer_lag",
+    "streamfer_seconds_to_drain",
+    "streamfer_ready",
+    "streamfer_commits_total",
+    "streamfer_commit_failures_total",
+    "streamfer_rebalances_total",
+)

@@ -10,8 +10,9 @@ other rows still publish.
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -30,7 +31,7 @@ from worker.sink import DeliveryTracker, Headers, Sink
 from worker.source import position
 from worker.types import StageTimings
 
-__all__ = ["Pipeline"]
+__all__ = ["Pipeline", "next_offsets"]
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,9 @@ class Pipeline:
         store: FeatureStore,
         engine: InferenceEngine,
         metrics: PipelineMetrics,
-        retry_feature_store_s: float = 30.0,
+        retry_feature_store_s: float | None = 30.0,
+        abort: threading.Event | None = None,
+        on_feature_store: Callable[[bool], None] | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -56,7 +59,10 @@ class Pipeline:
         self._store = store
         self._engine = engine
         self._metrics = metrics
+        self.metrics = metrics
         self._retry_s = retry_feature_store_s
+        self._abort = abort or threading.Event()
+        self._on_feature_store = on_feature_store or (lambda _ok: None)
         self._model_meta = {
             "name": config.model.name,
             "version": config.model.version,
@@ -71,18 +77,24 @@ class Pipeline:
             )
 
     def handle(
-        self, batch: Sequence[Message], sink: Sink
+        self, batch: Sequence[Message], sink: Sink, tracker: DeliveryTracker | None = None
     ) -> tuple[DeliveryTracker, dict[PartitionKey, int]]:
-        """Publish a result or dead letter for every message. Raises FeatureStoreError
-        (after retrying) or nothing; deliveries complete asynchronously on ``sink``."""
+        """Send a result or dead letter for every message, then seal the tracker.
+
+        Blocks while the feature store is unreachable, retrying with backoff until it
+        answers, ``retry_feature_store_s`` passes or ``abort`` is set; then raises
+        FeatureStoreError and nothing of the batch counts as done. Deliveries complete
+        asynchronously on ``sink``; the tracker says when.
+        """
         cfg = self.config
         m = self._metrics
-        tracker = DeliveryTracker()
+        tracker = tracker if tracker is not None else DeliveryTracker()
         timings = StageTimings()
         started = _perf()
         first_ts = batch[0].timestamp()[1]
         if first_ts > 0:
             timings.wait_ms = max(0.0, time.time() * 1000.0 - first_ts)
+            m.queue_seconds.observe(timings.wait_ms / 1000.0)
 
         values = [msg.value() for msg in batch]
         decoded = decode_requests(values, self._fields, cfg.max_record_bytes)
@@ -95,6 +107,10 @@ class Pipeline:
 
         if decoded.rows:
             assembled = self._assemble(decoded.entities, decoded.inline)
+            if assembled.lookups:
+                m.feature_hits.inc(assembled.lookups - assembled.misses)
+                if assembled.misses:
+                    m.feature_misses.inc(assembled.misses)
             t_enriched = _perf()
             timings.enrich_ms = (t_enriched - t_decoded) * 1000.0
             keep = np.ones(len(decoded.rows), dtype=np.bool_)
@@ -118,26 +134,34 @@ class Pipeline:
         m.records.inc(len(batch))
         m.batches.inc()
         m.batch_size.observe(len(batch))
-        offsets: dict[PartitionKey, int] = {}
-        for msg in batch:
-            topic, partition, offset = position(msg)
-            offsets[(topic, partition)] = offset + 1
-        return tracker, offsets
+        tracker.seal()
+        return tracker, next_offsets(batch)
 
     def _assemble(
         self, entities: list[str | None], inline: list[dict[str, float] | None]
     ) -> Assembled:
-        deadline = time.monotonic() + self._retry_s
+        deadline = None if self._retry_s is None else time.monotonic() + self._retry_s
         delay = 0.1
+        failing = False
         while True:
             try:
-                return assemble(self._spec, entities, inline, self._store)
+                assembled = assemble(self._spec, entities, inline, self._store)
             except FeatureStoreError as exc:
-                if time.monotonic() + delay > deadline:
+                self._metrics.feature_store_errors.inc()
+                if not failing:
+                    failing = True
+                    self._on_feature_store(False)
+                out_of_time = deadline is not None and time.monotonic() + delay > deadline
+                if out_of_time or self._abort.is_set():
                     raise
                 log.warning("pipeline %s: %s; retrying in %.1fs", self.name, exc, delay)
-                time.sleep(delay)
+                self._abort.wait(delay)
                 delay = min(delay * 2, 5.0)
+                continue
+            if failing:
+                log.info("pipeline %s: feature store reachable again", self.name)
+                self._on_feature_store(True)
+            return assembled
 
     def _infer(self, matrix: npt.NDArray[np.float32]) -> tuple[Outputs, dict[int, str]]:
         """Run the model; on failure bisect so only the failing rows are refused."""
@@ -242,6 +266,15 @@ class Pipeline:
         ]
         sink.send(tracker, cfg.dead_letter_topic, body, msg.key(), headers)
         self._metrics.dead_letters.labels(self.name, code).inc()
+
+
+def next_offsets(batch: Sequence[Message]) -> dict[PartitionKey, int]:
+    """The offset to commit per partition once ``batch`` is done: last offset + 1."""
+    offsets: dict[PartitionKey, int] = {}
+    for msg in batch:
+        topic, partition, offset = position(msg)
+        offsets[(topic, partition)] = offset + 1
+    return offsets
 
 
 def _source_headers(msg: Message, request_id: str | None) -> Headers:

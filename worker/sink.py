@@ -9,6 +9,8 @@ committed, and the failure is never dropped silently.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -23,28 +25,64 @@ Headers = list[tuple[str, str | bytes | None]]
 
 
 class DeliveryTracker:
-    """Counts outstanding deliveries of one batch and keeps the first errors."""
+    """Counts the deliveries of one batch and keeps the first errors.
 
-    __slots__ = ("errors", "pending", "sent")
+    The batch is ``done`` once it is ``sealed`` (every record was handed to the producer)
+    and every record was acknowledged or refused. Records are sent from the processing
+    thread while delivery reports may arrive on any thread that polls the producer, so
+    the acknowledgement count is guarded by a lock.
+    """
 
-    def __init__(self) -> None:
-        self.pending = 0
+    __slots__ = (
+        "_lock",
+        "acked",
+        "errors",
+        "oldest_ts_ms",
+        "pipeline",
+        "refused",
+        "sealed",
+        "sealed_at",
+        "sent",
+    )
+
+    def __init__(self, pipeline: str = "", oldest_ts_ms: int = 0) -> None:
+        self._lock = threading.Lock()
+        self.pipeline = pipeline
+        self.oldest_ts_ms = oldest_ts_ms
         self.sent = 0
+        self.acked = 0
+        self.refused = 0
+        self.sealed = False
+        self.sealed_at = 0.0
         self.errors: list[str] = []
 
     @property
     def done(self) -> bool:
-        return self.pending == 0
+        return self.sealed and self.acked + self.refused == self.sent
+
+    @property
+    def pending(self) -> int:
+        return self.sent - self.acked - self.refused
+
+    def seal(self) -> None:
+        """No more records will be sent for this batch."""
+        self.sealed_at = time.monotonic()
+        self.sealed = True
 
     def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
-        self.pending -= 1
+        with self._lock:
+            self.acked += 1
         if err is not None and len(self.errors) < 10:
             self.errors.append(f"{msg.topic()}[{msg.partition()}]: {err.str()}")
 
-    def refused(self, topic: str, reason: str) -> None:
-        self.pending -= 1
+    def refused_by_producer(self, topic: str, reason: str) -> None:
+        self.refused += 1
         if len(self.errors) < 10:
             self.errors.append(f"{topic}: refused by producer: {reason}")
+
+    def fail(self, reason: str) -> None:
+        """The batch as a whole failed (an aborted transaction, say): never commit it."""
+        self.errors.append(reason)
 
 
 def producer_config(settings: KafkaSettings) -> dict[str, Any]:
@@ -70,6 +108,11 @@ class Sink:
     """Thin wrapper over ``confluent_kafka.Producer`` that never loses a refusal."""
 
     def __init__(self, producer: Producer) -> None:
+        self.use(producer)
+
+    def use(self, producer: Producer) -> None:
+        """Send through ``producer`` from now on (a re-created transactional producer)."""
+        self.producer = producer
         self._producer = producer
         self._produce = producer.produce
         self._poll = producer.poll
@@ -87,7 +130,6 @@ class Sink:
         headers: Headers,
     ) -> None:
         """Queue one record; blocks only while the local queue is full."""
-        tracker.pending += 1
         tracker.sent += 1
         while True:
             try:
@@ -96,7 +138,7 @@ class Sink:
             except BufferError:
                 self._poll(0.05)
             except KafkaException as exc:
-                tracker.refused(topic, str(exc))
+                tracker.refused_by_producer(topic, str(exc))
                 return
 
     def poll(self, timeout: float = 0.0) -> int:

@@ -33,9 +33,15 @@ CommitCallback = Callable[[KafkaError | None, list[TopicPartition]], None]
 
 
 def consumer_config(
-    settings: KafkaSettings, on_commit: CommitCallback | None = None
+    settings: KafkaSettings,
+    on_commit: CommitCallback | None = None,
+    *,
+    on_error: Callable[[KafkaError], None] | None = None,
+    on_stats: Callable[[str], None] | None = None,
+    statistics_interval_ms: int = 0,
+    read_committed: bool = False,
 ) -> dict[str, Any]:
-    """librdkafka settings; ``on_commit`` receives the result of asynchronous commits."""
+    """librdkafka settings; the callbacks run on the thread that calls ``consume``."""
     conf: dict[str, Any] = {
         "bootstrap.servers": settings.bootstrap_servers,
         "group.id": settings.group_id,
@@ -45,9 +51,14 @@ def consumer_config(
         "partition.assignment.strategy": "cooperative-sticky",
         "session.timeout.ms": settings.session_timeout_ms,
         "max.poll.interval.ms": settings.max_poll_interval_ms,
-        "error_cb": _log_error,
+        "error_cb": on_error or _log_error,
         "on_commit": on_commit or _log_commit,
     }
+    if on_stats is not None and statistics_interval_ms > 0:
+        conf["stats_cb"] = on_stats
+        conf["statistics.interval.ms"] = statistics_interval_ms
+    if read_committed:
+        conf["isolation.level"] = "read_committed"
     if settings.group_instance_id:
         conf["group.instance.id"] = settings.group_instance_id
     conf.update(settings.options)
@@ -131,6 +142,15 @@ class Source:
             else:
                 log.warning("consumer: %s", err.str())
         return good
+
+    def pause(self, partitions: set[tuple[str, int]]) -> None:
+        """Stop fetching ``partitions``; ``consume`` must still be called to stay in the group."""
+        if partitions:
+            self.consumer.pause([TopicPartition(t, p) for t, p in sorted(partitions)])
+
+    def resume(self, partitions: set[tuple[str, int]]) -> None:
+        if partitions:
+            self.consumer.resume([TopicPartition(t, p) for t, p in sorted(partitions)])
 
     def close(self) -> None:
         self.consumer.close()

@@ -50,8 +50,8 @@ class FakeMsg:
 def sent(n: int) -> DeliveryTracker:
     """A tracker with ``n`` deliveries outstanding, as ``Sink.send`` leaves it."""
     tracker = DeliveryTracker()
-    tracker.pending = n
     tracker.sent = n
+    tracker.seal()
     return tracker
 
 
@@ -71,6 +71,15 @@ def committer(consumer: FakeConsumer) -> Committer:
 
 
 # --- DeliveryTracker -------------------------------------------------------------------
+
+
+def test_unsealed_tracker_is_never_done() -> None:
+    t = DeliveryTracker()
+    t.sent = 1
+    deliver(t)
+    assert not t.done  # more records may still be sent for this batch
+    t.seal()
+    assert t.done
 
 
 def test_tracker_counts_deliveries() -> None:
@@ -100,7 +109,7 @@ def test_tracker_caps_error_list() -> None:
 
 def test_tracker_refused_counts_as_failed_delivery() -> None:
     t = sent(1)
-    t.refused("res", "Message size too large")
+    t.refused_by_producer("res", "Message size too large")
     assert t.done
     assert t.errors == ["res: refused by producer: Message size too large"]
 
@@ -193,7 +202,7 @@ def test_failed_delivery_raises_and_is_not_committed(
 
 def test_refused_record_blocks_commit(committer: Committer, consumer: FakeConsumer) -> None:
     t = sent(1)
-    t.refused("res", "Broker: Message size too large")
+    t.refused_by_producer("res", "Broker: Message size too large")
     committer.track(t, {("req", 0): 5})
     with pytest.raises(SinkError, match="Message size too large"):
         committer.commit_ready()

@@ -99,7 +99,6 @@ class FakeSink:
         key: bytes | None,
         headers: Headers,
     ) -> None:
-        tracker.pending += 1
         tracker.sent += 1
         self.sent.append(Sent(topic, value, key, list(headers)))
 

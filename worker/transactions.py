@@ -1,0 +1,102 @@
+"""Exactly-once support: the transactional producer and a check that the broker isolates.
+
+``delivery = "exactly-once"`` makes every batch one Kafka transaction holding its results,
+its dead letters and its consumed offsets (``send_offsets_to_transaction`` with the
+consumer's group metadata, so a zombie whose partitions moved on is fenced by the group
+generation). Readers with ``isolation.level=read_committed`` then see each request's
+outcome exactly once. That promise needs a broker that really hides aborted
+transactions, so ``verify_isolation`` proves it at start-up on a probe topic and refuses
+to start otherwise (Tansu, for one, accepts transactions but shows aborted records).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+
+from worker.config import KafkaSettings
+from worker.errors import ConfigError
+from worker.sink import producer_config
+from worker.topics import ensure_topics
+
+__all__ = ["PROBE_TOPIC", "transactional_producer", "verify_isolation"]
+
+PROBE_TOPIC = "__streamfer_transaction_probe"
+
+
+def transactional_id(settings: KafkaSettings) -> str:
+    """Stable per static member (a restart fences its predecessor), unique otherwise."""
+    member = (
+        settings.group_instance_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    )
+    return f"streamfer-{settings.group_id}-{member}"
+
+
+def transactional_producer(settings: KafkaSettings, timeout: float = 30.0) -> Producer:
+    """A producer with transactions initialised. Raises ConfigError when the broker refuses."""
+    conf: dict[str, Any] = producer_config(settings)
+    conf["transactional.id"] = transactional_id(settings)
+    conf.pop("linger.ms", None)
+    producer = Producer(conf)
+    try:
+        producer.init_transactions(timeout)
+    except KafkaException as exc:
+        raise ConfigError(
+            f"delivery = 'exactly-once' needs a broker with transactions; init failed: {exc}"
+        ) from exc
+    return producer
+
+
+def verify_isolation(settings: KafkaSettings, timeout: float = 30.0) -> None:
+    """Abort one record and commit another on the probe topic; a read_committed reader must
+    see only the committed one. Raises ConfigError otherwise."""
+    options = {k: v for k, v in settings.options.items() if isinstance(v, (str, int, float))}
+    ensure_topics(settings.bootstrap_servers, [(PROBE_TOPIC, 1)], options=options)
+    probe = settings.model_copy(update={"group_instance_id": None})
+    producer = transactional_producer(probe, timeout)
+    marker = uuid.uuid4().hex.encode()
+    try:
+        producer.begin_transaction()
+        producer.produce(PROBE_TOPIC, b"aborted-" + marker, partition=0)
+        producer.flush(timeout)
+        producer.abort_transaction(timeout)
+        producer.begin_transaction()
+        producer.produce(PROBE_TOPIC, b"committed-" + marker, partition=0)
+        producer.commit_transaction(timeout)
+    except KafkaException as exc:
+        raise ConfigError(
+            f"delivery = 'exactly-once': transactions do not work here: {exc}"
+        ) from exc
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.bootstrap_servers,
+            "group.id": f"streamfer-probe-{marker.decode()}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            **settings.options,
+            **settings.consumer_options,
+        }
+    )
+    seen: list[bytes] = []
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(PROBE_TOPIC, 0), timeout=timeout)
+        consumer.assign([TopicPartition(PROBE_TOPIC, 0, max(low, high - 50))])
+        for _ in range(int(timeout * 5)):
+            for msg in consumer.consume(100, 0.2):
+                if msg.error() is None and (msg.value() or b"").endswith(marker):
+                    seen.append(msg.value() or b"")
+            if any(v.startswith(b"committed-") for v in seen):
+                break
+    finally:
+        consumer.close()
+    if any(v.startswith(b"aborted-") for v in seen):
+        raise ConfigError(
+            "delivery = 'exactly-once' refused: this broker shows aborted transactional "
+            "records to read_committed consumers, so results could be seen twice"
+        )
+    if not seen:
+        raise ConfigError("delivery = 'exactly-once': the committed probe record never arrived")
