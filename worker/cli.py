@@ -1,4 +1,5 @@
-"""The ``streamfer`` command line: run a worker, check a config, run the demo.
+"""The ``streamfer`` command line: run a worker, check a config, run the demo, replay a
+slice of history and show or reset a group's offsets.
 
 Signal handlers only set a flag: the first SIGTERM or SIGINT asks the worker to drain,
 commit and leave the group; a second one exits at once (uncommitted records are then
@@ -15,6 +16,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
 
 from worker import __version__
@@ -86,7 +88,85 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--json", action="store_true", help="print one JSON object")
     demo.set_defaults(func=_cmd_demo)
+    _add_replay_commands(sub)
     return parser
+
+
+def _add_replay_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``replay`` and ``offsets`` (issue 5); their work is in worker.replay/worker.offsets."""
+    config_help = "TOML config file [env: STREAMFER_CONFIG]"
+    config_default = os.environ.get("STREAMFER_CONFIG")
+    replay = sub.add_parser(
+        "replay",
+        help="re-run a bounded slice of a pipeline's request topics into a replay topic",
+        description="Bounds are [from, to): starts inclusive, ends exclusive. Exit codes: "
+        "0 complete, 1 failed, 2 bad usage, 3 stopped early (resume with --resume ID).",
+    )
+    replay.add_argument(
+        "--config", required=config_default is None, default=config_default, help=config_help
+    )
+    replay.add_argument("--pipeline", help="pipeline name (optional with one pipeline)")
+    start = replay.add_mutually_exclusive_group()
+    start.add_argument("--from-time", help="ISO-8601 (UTC unless zoned) or epoch ms; inclusive")
+    start.add_argument("--from-offset", help="OFFSET for every partition, or P:OFFSET,...")
+    end = replay.add_mutually_exclusive_group()
+    end.add_argument("--to-time", help="ISO-8601 or epoch ms; exclusive")
+    end.add_argument("--to-offset", help="OFFSET or P:OFFSET,...; exclusive")
+    replay.add_argument("--partitions", help="only these partitions, e.g. 0,2,5-7")
+    replay.add_argument("--output-topic", help="default <result_topic>.replay.<model_version>")
+    replay.add_argument(
+        "--dead-letter-topic", help="default <dead_letter_topic>.replay.<model_version>"
+    )
+    replay.add_argument(
+        "--model", type=Path, help="another ONNX file than live (needs --model-version)"
+    )
+    replay.add_argument("--model-version", help="version stamped on results and in the topic name")
+    replay.add_argument("--max-rate", type=float, help="records per second (default: unbounded)")
+    replay.add_argument(
+        "--nice",
+        type=int,
+        default=10,
+        help="raise this process's niceness so live workers on the host come first (0: off)",
+    )
+    replay.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(".streamfer/replays"),
+        help="where replay plans are kept (default .streamfer/replays)",
+    )
+    ident = replay.add_mutually_exclusive_group()
+    ident.add_argument("--replay-id", help="id of a new replay (default: random)")
+    ident.add_argument("--resume", metavar="ID", help="continue replay ID where it stopped")
+    replay.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the per-partition ranges and record counts, read nothing",
+    )
+    replay.add_argument(
+        "--json", action="store_true", help="no progress bar; print the summary as one JSON object"
+    )
+    replay.set_defaults(func=_cmd_replay)
+
+    offsets = sub.add_parser("offsets", help="show or reset a consumer group's offsets")
+    osub = offsets.add_subparsers(dest="offsets_command", required=True)
+    show = osub.add_parser(
+        "show", help="committed, log end and lag (records, seconds) per partition"
+    )
+    reset = osub.add_parser("reset", help="move a stopped group's offsets")
+    for p in (show, reset):
+        p.add_argument(
+            "--config", required=config_default is None, default=config_default, help=config_help
+        )
+        p.add_argument("--group", help="another group than the config's (a replay's, say)")
+        p.add_argument("--pipeline", help="only this pipeline's request topics")
+    show.add_argument("--json", action="store_true")
+    to = reset.add_mutually_exclusive_group(required=True)
+    to.add_argument("--to-time", help="first record at or after: ISO-8601 or epoch ms")
+    to.add_argument("--to-earliest", action="store_true")
+    to.add_argument("--to-latest", action="store_true")
+    reset.add_argument("--partitions", help="only these partitions, e.g. 0,2,5-7")
+    reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    offsets.set_defaults(func=_cmd_offsets)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -170,6 +250,104 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         return 1
     print_report(report, as_json=args.json)
     return 0 if report["lost"] == 0 else 1
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from worker.config import load_config
+    from worker.logs import setup_logging
+    from worker.offsets import parse_partitions, parse_time
+    from worker.replay import Bounds, ReplayOptions, parse_offset_bound, run_replay
+
+    try:
+        config = load_config(args.config)
+        bounded = [args.from_time, args.to_time, args.from_offset, args.to_offset]
+        changed = [
+            args.partitions,
+            args.output_topic,
+            args.dead_letter_topic,
+            args.model,
+            args.model_version,
+            args.pipeline,
+        ]
+        if args.resume and any(v is not None for v in bounded + changed):
+            raise ConfigError(
+                "--resume takes the plan it saved; give only --max-rate, --nice, "
+                "--state-dir, --dry-run and --json with it"
+            )
+        bounds = Bounds(
+            from_time_ms=parse_time(args.from_time) if args.from_time else None,
+            to_time_ms=parse_time(args.to_time) if args.to_time else None,
+            from_offset=parse_offset_bound(args.from_offset) if args.from_offset else None,
+            to_offset=parse_offset_bound(args.to_offset) if args.to_offset else None,
+            partitions=tuple(parse_partitions(args.partitions)) if args.partitions else None,
+        )
+        if args.max_rate is not None and args.max_rate <= 0:
+            raise ConfigError("--max-rate must be positive")
+        options = ReplayOptions(
+            pipeline=args.pipeline,
+            bounds=bounds,
+            output_topic=args.output_topic,
+            dead_letter_topic=args.dead_letter_topic,
+            model_path=args.model,
+            model_version=args.model_version,
+            max_rate=args.max_rate,
+            nice=args.nice,
+            state_dir=args.state_dir,
+            replay_id=args.replay_id,
+            resume=args.resume,
+            dry_run=args.dry_run,
+            progress=not args.json,
+        )
+        setup_logging(config.log_format, logging.WARNING if args.json else logging.INFO)
+        return run_replay(
+            config,
+            options,
+            on_start=lambda replay: _install_signal_handlers(replay.stop),
+            as_json=args.json,
+        )
+    except ConfigError as exc:
+        print(f"streamfer replay: {exc}", file=sys.stderr)
+        return 2
+    except StreamferError as exc:
+        print(f"streamfer replay: {exc}", file=sys.stderr)
+        return 1
+
+
+def _cmd_offsets(args: argparse.Namespace) -> int:
+    from worker.config import load_config
+    from worker.offsets import (
+        ResetTarget,
+        parse_partitions,
+        parse_time,
+        reset_command,
+        show_command,
+    )
+
+    try:
+        config = load_config(args.config)
+        if args.offsets_command == "show":
+            return show_command(
+                config, group=args.group, pipeline=args.pipeline, as_json=args.json, out=sys.stdout
+            )
+        if args.to_time:
+            target = ResetTarget("time", parse_time(args.to_time))
+        else:
+            target = ResetTarget("earliest" if args.to_earliest else "latest")
+        return reset_command(
+            config,
+            target,
+            group=args.group,
+            pipeline=args.pipeline,
+            partitions=parse_partitions(args.partitions) if args.partitions else None,
+            yes=args.yes,
+            out=sys.stdout,
+        )
+    except ConfigError as exc:
+        print(f"streamfer offsets: {exc}", file=sys.stderr)
+        return 2
+    except StreamferError as exc:
+        print(f"streamfer offsets: {exc}", file=sys.stderr)
+        return 1
 
 
 def _install_signal_handlers(stop: object) -> None:

@@ -1,0 +1,472 @@
+"""worker.replay without a broker: bounds, state, throttling, progress, and the replay loop
+over a fake consumer and producer with the real pipeline and ONNX model."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import pytest
+from confluent_kafka import KafkaError, TopicPartition
+
+from worker.config import BatchPolicy, FeatureSpec, ModelSpec, PipelineConfig
+from worker.engines import OnnxEngine
+from worker.errors import ConfigError, SinkError
+from worker.metrics import Metrics
+from worker.modelgen import DemoModel
+from worker.pipeline import Pipeline
+from worker.replay import (
+    REPLAY_ID_HEADER,
+    Bounds,
+    OffsetBound,
+    PartitionRange,
+    Progress,
+    RateLimiter,
+    Replay,
+    ReplayPlan,
+    ReplaySink,
+    StateStore,
+    default_output_topic,
+    format_duration,
+    format_progress,
+    parse_offset_bound,
+    resolve_ranges,
+    resume_positions,
+)
+
+if TYPE_CHECKING:
+    from conftest import StoreFactory
+
+from tests.unit.test_offsets import FakeLookup
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# --- bounds -----------------------------------------------------------------------------
+
+
+def test_parse_offset_bound() -> None:
+    assert parse_offset_bound("500") == OffsetBound(500, {})
+    assert parse_offset_bound("0:10, 3:7") == OffsetBound(None, {0: 10, 3: 7})
+    assert parse_offset_bound("5,1:9").for_partition(1) == 9
+    assert parse_offset_bound("5,1:9").for_partition(2) == 5
+    for bad in ("x", "1:x", "-3", ""):
+        with pytest.raises(ConfigError):
+            parse_offset_bound(bad)
+
+
+def test_whole_topic_is_log_start_to_log_end_now() -> None:
+    assert resolve_ranges(FakeLookup(), ["t"], Bounds()) == [
+        PartitionRange("t", 0, 0, 10),
+        PartitionRange("t", 1, 4, 6),
+        PartitionRange("t", 2, 0, 0),
+    ]
+
+
+def test_time_bounds_are_start_inclusive_end_exclusive() -> None:
+    # timestamps are 1000 * offset: [2.0 s, 7.5 s) holds offsets 2..7
+    ranges = resolve_ranges(FakeLookup(), ["t"], Bounds(from_time_ms=2000, to_time_ms=7500))
+    assert [(r.start, r.end) for r in ranges] == [(2, 8), (4, 6), (0, 0)]
+    # a start after every record is an empty range at the log end
+    ranges = resolve_ranges(FakeLookup(), ["t"], Bounds(from_time_ms=9_000_000))
+    assert [(r.start, r.end) for r in ranges] == [(10, 10), (6, 6), (0, 0)]
+
+
+def test_offset_bounds_are_clamped_to_the_log_and_partitions_filter() -> None:
+    bounds = Bounds(
+        from_offset=OffsetBound(1, {1: 0}),
+        to_offset=OffsetBound(None, {0: 50, 1: 5}),
+        partitions=(0, 1),
+    )
+    ranges = resolve_ranges(FakeLookup(), ["t"], bounds)
+    assert ranges == [PartitionRange("t", 0, 1, 10), PartitionRange("t", 1, 4, 5)]
+    assert sum(r.span for r in ranges) == 10
+    backwards = Bounds(from_offset=OffsetBound(8), to_offset=OffsetBound(3))
+    assert resolve_ranges(FakeLookup(), ["t"], backwards)[0] == PartitionRange("t", 0, 8, 8)
+
+
+def test_bounds_that_cannot_be_met_are_refused() -> None:
+    with pytest.raises(ConfigError, match="no partitions"):
+        resolve_ranges(FakeLookup(), ["t"], Bounds(partitions=(9,)))
+    with pytest.raises(ConfigError, match="not replayed"):
+        resolve_ranges(
+            FakeLookup(), ["t"], Bounds(partitions=(0,), to_offset=OffsetBound(None, {2: 1}))
+        )
+    with pytest.raises(ConfigError, match="not both"):
+        resolve_ranges(FakeLookup(), ["t"], Bounds(from_time_ms=1, from_offset=OffsetBound(1)))
+
+
+def test_resume_positions_stay_inside_the_range() -> None:
+    ranges = [PartitionRange("t", 0, 10, 20), PartitionRange("t", 1, 10, 20)]
+    assert resume_positions(ranges, {("t", 0): None, ("t", 1): 15}) == {
+        ("t", 0): 10,
+        ("t", 1): 15,
+    }
+    assert resume_positions(ranges, {("t", 0): 3, ("t", 1): 99}) == {("t", 0): 10, ("t", 1): 20}
+
+
+def test_default_output_topic() -> None:
+    assert default_output_topic("results", "3") == "results.replay.3"
+    with pytest.raises(ConfigError, match="--output-topic"):
+        default_output_topic("results", "3 beta/2")
+
+
+# --- state ------------------------------------------------------------------------------
+
+
+def _plan(ranges: Sequence[PartitionRange] = (PartitionRange("req", 0, 0, 8),)) -> ReplayPlan:
+    return ReplayPlan(
+        replay_id="r1",
+        pipeline="demo",
+        output_topic="res.replay.1",
+        dead_letter_topic="dlq.replay.1",
+        model_path="/models/m.onnx",
+        model_name="m",
+        model_version="1",
+        model_sha256="ab" * 32,
+        ranges=tuple(ranges),
+        bounds=Bounds(from_time_ms=5).describe(),
+        created_at="2026-01-01T00:00:00Z",
+    )
+
+
+def test_state_round_trips_and_is_locked_per_replay(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state")
+    plan = _plan([PartitionRange("req", 0, 3, 9), PartitionRange("req", 1, 0, 4)])
+    path = store.save(plan)
+    assert path == tmp_path / "state" / "r1.json"
+    assert store.load("r1") == plan
+    with store.lock("r1"), pytest.raises(ConfigError, match="another process"), store.lock("r1"):
+        pass
+    with store.lock("r1"):  # released
+        pass
+    with pytest.raises(ConfigError, match="does not exist"):
+        store.load("r2")
+    with pytest.raises(ConfigError, match="replay id"):
+        store.path("../etc")
+
+
+# --- throttling and progress ------------------------------------------------------------
+
+
+def test_rate_limiter_allows_rate_per_second_in_bursts() -> None:
+    clock = FakeClock()
+    limiter = RateLimiter(100, clock=clock)
+    assert limiter.burst == 10
+    assert limiter.allowance(256) == 10
+    limiter.take(10)
+    assert limiter.allowance(256) == 0
+    assert limiter.wait_s() == pytest.approx(0.01)
+    clock.now += 0.05
+    assert limiter.allowance(256) == 5
+    clock.now += 100  # idle time does not build up more than one burst
+    assert limiter.allowance(256) == 10
+    taken = 0
+    for _ in range(1000):  # 10 s of 10 ms steps
+        clock.now += 0.01
+        n = limiter.allowance(256)
+        limiter.take(n)
+        taken += n
+    assert 995 <= taken <= 1010
+
+
+def test_format_duration_and_progress() -> None:
+    assert format_duration(None) == "?"
+    assert format_duration(41.6) == "42s"
+    assert format_duration(185) == "3m05s"
+    assert format_duration(7620) == "2h07m"
+    line = format_progress(1200, 4000, 1.5, width=10)
+    assert line == "[###-------] 1,200/4,000  30.0% 800 rec/s ETA 4s"
+    assert format_progress(0, 4000, 0.0).endswith("ETA ?")
+    assert "100.0%" in format_progress(5, 0, 1.0)
+
+
+def test_progress_without_a_terminal_writes_a_line_every_interval() -> None:
+    clock = FakeClock()
+    out = io.StringIO()
+    progress = Progress(100, label="replay x", stream=out, every_s=5.0, clock=clock)
+    progress.update(10)
+    assert out.getvalue() == ""
+    clock.now += 5.0
+    progress.update(50)
+    clock.now += 1.0
+    progress.update(60)
+    progress.finish(100)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("replay x [") and "50/100" in lines[0]
+    assert "100/100 100.0%" in lines[1]
+
+
+# --- the loop over fakes ----------------------------------------------------------------
+
+
+class FakeMessage:
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        value: bytes | None,
+        error: KafkaError | None = None,
+    ) -> None:
+        self._t, self._p, self._o, self._v, self._e = topic, partition, offset, value, error
+
+    def topic(self) -> str:
+        return self._t
+
+    def partition(self) -> int:
+        return self._p
+
+    def offset(self) -> int:
+        return self._o
+
+    def value(self) -> bytes | None:
+        return self._v
+
+    def key(self) -> bytes | None:
+        return b"k%d" % self._o
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, 1_700_000_000_000 + self._o)
+
+    def error(self) -> KafkaError | None:
+        return self._e
+
+    def headers(self) -> None:
+        return None
+
+
+class FakeConsumer:
+    """Partitions as offset → value maps; a partition's log end is ``ends`` (records may
+    be missing below it, as transaction markers are). Emits EOF at the log end once."""
+
+    def __init__(
+        self,
+        logs: dict[tuple[str, int], dict[int, bytes]],
+        ends: dict[tuple[str, int], int],
+    ) -> None:
+        self.logs, self.ends = logs, ends
+        self.position: dict[tuple[str, int], int] = {}
+        self.paused: set[tuple[str, int]] = set()
+        self.commits: list[dict[tuple[str, int], int]] = []
+        self.stored: dict[tuple[str, int], int] = {}
+        self.consumed = 0
+        self.on_consume: Callable[[FakeConsumer], None] | None = None
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        self.position = {(tp.topic, tp.partition): tp.offset for tp in partitions}
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        self.paused |= {(tp.topic, tp.partition) for tp in partitions}
+
+    def consume(self, num_messages: int, timeout: float) -> list[Any]:
+        out: list[Any] = []
+        for key in sorted(self.position):
+            if key in self.paused:
+                continue
+            pos = self.position[key]
+            while len(out) < num_messages and pos < self.ends[key]:
+                if pos in self.logs[key]:
+                    out.append(FakeMessage(key[0], key[1], pos, self.logs[key][pos]))
+                pos += 1
+            if pos >= self.ends[key] and self.position[key] < pos and len(out) < num_messages:
+                out.append(FakeMessage(key[0], key[1], pos, None, KafkaError(-191)))
+            self.position[key] = pos
+        self.consumed += 1
+        if self.on_consume is not None:
+            self.on_consume(self)
+        return out
+
+    def store_offsets(self, *, offsets: list[TopicPartition]) -> None:
+        for tp in offsets:
+            self.stored[(tp.topic, tp.partition)] = tp.offset
+
+    def commit(
+        self, *, offsets: list[TopicPartition], asynchronous: bool
+    ) -> list[TopicPartition] | None:
+        assert asynchronous is False, "replay checkpoints synchronously"
+        self.commits.append({(tp.topic, tp.partition): tp.offset for tp in offsets})
+        return None
+
+    def committed(self) -> dict[tuple[str, int], int]:
+        merged: dict[tuple[str, int], int] = {}
+        for c in self.commits:
+            merged.update(c)
+        return merged
+
+
+class FakeError:
+    def str(self) -> str:
+        return "Broker: Message size too large"
+
+
+class FakeProducer:
+    """Delivers on ``poll``; values whose request id is in ``fail`` are refused."""
+
+    def __init__(self, fail: set[str] | None = None) -> None:
+        self.pending: list[tuple[str, bytes, list[Any], Any]] = []
+        self.delivered: list[tuple[str, bytes, list[Any]]] = []
+        self.fail = fail or set()
+
+    def produce(
+        self, topic: str, value: bytes, key: bytes | None, *, headers: Any, on_delivery: Any
+    ) -> None:
+        self.pending.append((topic, value, headers, on_delivery))
+
+    def poll(self, timeout: float = 0) -> int:
+        done, self.pending = self.pending, []
+        for topic, value, headers, callback in done:
+            rid = orjson.loads(value).get("id") or orjson.loads(value).get("request_id")
+            err = FakeError() if rid in self.fail else None
+            callback(err, FakeMessage(topic, 0, 0, value))
+            if err is None:
+                self.delivered.append((topic, value, headers))
+        return len(done)
+
+    def flush(self, timeout: float = 0) -> int:
+        self.poll()
+        return 0
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+
+@pytest.fixture
+def pipeline(classifier: DemoModel, make_store: StoreFactory) -> Pipeline:
+    features = classifier.features[:5].tolist()
+    store = make_store(
+        {f"e{i}": {f: repr(v) for f, v in zip(classifier.fields, row, strict=True)}
+         for i, row in enumerate(features)},
+        classifier.fields,
+    )  # fmt: skip
+    config = PipelineConfig(
+        name="demo",
+        request_topics=["req"],
+        result_topic="res.replay.1",
+        dead_letter_topic="dlq.replay.1",
+        features=FeatureSpec(fields=classifier.fields),
+        model=ModelSpec(path=classifier.path, name="m", version="1"),
+    )
+    return Pipeline(
+        config,
+        store=store,
+        engine=OnnxEngine(config.model),
+        metrics=Metrics().for_pipeline("demo"),
+    )
+
+
+def _log(n: int, partition: int, skip: Sequence[int] = (), bad: Sequence[int] = ()) -> Any:
+    values = {}
+    for o in range(n):
+        if o in skip:
+            continue
+        rid = f"p{partition}-{o}"
+        values[o] = b"{" if o in bad else orjson.dumps({"id": rid, "entity": f"e{o % 5}"})
+    return values
+
+
+def _replay(
+    plan: ReplayPlan,
+    consumer: FakeConsumer,
+    producer: FakeProducer,
+    pipeline: Pipeline,
+    positions: dict[tuple[str, int], int] | None = None,
+) -> Replay:
+    return Replay(
+        plan=plan,
+        positions=positions or {r.key: r.start for r in plan.ranges},
+        consumer=consumer,  # type: ignore[arg-type]
+        sink=ReplaySink(producer, "r1", "dlq.replay.1"),  # type: ignore[arg-type]
+        handler=pipeline,
+        batch=BatchPolicy(max_batch_size=4, max_wait_ms=0),
+        checkpoint_interval_s=0.0,
+    )
+
+
+def _sources(producer: FakeProducer) -> list[tuple[int, int]]:
+    out = []
+    for _topic, _value, headers in producer.delivered:
+        h = dict(headers)
+        out.append((int(h["streamfer.source_partition"]), int(h["streamfer.source_offset"])))
+    return out
+
+
+def test_replay_reads_exactly_its_ranges_and_checkpoints_their_ends(pipeline: Pipeline) -> None:
+    # p0 holds 20 records but the range is [5, 15): later ones are live traffic.
+    # p1's last offsets (6, 7) are transaction markers, so its range ends at EOF.
+    logs = {("req", 0): _log(20, 0, bad=[7]), ("req", 1): _log(8, 1, skip=[6, 7])}
+    consumer = FakeConsumer(logs, {("req", 0): 20, ("req", 1): 8})
+    producer = FakeProducer()
+    plan = _plan([PartitionRange("req", 0, 5, 15), PartitionRange("req", 1, 0, 8)])
+    replay = _replay(plan, consumer, producer, pipeline)
+    replay.run()
+
+    assert replay.complete
+    assert sorted(_sources(producer)) == [(0, o) for o in range(5, 15)] + [(1, o) for o in range(6)]
+    assert replay.records == 16
+    assert (replay.results, replay.dead_letters, replay.checkpointed) == (15, 1, 16)
+    assert replay.per_partition == {("req", 0): 10, ("req", 1): 6}
+    assert consumer.committed() == {("req", 0): 15, ("req", 1): 8}
+    assert replay.checkpoints == {("req", 0): 15, ("req", 1): 8}
+    assert consumer.paused == {("req", 0), ("req", 1)}
+    for topic, _value, headers in producer.delivered:
+        assert (REPLAY_ID_HEADER, b"r1") in headers
+        assert topic in ("res.replay.1", "dlq.replay.1")
+    previous: dict[tuple[str, int], int] = {}
+    for commit in consumer.commits:
+        for key, offset in commit.items():
+            assert offset >= previous.get(key, 0), "checkpoints never go backwards"
+            previous[key] = offset
+
+
+def test_stopped_replay_resumes_from_its_checkpoint_without_a_gap(pipeline: Pipeline) -> None:
+    logs = {("req", 0): _log(30, 0), ("req", 1): _log(30, 1)}
+    ends = {("req", 0): 30, ("req", 1): 30}
+    plan = _plan([PartitionRange("req", 0, 0, 30), PartitionRange("req", 1, 10, 30)])
+    first = FakeConsumer(logs, ends)
+    producer = FakeProducer()
+    replay = _replay(plan, first, producer, pipeline)
+
+    def stop_after_three(consumer: FakeConsumer) -> None:
+        if consumer.consumed == 3:
+            replay.stop()
+
+    first.on_consume = stop_after_three
+    replay.run()
+    assert not replay.complete
+    assert replay.records == replay.checkpointed > 0
+    checkpoint = first.committed()
+    assert checkpoint == {k: v for k, v in replay.checkpoints.items() if k in checkpoint}
+
+    positions = resume_positions(plan.ranges, dict(checkpoint))
+    second = FakeConsumer(logs, ends)
+    resumed = _replay(replay_plan := replace(plan), second, producer, pipeline, positions)
+    resumed.run()
+    assert resumed.complete and replay_plan == plan
+    expected = [(0, o) for o in range(30)] + [(1, o) for o in range(10, 30)]
+    assert sorted(set(_sources(producer))) == expected
+    assert second.committed() == {("req", 0): 30, ("req", 1): 30}
+
+
+def test_a_refused_delivery_fails_the_replay_and_is_never_checkpointed(
+    pipeline: Pipeline,
+) -> None:
+    logs = {("req", 0): _log(20, 0)}
+    consumer = FakeConsumer(logs, {("req", 0): 20})
+    producer = FakeProducer(fail={"p0-9"})
+    replay = _replay(_plan([PartitionRange("req", 0, 0, 20)]), consumer, producer, pipeline)
+    with pytest.raises(SinkError, match="Message size too large"):
+        replay.run()
+    assert not replay.complete
+    assert consumer.committed().get(("req", 0), 0) <= 9
