@@ -61,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", help="validate a config, load its models, reach Redis")
     check.add_argument("--config", required=True)
+    check.add_argument(
+        "--print-config", action="store_true", help="print the effective config, secrets masked"
+    )
     check.set_defaults(func=_cmd_check)
 
     demo = sub.add_parser("demo", help="start a local stack and stream requests through workers")
@@ -209,12 +212,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from worker.config import load_config
+    import orjson
+
+    from worker.config import load_config, redacted
     from worker.engines import OnnxEngine
     from worker.features import RedisHashStore
 
     try:
         config = load_config(args.config)
+        if args.print_config:
+            print(orjson.dumps(redacted(config), option=orjson.OPT_INDENT_2).decode())
         for p in config.pipelines:
             engine = OnnxEngine(p.model)
             store = RedisHashStore.connect(config.redis, p.features)

@@ -30,6 +30,7 @@ __all__ = [
     "WorkerConfig",
     "load_config",
     "parse_config",
+    "redacted",
 ]
 
 ENV_PREFIX = "STREAMFER_"
@@ -60,12 +61,32 @@ class KafkaSettings(_Frozen):
     options: dict[str, LibrdkafkaValue] = Field(default_factory=dict)
     consumer_options: dict[str, LibrdkafkaValue] = Field(default_factory=dict)
     producer_options: dict[str, LibrdkafkaValue] = Field(default_factory=dict)
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    sasl_password_file: Path | None = None
+    """Read at start-up into ``sasl_password`` (a mounted Kubernetes secret, say)."""
+
+    def client_options(self) -> dict[str, LibrdkafkaValue]:
+        """``options`` plus the SASL credentials, for both clients."""
+        merged = dict(self.options)
+        if self.sasl_username is not None:
+            merged["sasl.username"] = self.sasl_username
+        if self.sasl_password is not None:
+            merged["sasl.password"] = self.sasl_password.get_secret_value()
+        return merged
 
 
 class RedisSettings(_Frozen):
-    """The feature store. The URL may carry a password, so it is a secret."""
+    """The feature store. The URL may carry a password, so it is a secret; use
+    ``rediss://`` for TLS (``ssl_ca_certs`` to trust a private CA) and ``username`` /
+    ``password`` (or ``password_file``) for AUTH and ACL users."""
 
     url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
+    url_file: Path | None = None
+    username: str | None = None
+    password: SecretStr | None = None
+    password_file: Path | None = None
+    ssl_ca_certs: Path | None = None
     socket_timeout_s: float = Field(default=5.0, gt=0)
 
 
@@ -196,7 +217,8 @@ def parse_config(
         cfg = WorkerConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"{source}: invalid configuration\n{_describe(exc)}") from None
-    return _resolve_and_check_models(cfg, base_dir or Path.cwd(), source)
+    base = base_dir or Path.cwd()
+    return _read_secret_files(_resolve_and_check_models(cfg, base, source), base, source)
 
 
 def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
@@ -255,6 +277,42 @@ def _describe(exc: ValidationError) -> str:
             where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
         lines.append(f"  {where or '<root>'}: {err['msg']}")
     return "\n".join(lines)
+
+
+_SECRET_WORDS = ("password", "secret", "token", "credential", "key")
+
+
+def redacted(cfg: WorkerConfig) -> dict[str, Any]:
+    """The config as plain data for logs and ``check --print-config``: secrets masked,
+    including librdkafka options whose names say they are secret."""
+    data: dict[str, Any] = cfg.model_dump(mode="json")
+    kafka = data["kafka"]
+    for section in ("options", "consumer_options", "producer_options"):
+        for name in kafka[section]:
+            if any(word in name for word in _SECRET_WORDS):
+                kafka[section][name] = "**********"
+    return data
+
+
+def _read_secret_files(cfg: WorkerConfig, base_dir: Path, source: str) -> WorkerConfig:
+    def read(path: Path, field: str) -> SecretStr:
+        full = path if path.is_absolute() else base_dir / path
+        try:
+            return SecretStr(full.read_text().strip())
+        except OSError as exc:
+            raise ConfigError(f"{source}: {field}: cannot read secret file {full}: {exc}") from None
+
+    kafka, rds = cfg.kafka, cfg.redis
+    if kafka.sasl_password_file is not None:
+        kafka = kafka.model_copy(
+            update={"sasl_password": read(kafka.sasl_password_file, "kafka.sasl_password_file")}
+        )
+    updates: dict[str, Any] = {}
+    if rds.url_file is not None:
+        updates["url"] = read(rds.url_file, "redis.url_file")
+    if rds.password_file is not None:
+        updates["password"] = read(rds.password_file, "redis.password_file")
+    return cfg.model_copy(update={"kafka": kafka, "redis": rds.model_copy(update=updates)})
 
 
 def _resolve_and_check_models(cfg: WorkerConfig, base_dir: Path, source: str) -> WorkerConfig:

@@ -52,10 +52,18 @@ class RedisHashStore:
 
     @classmethod
     def connect(cls, settings: RedisSettings, spec: FeatureSpec) -> RedisHashStore:
+        extra: dict[str, Any] = {}
+        if settings.username is not None:
+            extra["username"] = settings.username
+        if settings.password is not None:
+            extra["password"] = settings.password.get_secret_value()
+        if settings.ssl_ca_certs is not None:
+            extra["ssl_ca_certs"] = str(settings.ssl_ca_certs)
         client = redis.Redis.from_url(
             settings.url.get_secret_value(),
             socket_timeout=settings.socket_timeout_s,
             socket_connect_timeout=settings.socket_timeout_s,
+            **extra,
         )
         return cls(client, spec)
 

@@ -53,17 +53,27 @@ def worker_config_toml(
     consumer_options: dict[str, Any] | None = None,
     session_timeout_ms: int = 10_000,
     extra: str = "",
+    top: str = "",
+    kafka_extra: str = "",
+    model_name: str = "breast-cancer-rf",
 ) -> str:
-    """A one-pipeline config file, as a user would write it."""
+    """A one-pipeline config file, as a user would write it.
+
+    ``top`` holds top-level settings, ``kafka_extra`` lines for ``[kafka]`` and ``extra``
+    tables appended at the end.
+    """
     opts = ", ".join(
         f'"{k}" = {orjson.dumps(v).decode()}' for k, v in (consumer_options or {}).items()
     )
     return f"""
+{top}
+
 [kafka]
 bootstrap_servers = "{bootstrap}"
 group_id = "{group}"
 session_timeout_ms = {session_timeout_ms}
 consumer_options = {{ {opts} }}
+{kafka_extra}
 
 [redis]
 url = "{redis_url}"
@@ -86,7 +96,7 @@ on_missing_entity = "dead_letter"
 
 [pipelines.model]
 path = "{model_path}"
-name = "breast-cancer-rf"
+name = "{model_name}"
 version = "1"
 {extra}
 """

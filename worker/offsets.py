@@ -119,7 +119,7 @@ def lookup_consumer_config(settings: KafkaSettings, group_id: str) -> dict[str, 
     """A consumer that only assigns: it never joins ``group_id``, only reads and commits
     its offsets. User options (security) apply; group-membership options do not matter."""
     conf: dict[str, Any] = {"bootstrap.servers": settings.bootstrap_servers}
-    conf.update(settings.options)
+    conf.update(settings.client_options())
     conf.update(settings.consumer_options)
     conf.update(
         {
@@ -297,7 +297,7 @@ def group_members(settings: KafkaSettings, group_id: str, *, attempts: int = 10)
     group is stopped.
     """
     conf: dict[str, Any] = {"bootstrap.servers": settings.bootstrap_servers, "logger": log}
-    admin = AdminClient({**conf, **settings.options})
+    admin = AdminClient({**conf, **settings.client_options()})
     error: Exception | None = None
     for attempt in range(attempts):
         try:

@@ -799,7 +799,7 @@ def _ensure_output_topics(settings: KafkaSettings, topics: Sequence[tuple[str, s
     """Create each ``(name, like)`` topic missing, with ``like``'s partition count and
     replication factor (so keys land as in the live topic)."""
     conf: dict[str, Any] = {"bootstrap.servers": settings.bootstrap_servers, "logger": log}
-    admin = AdminClient({**conf, **settings.options})
+    admin = AdminClient({**conf, **settings.client_options()})
     meta = admin.list_topics(timeout=15).topics
     new = []
     for name, like in topics:

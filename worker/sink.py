@@ -95,7 +95,7 @@ def producer_config(settings: KafkaSettings) -> dict[str, Any]:
         "compression.type": "lz4",
         "error_cb": _log_error,
     }
-    conf.update(settings.options)
+    conf.update(settings.client_options())
     conf.update(settings.producer_options)
     return conf
 

@@ -61,7 +61,7 @@ def consumer_config(
         conf["isolation.level"] = "read_committed"
     if settings.group_instance_id:
         conf["group.instance.id"] = settings.group_instance_id
-    conf.update(settings.options)
+    conf.update(settings.client_options())
     conf.update(settings.consumer_options)
     return conf
 

@@ -284,10 +284,16 @@ def _start_owned(
     return svc
 
 
-def start_redis(*, port: int | None = None, timeout: float = 20.0) -> Service:
+def start_redis(
+    *, port: int | None = None, timeout: float = 20.0, persist_dir: Path | None = None
+) -> Service:
+    """redis-server without automatic snapshots; with ``persist_dir`` a ``SAVE`` before
+    stopping survives into the next start there (the fault harness restarts Redis)."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise StackError("redis-server not found; install it (Debian package redis-server)")
+    if persist_dir is not None:
+        persist_dir.mkdir(parents=True, exist_ok=True)
     return _start_owned(
         "redis",
         lambda p, work: [
@@ -301,7 +307,7 @@ def start_redis(*, port: int | None = None, timeout: float = 20.0) -> Service:
             "--appendonly",
             "no",
             "--dir",
-            str(work),
+            str(persist_dir or work),
             "--protected-mode",
             "yes",
         ],

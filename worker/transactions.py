@@ -54,7 +54,9 @@ def transactional_producer(settings: KafkaSettings, timeout: float = 30.0) -> Pr
 def verify_isolation(settings: KafkaSettings, timeout: float = 30.0) -> None:
     """Abort one record and commit another on the probe topic; a read_committed reader must
     see only the committed one. Raises ConfigError otherwise."""
-    options = {k: v for k, v in settings.options.items() if isinstance(v, (str, int, float))}
+    options = {
+        k: v for k, v in settings.client_options().items() if isinstance(v, (str, int, float))
+    }
     ensure_topics(settings.bootstrap_servers, [(PROBE_TOPIC, 1)], options=options)
     probe = settings.model_copy(update={"group_instance_id": None})
     producer = transactional_producer(probe, timeout)
@@ -77,7 +79,7 @@ def verify_isolation(settings: KafkaSettings, timeout: float = 30.0) -> None:
             "group.id": f"streamfer-probe-{marker.decode()}",
             "isolation.level": "read_committed",
             "enable.auto.commit": False,
-            **settings.options,
+            **settings.client_options(),
             **settings.consumer_options,
         }
     )

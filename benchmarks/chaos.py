@@ -1,0 +1,608 @@
+"""The fault harness: inject real faults into a running consumer group and count.
+
+``python -m benchmarks.chaos --scenario NAME [--records N] [--json]`` (``--list`` names
+the scenarios, ``--scenario all`` runs every one) starts a local Apache Kafka (on-disk
+logs, so it can be restarted) and redis-server, streams requests through streamfer
+worker processes while it kills, stops, restarts or slows things down, then reads every
+result and dead letter back and prints one row per scenario (with ``--json``, one JSON
+object per line): records, faults injected, lost, duplicates, the most duplicates one
+fault caused, per-partition order inversions, and whether the committed offsets reached
+the log end. Tests import ``run_scenario`` and run small variants.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import redis
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from benchmarks.fault_models import make_poison_model, make_slow_model
+from worker.errors import StackError
+from worker.harness import (
+    WorkerProcess,
+    committed_offsets,
+    end_offsets,
+    produce_requests,
+    wait_for_assignment,
+    worker_config_toml,
+)
+from worker.modelgen import DemoModel, make_classifier, seed_entities
+from worker.stack import Service, start_kafka, start_redis
+from worker.topics import ensure_topics
+
+__all__ = ["SCENARIOS", "Env", "run_scenario"]
+
+PARTITIONS = 4
+
+
+@dataclass
+class Env:
+    """The local stack one harness run uses, and how to hurt it."""
+
+    work: Path
+    kafka: Service
+    redis: Service
+    model: DemoModel
+    entities: list[str]
+
+    @classmethod
+    @contextlib.contextmanager
+    def start(cls) -> Iterator[Env]:
+        work = Path(tempfile.mkdtemp(prefix="streamfer-chaos-"))
+        kafka = start_kafka(work / "kafka")
+        try:
+            rds = start_redis(persist_dir=work / "redis")
+        except BaseException:
+            kafka.stop()
+            raise
+        model = make_classifier(work / "model.onnx")
+        client = redis.Redis.from_url(rds.address)
+        entities = seed_entities(client, model, prefix="c")
+        client.close()
+        env = cls(work, kafka, rds, model, entities)
+        try:
+            yield env
+        finally:
+            env.kafka.stop()  # the current ones: a scenario may have replaced them
+            env.redis.stop()
+            shutil.rmtree(work, ignore_errors=True)
+
+    @property
+    def bootstrap(self) -> str:
+        return self.kafka.address
+
+    def restart_kafka(self, down_s: float = 2.0) -> None:
+        self.kafka.stop()
+        time.sleep(down_s)
+        self.kafka = start_kafka(self.work / "kafka")
+
+    def stop_redis(self) -> None:
+        client = redis.Redis.from_url(self.redis.address)
+        client.save()  # features survive the restart, as on a persistent deployment
+        client.close()
+        self.redis.stop()
+
+    def start_redis_again(self) -> None:
+        port = int(self.redis.address.rsplit(":", 1)[1].split("/")[0])
+        self.redis = start_redis(port=port, persist_dir=self.work / "redis")
+
+
+@dataclass
+class Fleet:
+    """Worker processes sharing one config; replaced workers keep their log files."""
+
+    config: Path
+    logs: Path
+    workers: list[WorkerProcess] = field(default_factory=list)
+    started: int = 0
+
+    def add(self, n: int = 1) -> None:
+        for _ in range(n):
+            self.started += 1
+            w = WorkerProcess(self.config, self.logs / f"worker-{self.started}.log").start()
+            self.workers.append(w)
+
+    def kill_busy(self, rng: random.Random) -> None:
+        """SIGKILL a worker that owns partitions (one still starting would be no test)."""
+        owning = [i for i, w in enumerate(self.workers) if _owned(w) > 0]
+        self.workers.pop(rng.choice(owning or list(range(len(self.workers))))).kill()
+
+    def terminate(self, index: int) -> int:
+        return self.workers.pop(index).terminate()
+
+    def wait_assigned(self, timeout: float = 90.0) -> None:
+        wait_for_assignment(self.workers, PARTITIONS, timeout)
+
+    def stop_all(self) -> list[int]:
+        codes = [w.terminate() for w in self.workers]
+        self.workers.clear()
+        return codes
+
+    def logs_text(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in sorted(self.logs.glob("*.log")))
+
+
+def _owned(worker: WorkerProcess) -> int:
+    lines = [ln for ln in worker.log_text().splitlines() if "; owning " in ln]
+    return int(lines[-1].rsplit("; owning ", 1)[1].split()[0]) if lines else 0
+
+
+@dataclass
+class Stream:
+    """Requests produced on a background thread at a steady rate."""
+
+    env: Env
+    topic: str
+    requests: list[tuple[str, bytes | None, bytes | None]]
+    rate: float
+    positions: dict[str, str] = field(default_factory=dict)
+    error: BaseException | None = None
+    _thread: threading.Thread | None = None
+
+    def start(self) -> Stream:
+        def run() -> None:
+            try:
+                self.positions.update(
+                    produce_requests(self.env.bootstrap, self.topic, self.requests, rate=self.rate)
+                )
+            except BaseException as exc:
+                self.error = exc
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        return self
+
+    @property
+    def duration_s(self) -> float:
+        return len(self.requests) / self.rate
+
+    def join(self) -> None:
+        assert self._thread is not None
+        self._thread.join(300)
+        if self.error is not None:
+            raise self.error
+
+
+@dataclass
+class Readout:
+    results: Counter[str] = field(default_factory=Counter)
+    result_times: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    dead_letters: Counter[str] = field(default_factory=Counter)
+    dead_letter_codes: Counter[str] = field(default_factory=Counter)
+    order_inversions: int = 0
+
+
+def read_outcomes(
+    env: Env,
+    results: str,
+    dead_letters: str,
+    want_ids: set[str],
+    want_bad: set[str],
+    *,
+    read_committed: bool,
+    timeout: float = 180.0,
+) -> Readout:
+    """Read results (with their source headers) and dead letters until all are in."""
+    conf: dict[str, Any] = {
+        "bootstrap.servers": env.bootstrap,
+        "group.id": f"chaos-reader-{uuid.uuid4().hex[:8]}",
+        "enable.auto.commit": False,
+    }
+    if read_committed:
+        conf["isolation.level"] = "read_committed"
+    consumer = Consumer(conf)
+    out = Readout()
+    sequences: dict[tuple[int, int], list[int]] = defaultdict(list)
+    try:
+        parts = []
+        for topic in (results, dead_letters):
+            meta = consumer.list_topics(topic, timeout=10).topics[topic]
+            parts += [TopicPartition(topic, p, OFFSET_BEGINNING) for p in meta.partitions]
+        consumer.assign(parts)
+        missing, missing_bad = set(want_ids), set(want_bad)
+        deadline = time.monotonic() + timeout
+        quiet_until = None
+        while time.monotonic() < deadline:
+            batch = consumer.consume(2000, 0.5)
+            for msg in batch:
+                if msg.error() is not None:
+                    continue
+                doc = orjson.loads(msg.value() or b"null")
+                if msg.topic() == results:
+                    rid = doc["id"]
+                    out.results[rid] += 1
+                    out.result_times[rid].append(msg.timestamp()[1])
+                    missing.discard(rid)
+                    headers = dict(msg.headers() or [])
+                    src_partition = int(headers["streamfer.source_partition"] or b"0")
+                    src_offset = int(headers["streamfer.source_offset"] or b"0")
+                    sequences[(msg.partition() or 0, src_partition)].append(src_offset)
+                else:
+                    src = doc["source"]
+                    pos = f"{src['topic']}/{src['partition']}/{src['offset']}"
+                    out.dead_letters[pos] += 1
+                    out.dead_letter_codes[doc["code"]] += 1
+                    missing_bad.discard(pos)
+                    if doc.get("request_id"):
+                        missing.discard(doc["request_id"])
+            if not missing and not missing_bad:
+                # everything is in; linger briefly so late duplicates are counted too
+                quiet_until = quiet_until or time.monotonic() + 3.0
+                if time.monotonic() >= quiet_until:
+                    break
+    finally:
+        consumer.close()
+    for seq in sequences.values():
+        seen: set[int] = set()
+        highest = -1
+        for offset in seq:
+            if offset not in seen and offset < highest:
+                out.order_inversions += 1
+            seen.add(offset)
+            highest = max(highest, offset)
+    return out
+
+
+@dataclass
+class Run:
+    """One scenario's topics, config and bookkeeping."""
+
+    env: Env
+    name: str
+    records: int
+    exactly_once: bool = False
+    faults: list[int] = field(default_factory=list)
+    """Wall-clock milliseconds of each injected fault."""
+
+    def __post_init__(self) -> None:
+        tag = f"{self.name}-{uuid.uuid4().hex[:6]}"
+        self.requests_topic, self.results_topic = f"chaos-req-{tag}", f"chaos-res-{tag}"
+        self.dead_topic, self.group = f"chaos-dlq-{tag}", f"chaos-{tag}"
+        self.dir = self.env.work / tag
+        self.dir.mkdir(parents=True)
+        ensure_topics(
+            self.env.bootstrap,
+            [
+                (self.requests_topic, PARTITIONS),
+                (self.results_topic, PARTITIONS),
+                (self.dead_topic, 1),
+            ],
+        )
+
+    def fleet(
+        self,
+        *,
+        model_path: Path | None = None,
+        max_batch_size: int = 64,
+        max_poll_interval_ms: int = 300_000,
+        extra_top: str = "",
+    ) -> Fleet:
+        top = 'delivery = "exactly-once"\n' if self.exactly_once else ""
+        config = self.dir / "worker.toml"
+        config.write_text(
+            worker_config_toml(
+                bootstrap=self.env.bootstrap,
+                redis_url=self.env.redis.address,
+                group=self.group,
+                request_topic=self.requests_topic,
+                result_topic=self.results_topic,
+                dead_letter_topic=self.dead_topic,
+                model_path=model_path or self.env.model.path,
+                fields=self.env.model.fields,
+                max_batch_size=max_batch_size,
+                max_wait_ms=10,
+                session_timeout_ms=6000,
+                top=top + "shutdown_timeout_s = 60\n" + extra_top,
+                kafka_extra=f"max_poll_interval_ms = {max_poll_interval_ms}",
+            )
+        )
+        return Fleet(config, self.dir)
+
+    def requests(
+        self, poison_every: int = 0
+    ) -> tuple[list[tuple[str, bytes | None, bytes | None]], set[str], set[str]]:
+        rng = random.Random(11)
+        out: list[tuple[str, bytes | None, bytes | None]] = []
+        good: set[str] = set()
+        poison: set[str] = set()
+        for i in range(self.records):
+            entity = self.env.entities[rng.randrange(len(self.env.entities))]
+            rid = f"r{i}"
+            doc: dict[str, Any] = {"id": rid, "entity": entity}
+            if poison_every and i % poison_every == poison_every // 2:
+                doc["features"] = {"f0": 5000.0}
+                poison.add(rid)
+            else:
+                good.add(rid)
+            out.append((rid, entity.encode(), orjson.dumps(doc)))
+        return out, good, poison
+
+    def fault(self) -> None:
+        self.faults.append(int(time.time() * 1000))
+
+    def report(
+        self,
+        fleet: Fleet,
+        good: set[str],
+        bad_positions: set[str],
+        started: float,
+        earlier_codes: tuple[int, ...] = (),
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """Read every outcome while the workers still run, then stop them and check the
+        committed offsets."""
+        readout = read_outcomes(
+            self.env,
+            self.results_topic,
+            self.dead_topic,
+            good,
+            bad_positions,
+            read_committed=self.exactly_once,
+        )
+        fleet_codes = [*earlier_codes, *fleet.stop_all()]
+        lost = [i for i in good if i not in readout.results] + [
+            p for p in bad_positions if p not in readout.dead_letters
+        ]
+        duplicates = sum(n - 1 for n in readout.results.values() if n > 1) + sum(
+            n - 1 for n in readout.dead_letters.values() if n > 1
+        )
+        per_fault: Counter[int] = Counter()
+        for times in readout.result_times.values():
+            for ts in sorted(times)[1:]:
+                before = [f for f in self.faults if f <= ts]
+                per_fault[before[-1] if before else 0] += 1
+        committed = committed_offsets(self.env.bootstrap, self.group, self.requests_topic)
+        ends = end_offsets(self.env.bootstrap, self.requests_topic)
+        committed_at_end = all(
+            committed[p] == ends[p] or (committed[p] < 0 and ends[p] == 0) for p in ends
+        )
+        return {
+            "scenario": self.name,
+            "records": self.records,
+            "faults": len(self.faults),
+            "lost": len(lost),
+            "duplicates": duplicates,
+            "max_duplicates_per_fault": max(per_fault.values(), default=0),
+            "order_inversions": readout.order_inversions,
+            "committed_at_end": committed_at_end,
+            "dead_letters": sum(readout.dead_letters.values()),
+            "dead_letter_codes": dict(readout.dead_letter_codes),
+            "clean_exits": all(code == 0 for code in fleet_codes),
+            "elapsed_s": round(time.monotonic() - started, 1),
+            **extra,
+        }
+
+
+def _spread(stream: Stream, n: int) -> Iterator[int]:
+    """Yield ``n`` times, evenly spread over the stream's duration."""
+    step = stream.duration_s / (n + 1)
+    for i in range(n):
+        time.sleep(step)
+        yield i
+
+
+def kill_scenario(
+    env: Env, records: int, *, exactly_once: bool = False, kills: int = 5, name: str = "kill"
+) -> dict[str, Any]:
+    """SIGKILL one of 3 workers mid-stream ``kills`` times, restarting it each time."""
+    run = Run(env, name, records, exactly_once=exactly_once)
+    fleet = run.fleet()
+    requests, good, _ = run.requests()
+    started = time.monotonic()
+    fleet.add(3)
+    fleet.wait_assigned()
+    stream = Stream(env, run.requests_topic, requests, rate=records / 15.0).start()
+    rng = random.Random(3)
+    for _ in _spread(stream, kills):
+        run.fault()
+        fleet.kill_busy(rng)
+        fleet.add()
+    stream.join()
+    return run.report(fleet, good, set(), started)
+
+
+def rolling_restart_scenario(env: Env, records: int) -> dict[str, Any]:
+    """SIGTERM each of 3 workers in turn, starting its replacement before the next."""
+    run = Run(env, "rolling-restart", records)
+    fleet = run.fleet()
+    requests, good, _ = run.requests()
+    started = time.monotonic()
+    fleet.add(3)
+    fleet.wait_assigned()
+    stream = Stream(env, run.requests_topic, requests, rate=records / 20.0).start()
+    codes = []
+    for _ in _spread(stream, 3):
+        run.fault()
+        codes.append(fleet.terminate(0))
+        fleet.add()
+        fleet.wait_assigned()
+    stream.join()
+    return run.report(fleet, good, set(), started, tuple(codes))
+
+
+def scale_scenario(env: Env, records: int) -> dict[str, Any]:
+    """1 worker, scale out to 3, then back in to 1, all while records flow."""
+    run = Run(env, "scale", records)
+    fleet = run.fleet()
+    requests, good, _ = run.requests()
+    started = time.monotonic()
+    fleet.add(1)
+    fleet.wait_assigned()
+    stream = Stream(env, run.requests_topic, requests, rate=records / 20.0).start()
+    codes: list[int] = []
+    for step in _spread(stream, 2):
+        run.fault()
+        if step == 0:
+            fleet.add(2)
+            fleet.wait_assigned()
+        else:
+            codes += [fleet.terminate(0), fleet.terminate(0)]
+    stream.join()
+    return run.report(fleet, good, set(), started, tuple(codes))
+
+
+def broker_restart_scenario(env: Env, records: int) -> dict[str, Any]:
+    """Stop the broker (its logs stay on disk) mid-stream and start it again."""
+    run = Run(env, "broker-restart", records)
+    fleet = run.fleet()
+    requests, good, _ = run.requests()
+    started = time.monotonic()
+    fleet.add(2)
+    fleet.wait_assigned()
+    stream = Stream(env, run.requests_topic, requests, rate=records / 20.0).start()
+    for _ in _spread(stream, 1):
+        run.fault()
+        env.restart_kafka()
+    stream.join()
+    return run.report(fleet, good, set(), started)
+
+
+def redis_outage_scenario(env: Env, records: int, outage_s: float = 30.0) -> dict[str, Any]:
+    """Stop Redis for ``outage_s`` mid-stream: no dead-letter flood, nothing lost."""
+    run = Run(env, "redis-outage", records)
+    fleet = run.fleet()
+    requests, good, _ = run.requests()
+    started = time.monotonic()
+    fleet.add(2)
+    fleet.wait_assigned()
+    stream = Stream(env, run.requests_topic, requests, rate=records / 20.0).start()
+    for _ in _spread(stream, 1):
+        run.fault()
+        env.stop_redis()
+        time.sleep(outage_s)
+        env.start_redis_again()
+    stream.join()
+    return run.report(fleet, good, set(), started, outage_s=outage_s)
+
+
+def slow_model_scenario(env: Env, records: int) -> dict[str, Any]:
+    """A model whose batch takes longer than max.poll.interval.ms: no rebalance, no loss."""
+    run = Run(env, "slow-model", records)
+    interval_ms = 6000
+    batch = 8
+    slow = make_slow_model(
+        run.dir / "slow.onnx", seconds_per_batch=interval_ms / 1000.0 * 1.2, batch_size=batch
+    )
+    fleet = run.fleet(
+        model_path=slow,
+        max_batch_size=batch,
+        max_poll_interval_ms=interval_ms,
+        extra_top="max_in_flight_batches = 1\n",
+    )
+    requests, good, _ = run.requests()
+    started = time.monotonic()
+    fleet.add(2)
+    fleet.wait_assigned()
+    assigned_logs = fleet.logs_text().count("assigned ")
+    stream = Stream(env, run.requests_topic, requests, rate=max(1.0, records / 5.0)).start()
+    stream.join()
+    report = run.report(fleet, good, set(), started)
+    logs = fleet.logs_text()
+    report["rebalances_during_run"] = logs.count("assigned ") - assigned_logs
+    report["lost_partitions_logged"] = logs.count("lost ")
+    return report
+
+
+def poison_scenario(env: Env, records: int) -> dict[str, Any]:
+    """A model that raises on one row (a poison request) in a batch: only that row fails."""
+    run = Run(env, "poison", records)
+    poison_model = make_poison_model(run.dir / "poison.onnx")
+    fleet = run.fleet(model_path=poison_model)
+    requests, good, poison = run.requests(poison_every=500)
+    started = time.monotonic()
+    fleet.add(2)
+    fleet.wait_assigned()
+    stream = Stream(env, run.requests_topic, requests, rate=records / 10.0).start()
+    stream.join()
+    bad_positions = {stream.positions[rid] for rid in poison}
+    report = run.report(fleet, good, bad_positions, started)
+    report["poison_records"] = len(poison)
+    return report
+
+
+Scenario = Callable[[Env, int], dict[str, Any]]
+
+SCENARIOS: dict[str, tuple[Scenario, int, str]] = {
+    "kill": (kill_scenario, 20_000, "SIGKILL one of 3 workers mid-batch, 5 times"),
+    "kill-exactly-once": (
+        lambda env, n: kill_scenario(env, n, exactly_once=True, name="kill-exactly-once"),
+        10_000,
+        "the same in exactly-once mode, read with read_committed",
+    ),
+    "rolling-restart": (rolling_restart_scenario, 20_000, "SIGTERM each of 3 workers in turn"),
+    "scale": (scale_scenario, 20_000, "scale 1 -> 3 -> 1 workers"),
+    "broker-restart": (broker_restart_scenario, 10_000, "restart Kafka on its on-disk logs"),
+    "redis-outage": (redis_outage_scenario, 10_000, "Redis stopped for 30 s"),
+    "slow-model": (slow_model_scenario, 48, "a model slower than max.poll.interval.ms"),
+    "poison": (poison_scenario, 10_000, "a request that makes the model raise, in a batch"),
+}
+
+
+def run_scenario(name: str, records: int | None = None, env: Env | None = None) -> dict[str, Any]:
+    """Run one scenario (on ``env``, or on a stack of its own) and return its report."""
+    if name not in SCENARIOS:
+        raise StackError(f"unknown scenario {name!r}; known: {sorted(SCENARIOS)}")
+    fn, default_records, _ = SCENARIOS[name]
+    if env is not None:
+        return fn(env, records or default_records)
+    with Env.start() as own:
+        return fn(own, records or default_records)
+
+
+COLUMNS = (
+    "scenario",
+    "records",
+    "faults",
+    "lost",
+    "duplicates",
+    "max_duplicates_per_fault",
+    "order_inversions",
+    "committed_at_end",
+    "dead_letters",
+    "elapsed_s",
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.chaos", description=__doc__)
+    parser.add_argument("--scenario", default="all", help="a name from --list, or all")
+    parser.add_argument("--records", type=int, default=None, help="records per scenario")
+    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    parser.add_argument("--list", action="store_true", help="list the scenarios")
+    args = parser.parse_args(argv)
+    if args.list:
+        for name, (_, records, text) in SCENARIOS.items():
+            print(f"{name:18} {records:>7} records  {text}")
+        return 0
+    names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+    if not args.json:
+        print(" | ".join(COLUMNS))
+    failed = False
+    with Env.start() as env:
+        for name in names:
+            report = run_scenario(name, args.records, env)
+            failed |= report["lost"] > 0
+            if args.json:
+                print(orjson.dumps(report).decode(), flush=True)
+            else:
+                print(" | ".join(str(report[c]) for c in COLUMNS), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

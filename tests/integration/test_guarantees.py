@@ -1,0 +1,265 @@
+"""Delivery guarantees under real faults: the fast variants of the fault harness
+(``benchmarks.chaos``) plus the failures that must never lead to a commit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from benchmarks import chaos
+from tests.conftest import Topics
+from worker.harness import (
+    WorkerProcess,
+    collect_outcomes,
+    committed_offsets,
+    produce_requests,
+    wait_for_assignment,
+)
+from worker.stack import free_port, start_redis, start_tansu
+
+pytestmark = pytest.mark.integration
+
+IN_FLIGHT_BOUND = 4 * 64  # max_in_flight_batches x max_batch_size in the harness config
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[chaos.Env]:
+    with chaos.Env.start() as e:
+        yield e
+
+
+def _assert_complete(report: dict[str, object]) -> None:
+    assert report["lost"] == 0, report
+    assert report["committed_at_end"] is True, report
+    assert report["order_inversions"] == 0, report
+
+
+def test_sigkill_loses_nothing_and_repeats_at_most_the_in_flight_batches(
+    env: chaos.Env,
+) -> None:
+    report = chaos.kill_scenario(env, 3000, kills=2)
+    _assert_complete(report)
+    assert report["faults"] == 2
+    assert report["max_duplicates_per_fault"] <= IN_FLIGHT_BOUND, report
+
+
+def test_exactly_once_mode_survives_sigkill_without_duplicates(env: chaos.Env) -> None:
+    report = chaos.kill_scenario(env, 2000, kills=2, exactly_once=True, name="kill-eos")
+    _assert_complete(report)
+    assert report["duplicates"] == 0, report
+
+
+def test_rolling_restart_with_sigterm_causes_no_duplicates(env: chaos.Env) -> None:
+    report = chaos.rolling_restart_scenario(env, 3000)
+    _assert_complete(report)
+    assert report["duplicates"] == 0, report
+    assert report["clean_exits"] is True, report
+
+
+def test_scaling_out_and_in_causes_no_duplicates(env: chaos.Env) -> None:
+    report = chaos.scale_scenario(env, 3000)
+    _assert_complete(report)
+    assert report["duplicates"] == 0, report
+
+
+def test_redis_outage_waits_without_dead_letters_and_catches_up(env: chaos.Env) -> None:
+    report = chaos.redis_outage_scenario(env, 2000, outage_s=8)
+    _assert_complete(report)
+    assert report["dead_letters"] == 0, report
+    assert report["duplicates"] == 0, report
+
+
+def test_model_slower_than_max_poll_interval_keeps_the_group_stable(env: chaos.Env) -> None:
+    report = chaos.slow_model_scenario(env, 24)
+    _assert_complete(report)
+    assert report["rebalances_during_run"] == 0, report
+    assert report["lost_partitions_logged"] == 0, report
+
+
+def test_poison_row_fails_alone_and_the_rest_of_its_batch_publishes(env: chaos.Env) -> None:
+    report = chaos.poison_scenario(env, 2000)
+    _assert_complete(report)
+    assert report["dead_letter_codes"] == {"model_error": report["poison_records"]}, report
+
+
+def test_broker_restart_loses_nothing(env: chaos.Env) -> None:
+    report = chaos.broker_restart_scenario(env, 2000)
+    _assert_complete(report)
+
+
+def test_exactly_once_is_refused_on_a_broker_that_shows_aborted_records(
+    tmp_path: Path, write_config: Callable[..., Path]
+) -> None:
+    tansu = start_tansu()
+    try:
+        t = Topics("eos-req", "eos-res", "eos-dlq", "eos-group")
+        path = write_config(t, top='delivery = "exactly-once"')
+        text = path.read_text().replace(
+            path.read_text().split('bootstrap_servers = "')[1].split('"')[0], tansu.address
+        )
+        path.write_text(text)
+        proc = subprocess.run(
+            [sys.executable, "-m", "worker", "run", "--config", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        tansu.stop()
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "exactly-once" in proc.stderr
+
+
+def test_results_too_large_for_the_broker_stop_the_worker_without_a_commit(
+    kafka_bootstrap: str,
+    entities: list[str],
+    fresh_topics: Callable[..., Topics],
+    write_config: Callable[..., Path],
+    tmp_path: Path,
+) -> None:
+    t = fresh_topics(2)
+    small = f"{t.results}-small"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    topic = NewTopic(
+        small, num_partitions=1, replication_factor=1, config={"max.message.bytes": "120"}
+    )
+    admin.create_topics([topic])[small].result(30)
+    path = write_config(Topics(t.requests, small, t.dead_letters, t.group))
+    produce_requests(
+        kafka_bootstrap,
+        t.requests,
+        [
+            (f"x{i}", None, f'{{"id": "x{i}", "entity": "{entities[i]}"}}'.encode())
+            for i in range(50)
+        ],
+    )
+    worker = WorkerProcess(path, tmp_path / "worker.log").start()
+    assert worker.process is not None
+    code = worker.process.wait(120)
+    assert code == 1, worker.log_text()[-3000:]
+    assert "not committing" in worker.log_text()
+    assert set(committed_offsets(kafka_bootstrap, t.group, t.requests).values()) == {-1001}
+
+
+def test_committed_offset_below_the_log_start_is_reported(
+    kafka_bootstrap: str,
+    entities: list[str],
+    fresh_topics: Callable[..., Topics],
+    write_config: Callable[..., Path],
+    tmp_path: Path,
+) -> None:
+    t = fresh_topics(1)
+    produce_requests(
+        kafka_bootstrap,
+        t.requests,
+        [
+            (f"d{i}", None, f'{{"id": "d{i}", "entity": "{entities[i]}"}}'.encode())
+            for i in range(20)
+        ],
+    )
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": t.group})
+    consumer.commit(offsets=[TopicPartition(t.requests, 0, 5)], asynchronous=False)
+    consumer.close()
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for future in admin.delete_records([TopicPartition(t.requests, 0, 10)]).values():
+        future.result(30)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "worker",
+            "run",
+            "--config",
+            str(write_config(t)),
+            "--burst-idle-s",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "committed offset 5 is below the log start 10" in run.stderr
+
+
+def test_readyz_turns_unready_while_redis_is_down_and_ready_after(
+    kafka_bootstrap: str,
+    model: object,
+    entities: list[str],
+    fresh_topics: Callable[..., Topics],
+    write_config: Callable[..., Path],
+    tmp_path: Path,
+) -> None:
+    from worker.modelgen import DemoModel, seed_entities
+
+    assert isinstance(model, DemoModel)
+    redis_svc = start_redis(persist_dir=tmp_path / "redis")
+    port = free_port()
+    t = fresh_topics(2)
+    try:
+        import redis
+
+        client = redis.Redis.from_url(redis_svc.address)
+        seed_entities(client, model, prefix="it-")
+        client.save()
+        client.close()
+        config = write_config(t, extra=f'[metrics]\nhost = "127.0.0.1"\nport = {port}\n')
+        config.write_text(
+            config.read_text().replace(
+                config.read_text().split('url = "')[1].split('"')[0], redis_svc.address
+            )
+        )
+        worker = WorkerProcess(config, tmp_path / "worker.log").start()
+        try:
+            wait_for_assignment([worker], 2, timeout=60)
+            assert _status(port, "/readyz") == 200
+            redis_port = int(redis_svc.address.rsplit(":", 1)[1].split("/")[0])
+            redis_svc.stop()
+            ids = {f"o{i}" for i in range(100)}
+            produce_requests(
+                kafka_bootstrap,
+                t.requests,
+                [
+                    (i, None, f'{{"id": "{i}", "entity": "{entities[n]}"}}'.encode())
+                    for n, i in enumerate(sorted(ids))
+                ],
+            )
+            assert _eventually(lambda: _status(port, "/readyz") == 503)
+            assert _status(port, "/healthz") == 200
+            redis_svc = start_redis(port=redis_port, persist_dir=tmp_path / "redis")
+            assert _eventually(lambda: _status(port, "/readyz") == 200)
+            outcomes = collect_outcomes(kafka_bootstrap, t.results, t.dead_letters, ids, timeout=60)
+            assert outcomes.lost(ids) == []
+            assert not outcomes.dead_letters
+        finally:
+            assert worker.terminate() == 0, worker.log_text()[-2000:]
+    finally:
+        redis_svc.stop()
+
+
+def _status(port: int, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def _eventually(check: Callable[[], bool], timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.5)
+    return False
