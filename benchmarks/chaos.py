@@ -496,7 +496,7 @@ def slow_model_scenario(env: Env, records: int) -> dict[str, Any]:
     interval_ms = 6000
     batch = 8
     slow = make_slow_model(
-        run.dir / "slow.onnx", seconds_per_batch=interval_ms / 1000.0 * 1.2, batch_size=batch
+        run.dir / "slow.onnx", seconds_per_batch=interval_ms / 1000.0 * 2, batch_size=batch
     )
     fleet = run.fleet(
         model_path=slow,
@@ -507,7 +507,7 @@ def slow_model_scenario(env: Env, records: int) -> dict[str, Any]:
     requests, good, _ = run.requests()
     started = time.monotonic()
     fleet.add(2)
-    fleet.wait_assigned()
+    fleet.wait_assigned(timeout=300)  # each worker warms the slow model up first
     assigned_logs = fleet.logs_text().count("assigned ")
     stream = Stream(env, run.requests_topic, requests, rate=max(1.0, records / 5.0)).start()
     stream.join()

@@ -49,7 +49,7 @@ from worker.commit import Committer, OffsetConsumer, PartitionKey
 from worker.config import WorkerConfig
 from worker.engines import OnnxEngine
 from worker.errors import CommitError, SinkError
-from worker.features import RedisHashStore
+from worker.features import connect_store
 from worker.health import HealthState
 from worker.metrics import Metrics
 from worker.pipeline import Pipeline, next_offsets
@@ -145,7 +145,7 @@ class Worker:
         for p in config.pipelines:
             engine = OnnxEngine(p.model)
             engine.warm_up(sorted({1, p.batch.max_batch_size}))
-            store = RedisHashStore.connect(config.redis, p.features)
+            store = connect_store(config.redis, p.features)
             store.ping()
             metrics.model_info.labels(
                 p.name, p.model.name, p.model.version, engine.model_hash, engine.providers[0]
@@ -289,17 +289,23 @@ class Worker:
             if messages:
                 idle_since = time.monotonic()
                 self._consumed += len(messages)
-                if single is not None:
-                    for batch in batchers[single].add(messages, fetch_started):
-                        self._submit(single, batch)
-                else:
-                    for name, items in _group_by_pipeline(messages, route).items():
-                        for batch in batchers[name].add(items, fetch_started):
-                            self._submit(name, batch)
+                groups = (
+                    {single: messages}
+                    if single is not None
+                    else _group_by_pipeline(messages, route)
+                )
+                for name, items in groups.items():
+                    ts = items[0].timestamp()[1]
+                    age = max(0.0, time.time() - ts / 1000.0) if ts > 0 else 0.0
+                    for batch in batchers[name].add(items, fetch_started, age):
+                        self._submit(name, batch)
+            idle = processor.pending() == 0
             for name, batcher in batchers.items():
-                expired = batcher.expired()
-                if expired is not None:
-                    self._submit(name, expired)
+                # adaptive: an idle model takes whatever is waiting, however few
+                ready = batcher.flush() if batcher.adaptive and idle else batcher.expired()
+                if ready is not None:
+                    self._submit(name, ready)
+                    idle = False
             self._serve_deliveries(0)
             self._commit()
             self._apply_backpressure()

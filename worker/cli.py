@@ -92,6 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="print one JSON object")
     demo.set_defaults(func=_cmd_demo)
     _add_replay_commands(sub)
+    _add_feature_commands(sub)
     return parser
 
 
@@ -172,6 +173,57 @@ def _add_replay_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     offsets.set_defaults(func=_cmd_offsets)
 
 
+def _add_feature_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    features = sub.add_parser("features", help="manage the features a pipeline reads")
+    fsub = features.add_subparsers(dest="features_command", required=True)
+    load = fsub.add_parser("load", help="write features from CSV or Parquet into Redis")
+    load.add_argument("--config", required=True)
+    load.add_argument("--pipeline", help="pipeline whose feature spec to use (default: the first)")
+    load.add_argument("--file", required=True, type=Path, help=".csv, .tsv or .parquet")
+    load.add_argument("--entity-column", default="entity")
+    load.add_argument(
+        "--layout",
+        choices=["hash", "packed"],
+        default=None,
+        help="default: the pipeline's features.layout",
+    )
+    load.add_argument("--chunk", type=int, default=5000, help="rows per pipelined write")
+    load.add_argument("--no-progress", action="store_true")
+    load.set_defaults(func=_cmd_features_load)
+
+
+def _cmd_features_load(args: argparse.Namespace) -> int:
+    from worker.config import load_config
+    from worker.feature_loader import load_features
+    from worker.features import redis_client
+
+    try:
+        config = load_config(args.config)
+        pipelines = {p.name: p for p in config.pipelines}
+        if args.pipeline is not None and args.pipeline not in pipelines:
+            raise ConfigError(f"--pipeline: no pipeline {args.pipeline!r}; have {list(pipelines)}")
+        pipeline = pipelines[args.pipeline] if args.pipeline else config.pipelines[0]
+        client = redis_client(config.redis)
+        report = load_features(
+            client,
+            pipeline.features,
+            args.file,
+            entity_column=args.entity_column,
+            layout=args.layout,
+            chunk=args.chunk,
+            progress=not args.no_progress,
+        )
+        client.close()
+    except StreamferError as exc:
+        print(f"streamfer: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ConfigError) else 1
+    print(
+        f"loaded {report.rows} entities ({report.layout}) in {report.seconds:.2f}s, "
+        f"{report.rows_per_s:,.0f} rows/s"
+    )
+    return 0
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from worker.app import Worker
     from worker.config import load_config
@@ -216,7 +268,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
     from worker.config import load_config, redacted
     from worker.engines import OnnxEngine
-    from worker.features import RedisHashStore
+    from worker.features import connect_store
 
     try:
         config = load_config(args.config)
@@ -224,7 +276,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
             print(orjson.dumps(redacted(config), option=orjson.OPT_INDENT_2).decode())
         for p in config.pipelines:
             engine = OnnxEngine(p.model)
-            store = RedisHashStore.connect(config.redis, p.features)
+            store = connect_store(config.redis, p.features)
             store.ping()
             print(
                 f"ok: pipeline {p.name}: model {p.model.name} ({engine.model_hash[:12]}), "

@@ -80,6 +80,8 @@ class Committer:
         while queue and queue[0].tracker.done:
             head = queue[0]
             if head.tracker.errors:
+                if self._transactional:
+                    break  # an aborted transaction: the worker rewinds, nothing to commit
                 if merged:  # what was delivered before the failure is still committed
                     self._commit(merged, asynchronous=False)
                 raise SinkError(

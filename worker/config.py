@@ -91,10 +91,19 @@ class RedisSettings(_Frozen):
 
 
 class BatchPolicy(_Frozen):
-    """A batch closes at ``max_batch_size`` records or ``max_wait_ms`` after its first."""
+    """A batch closes at ``max_batch_size`` records or ``max_wait_ms`` after its first.
+
+    ``adaptive`` adds a latency budget: a batch is handed over at once whenever the model
+    is idle (so a lone request is not held for the window, and batches grow toward
+    ``max_batch_size`` only while the model is busy), and its window shrinks so that
+    records already ``age`` old when they arrive still close within
+    ``latency_budget_ms`` of their Kafka timestamp.
+    """
 
     max_batch_size: int = Field(default=256, ge=1, le=100_000)
     max_wait_ms: float = Field(default=20.0, ge=0, le=60_000)
+    mode: Literal["fixed", "adaptive"] = "fixed"
+    latency_budget_ms: float | None = Field(default=None, gt=0)
 
 
 class FeatureSpec(_Frozen):
@@ -102,6 +111,9 @@ class FeatureSpec(_Frozen):
 
     key_template: str = "features:{entity}"
     fields: list[str] = Field(min_length=1)
+    layout: Literal["hash", "packed"] = "hash"
+    """hash: one Redis hash per entity, a field per feature (HMGET); packed: one string of
+    little-endian float32 in ``fields`` order (MGET, decoded in one numpy call)."""
     on_missing_entity: MissingPolicy = "dead_letter"
     on_missing_field: MissingPolicy = "default"
     default_value: float = 0.0

@@ -56,6 +56,8 @@ def worker_config_toml(
     top: str = "",
     kafka_extra: str = "",
     model_name: str = "breast-cancer-rf",
+    layout: str = "hash",
+    key_template: str = "features:{entity}",
 ) -> str:
     """A one-pipeline config file, as a user would write it.
 
@@ -90,7 +92,8 @@ max_batch_size = {max_batch_size}
 max_wait_ms = {max_wait_ms}
 
 [pipelines.features]
-key_template = "features:{{entity}}"
+key_template = "{key_template}"
+layout = "{layout}"
 fields = {orjson.dumps(list(fields)).decode()}
 on_missing_entity = "dead_letter"
 

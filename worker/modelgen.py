@@ -15,6 +15,8 @@ import numpy as np
 import numpy.typing as npt
 import redis
 
+from worker.features import pack_vector
+
 __all__ = ["DemoModel", "feature_names", "make_classifier", "seed_entities"]
 
 
@@ -53,14 +55,17 @@ def seed_entities(
     *,
     key_template: str = "features:{entity}",
     prefix: str = "e",
+    layout: str = "hash",
 ) -> list[str]:
-    """One hash per data-set row; returns the entity ids (``e0``, ``e1`` ...)."""
+    """One entity per data-set row, as a hash or a packed vector; returns the entity ids
+    (``e0``, ``e1`` ...)."""
     entities = [f"{prefix}{i}" for i in range(len(model.features))]
     pipe = client.pipeline(transaction=False)
     for entity, row in zip(entities, model.features.tolist(), strict=True):
-        pipe.hset(
-            key_template.replace("{entity}", entity),
-            mapping=dict(zip(model.fields, map(repr, row), strict=True)),
-        )
+        key = key_template.replace("{entity}", entity)
+        if layout == "packed":
+            pipe.set(key, pack_vector(row))
+        else:
+            pipe.hset(key, mapping=dict(zip(model.fields, map(repr, row), strict=True)))
     pipe.execute()
     return entities

@@ -951,7 +951,7 @@ def _run_locked(
     """Build the real parts (model first: a bad one fails before anything is written),
     save a new plan, run, and summarise. Holds the replay's lock."""
     from worker.engines import OnnxEngine
-    from worker.features import RedisHashStore
+    from worker.features import connect_store
     from worker.metrics import Metrics
     from worker.pipeline import Pipeline
 
@@ -976,7 +976,7 @@ def _run_locked(
         ],
     )
     engine.warm_up(sorted({1, pipeline_cfg.batch.max_batch_size}))
-    features = RedisHashStore.connect(config.redis, pipeline_cfg.features)
+    features = connect_store(config.redis, pipeline_cfg.features)
     features.ping()
     handler = Pipeline(
         pipeline_cfg.model_copy(

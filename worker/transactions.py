@@ -40,6 +40,9 @@ def transactional_producer(settings: KafkaSettings, timeout: float = 30.0) -> Pr
     """A producer with transactions initialised. Raises ConfigError when the broker refuses."""
     conf: dict[str, Any] = producer_config(settings)
     conf["transactional.id"] = transactional_id(settings)
+    # A killed worker's open transaction holds back read_committed readers until the
+    # coordinator aborts it; keep that short unless the user chose otherwise.
+    conf.setdefault("transaction.timeout.ms", 10_000)
     conf.pop("linger.ms", None)
     producer = Producer(conf)
     try:

@@ -79,7 +79,7 @@ def test_redis_outage_waits_without_dead_letters_and_catches_up(env: chaos.Env) 
 
 
 def test_model_slower_than_max_poll_interval_keeps_the_group_stable(env: chaos.Env) -> None:
-    report = chaos.slow_model_scenario(env, 24)
+    report = chaos.slow_model_scenario(env, 16)
     _assert_complete(report)
     assert report["rebalances_during_run"] == 0, report
     assert report["lost_partitions_logged"] == 0, report

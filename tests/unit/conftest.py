@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from worker.features import RowStore
 from worker.modelgen import DemoModel, make_classifier
 
 RawRow = list[bytes | str | None]
 
 
-class MemoryStore:
+class MemoryStore(RowStore):
     """A ``FeatureStore`` over a dict ``entity -> {field: raw value}`` that records calls."""
 
     def __init__(self, data: Mapping[str, Mapping[str, bytes | str]], fields: Sequence[str]):

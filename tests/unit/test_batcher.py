@@ -172,3 +172,48 @@ def test_drop_everything_then_new_window(make_batcher: BatcherFactory, clock: Fa
     b.add([3])
     assert b.deadline() == pytest.approx(clock.now + 0.05)
     assert b.expired() is None
+
+
+def _adaptive(clock: FakeClock, budget_ms: float | None) -> Batcher[Any]:
+    policy = BatchPolicy(
+        max_batch_size=100, max_wait_ms=50.0, mode="adaptive", latency_budget_ms=budget_ms
+    )
+    return Batcher(policy, clock)
+
+
+def test_adaptive_window_shrinks_by_the_age_of_the_first_record(clock: FakeClock) -> None:
+    b = _adaptive(clock, budget_ms=40.0)
+    assert b.adaptive
+    b.add(["old"], age_s=0.030)  # 30 ms old on arrival: 10 ms of budget left
+    assert b.deadline() == pytest.approx(clock.now + 0.010)
+    clock.advance(9)
+    assert b.expired() is None
+    clock.advance(1)
+    assert b.expired() == ["old"]
+
+
+def test_adaptive_window_never_exceeds_max_wait_nor_goes_negative(clock: FakeClock) -> None:
+    b = _adaptive(clock, budget_ms=1000.0)
+    b.add(["fresh"], age_s=0.0)
+    assert b.deadline() == pytest.approx(clock.now + 0.050)
+    b.flush()
+    b.add(["stale"], age_s=5.0)
+    assert b.deadline() == pytest.approx(clock.now)
+    assert b.expired() == ["stale"]
+
+
+def test_window_resets_to_max_wait_for_the_next_batch(clock: FakeClock) -> None:
+    b = _adaptive(clock, budget_ms=40.0)
+    b.add(["a"], age_s=0.035)
+    assert b.expired() is None
+    clock.advance(5)
+    assert b.expired() == ["a"]
+    b.add(["b"], age_s=0.0)
+    assert b.deadline() == pytest.approx(clock.now + 0.040)
+
+
+def test_fixed_policy_ignores_age(make_batcher: BatcherFactory, clock: FakeClock) -> None:
+    b = make_batcher(max_wait_ms=50.0)
+    assert not b.adaptive
+    b.add(["x"], age_s=10.0)
+    assert b.deadline() == pytest.approx(clock.now + 0.050)

@@ -10,7 +10,7 @@ import pytest
 
 from worker.config import FeatureSpec
 from worker.errors import FeatureStoreError
-from worker.features import assemble
+from worker.features import RowStore, assemble
 
 if TYPE_CHECKING:
     from conftest import MemoryStore, StoreFactory
@@ -212,7 +212,9 @@ def test_non_finite_value_overridden_inline_is_fine(
 
 
 def test_store_error_propagates(make_spec: SpecFactory) -> None:
-    class DownStore:
+    class DownStore(RowStore):
+        fields = ("a", "b", "c")
+
         def get_many(self, entities: Sequence[str]) -> list[list[bytes | None]]:
             raise FeatureStoreError("connection refused")
 
@@ -237,7 +239,9 @@ def test_value_beyond_float32_range_is_non_finite(
 
 
 def test_store_answering_too_few_rows_is_a_store_error(make_spec: SpecFactory) -> None:
-    class ShortStore:
+    class ShortStore(RowStore):
+        fields = ("a", "b", "c")
+
         def get_many(self, entities: Sequence[str]) -> list[list[bytes | None]]:
             return [[b"1", b"2", b"3"]]
 

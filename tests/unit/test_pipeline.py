@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from worker.config import FeatureSpec, ModelSpec, PipelineConfig
 from worker.engines import InferenceEngine, OnnxEngine, Outputs
 from worker.errors import EngineError, FeatureStoreError
+from worker.features import RowStore
 from worker.metrics import Metrics
 from worker.modelgen import DemoModel
 from worker.pipeline import Pipeline
@@ -485,7 +486,9 @@ def test_all_bad_batch_skips_store_and_model(
 def test_feature_store_error_propagates_without_retry(
     make_pipeline: PipelineFactory, sink: FakeSink
 ) -> None:
-    class DownStore:
+    class DownStore(RowStore):
+        fields = ("a", "b", "c")
+
         def __init__(self) -> None:
             self.calls = 0
 
