@@ -102,27 +102,44 @@ class Env:
         self.redis = start_redis(port=port, persist_dir=self.work / "redis")
 
 
+_LIVE: list[WorkerProcess] = []
+"""Every worker a scenario started, so a failed scenario leaves none running."""
+
+
 @dataclass
 class Fleet:
     """Worker processes sharing one config; replaced workers keep their log files."""
 
     config: Path
     logs: Path
+    static: bool = False
+    """Static membership: a replacement takes the killed worker's group.instance.id (and
+    so its transactional.id), as a StatefulSet pod restart would."""
     workers: list[WorkerProcess] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
     started: int = 0
 
-    def add(self, n: int = 1) -> None:
+    def add(self, n: int = 1, slot: int | None = None) -> None:
         for _ in range(n):
             self.started += 1
-            w = WorkerProcess(self.config, self.logs / f"worker-{self.started}.log").start()
+            this_slot = slot if slot is not None else self.started
+            env = {"STREAMFER_KAFKA__GROUP_INSTANCE_ID": f"slot-{this_slot}"} if self.static else {}
+            log_path = self.logs / f"worker-{self.started}.log"
+            w = WorkerProcess(self.config, log_path, env=env).start()
             self.workers.append(w)
+            self.slots.append(this_slot)
+            _LIVE.append(w)
 
-    def kill_busy(self, rng: random.Random) -> None:
-        """SIGKILL a worker that owns partitions (one still starting would be no test)."""
+    def kill_busy(self, rng: random.Random) -> int:
+        """SIGKILL a worker that owns partitions (one still starting would be no test);
+        returns its slot."""
         owning = [i for i, w in enumerate(self.workers) if _owned(w) > 0]
-        self.workers.pop(rng.choice(owning or list(range(len(self.workers))))).kill()
+        index = rng.choice(owning or list(range(len(self.workers))))
+        self.workers.pop(index).kill()
+        return self.slots.pop(index)
 
     def terminate(self, index: int) -> int:
+        self.slots.pop(index)
         return self.workers.pop(index).terminate()
 
     def wait_assigned(self, timeout: float = 90.0) -> None:
@@ -131,6 +148,7 @@ class Fleet:
     def stop_all(self) -> list[int]:
         codes = [w.terminate() for w in self.workers]
         self.workers.clear()
+        self.slots.clear()
         return codes
 
     def logs_text(self) -> str:
@@ -311,7 +329,7 @@ class Run:
                 kafka_extra=f"max_poll_interval_ms = {max_poll_interval_ms}",
             )
         )
-        return Fleet(config, self.dir)
+        return Fleet(config, self.dir, static=self.exactly_once)
 
     def requests(
         self, poison_every: int = 0
@@ -410,8 +428,8 @@ def kill_scenario(
     rng = random.Random(3)
     for _ in _spread(stream, kills):
         run.fault()
-        fleet.kill_busy(rng)
-        fleet.add()
+        slot = fleet.kill_busy(rng)
+        fleet.add(slot=slot)
     stream.join()
     return run.report(fleet, good, set(), started)
 
@@ -558,10 +576,14 @@ def run_scenario(name: str, records: int | None = None, env: Env | None = None) 
     if name not in SCENARIOS:
         raise StackError(f"unknown scenario {name!r}; known: {sorted(SCENARIOS)}")
     fn, default_records, _ = SCENARIOS[name]
-    if env is not None:
-        return fn(env, records or default_records)
-    with Env.start() as own:
-        return fn(own, records or default_records)
+    try:
+        if env is not None:
+            return fn(env, records or default_records)
+        with Env.start() as own:
+            return fn(own, records or default_records)
+    finally:
+        while _LIVE:
+            _LIVE.pop().kill()
 
 
 COLUMNS = (

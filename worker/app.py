@@ -118,6 +118,7 @@ class Worker:
         self._failed = False
         self._rewind = threading.Event()
         self._producer_broken = False
+        self._txn = _Transaction()
         self._paused: set[PartitionKey] = set()
         self._backpressure = False
         self._to_check: set[PartitionKey] = set()
@@ -271,8 +272,6 @@ class Worker:
         while not self._stop.is_set():
             health.turned()
             processor.check()
-            if self._rewind.is_set():
-                self._rewind_to_committed()
             if self._to_check:
                 self._check_committed_offsets()
             # consume() waits for a full batch or the timeout, so never longer than the
@@ -307,6 +306,8 @@ class Worker:
                     self._submit(name, ready)
                     idle = False
             self._serve_deliveries(0)
+            if self._transactional:
+                self._advance_transaction()
             self._commit()
             self._apply_backpressure()
             if (
@@ -319,14 +320,6 @@ class Worker:
             ):
                 log.info("burst: idle for %.1fs, stopping", burst_idle_s)
                 break
-
-    def _submit(self, name: str, batch: list[Message]) -> None:
-        ts = batch[0].timestamp()[1]
-        tracker = DeliveryTracker(name, ts if ts > 0 else 0)
-        offsets = next_offsets(batch)
-        self._committer.track(tracker, offsets)
-        self._processor.submit(Job(name, batch, tracker, offsets))
-        self.metrics.in_flight_batches.set(len(self._committer))
 
     def _serve_deliveries(self, timeout: float) -> None:
         # In exactly-once mode the processing thread serves them inside commit_transaction.
@@ -383,41 +376,103 @@ class Worker:
         self.metrics.paused_partitions.set(len(self._paused))
 
     def _run_job(self, job: Job) -> None:
-        """On the processing thread: one batch, in a transaction when exactly-once."""
-        pipeline = self._pipelines[job.pipeline]
-        if not self._transactional:
-            pipeline.handle(job.batch, self._sink, job.tracker)
-            return
-        if self._rewind.is_set():
+        """On the processing thread: decode, enrich, infer and produce one batch."""
+        if self._transactional and self._rewind.is_set():
             job.tracker.fail("skipped: a rewind is pending")
             job.tracker.seal()
             return
+        self._pipelines[job.pipeline].handle(job.batch, self._sink, job.tracker)
+
+    def _submit(self, name: str, batch: list[Message]) -> None:
+        ts = batch[0].timestamp()[1]
+        tracker = DeliveryTracker(name, ts if ts > 0 else 0)
+        offsets = next_offsets(batch)
+        job = Job(name, batch, tracker, offsets)
+        if self._transactional:
+            txn = self._txn
+            if txn.closing:
+                txn.held.append(job)  # it joins the next transaction
+                return
+            if not txn.jobs:
+                self._sink.producer.begin_transaction()
+                txn.started = time.monotonic()
+            txn.jobs.append(job)
+        self._committer.track(tracker, offsets)
+        self._processor.submit(job)
+        self.metrics.in_flight_batches.set(len(self._committer))
+
+    def _advance_transaction(self, *, force: bool = False) -> None:
+        """Exactly-once, loop thread: commit the open transaction once its batches are all
+        produced and nothing else is waiting, or after ``transaction_interval_ms`` (new
+        batches are then held for the next one). Every transactional call happens on this
+        thread: librdkafka's transaction API stalls when driven from a second thread while
+        this one sits in ``consume``."""
+        txn = self._txn
+        if not txn.jobs:
+            return
+        interval = self.config.transaction_interval_ms / 1000.0
+        if not force and self._processor.pending() and time.monotonic() - txn.started < interval:
+            return
+        txn.closing = True
+        if not all(job.tracker.sealed for job in txn.jobs):
+            if not force:
+                return
+            deadline = time.monotonic() + self.config.shutdown_timeout_s
+            while not all(job.tracker.sealed for job in txn.jobs):
+                self._processor.check()
+                if time.monotonic() > deadline:
+                    raise SinkError("batches of the open transaction did not finish in time")
+                time.sleep(0.005)
         producer = self._sink.producer
+        offsets: dict[PartitionKey, int] = {}
+        for job in txn.jobs:
+            offsets.update(job.offsets)
         try:
-            producer.begin_transaction()
-            pipeline.handle(job.batch, self._sink, job.tracker)
-            offsets = [TopicPartition(t, p, o) for (t, p), o in job.offsets.items()]
+            if any(job.tracker.errors for job in txn.jobs):
+                refused = KafkaError(
+                    KafkaError._INVALID_ARG, "a record was refused", txn_requires_abort=True
+                )
+                raise KafkaException(refused)
             producer.send_offsets_to_transaction(
-                offsets, self._consumer.consumer_group_metadata(), 30
+                [TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+                self._consumer.consumer_group_metadata(),
+                30,
             )
             self._commit_transaction()
-        except KafkaException as exc:
-            err = exc.args[0]
-            fatal = not isinstance(err, KafkaError) or not err.txn_requires_abort()
-            log.warning(
-                "transaction failed (%s); %s and rewinding",
-                exc,
-                "re-creating the producer" if fatal else "aborting",
+            log.debug(
+                "committed a transaction of %d batches in %.3fs",
+                len(txn.jobs),
+                time.monotonic() - txn.started,
             )
-            if not fatal:
-                try:
-                    producer.abort_transaction(30)
-                except KafkaException:
-                    fatal = True
-            self._producer_broken = fatal
-            self._rewind.set()
+        except KafkaException as exc:
+            self._fail_transaction(exc)
+            return
+        held = txn.held
+        txn.reset()
+        for job in held:
+            self._submit(job.pipeline, job.batch)
+
+    def _fail_transaction(self, exc: KafkaException) -> None:
+        txn = self._txn
+        err = exc.args[0]
+        fatal = not isinstance(err, KafkaError) or not err.txn_requires_abort()
+        log.warning(
+            "transaction of %d batches failed (%s); %s and rewinding",
+            len(txn.jobs),
+            exc,
+            "re-creating the producer" if fatal else "aborting",
+        )
+        self._rewind.set()
+        if not fatal:
+            try:
+                self._sink.producer.abort_transaction(30)
+            except KafkaException:
+                fatal = True
+        self._producer_broken = fatal
+        for job in txn.jobs:
             job.tracker.fail(f"transaction failed: {exc}")
-            job.tracker.seal()
+        txn.reset()
+        self._rewind_to_committed()
 
     def _commit_transaction(self) -> None:
         producer = self._sink.producer
@@ -445,6 +500,7 @@ class Worker:
             self._sink.use(transactional_producer(self.config.kafka))
             self._producer_broken = False
         self._seek_to_committed(self.assigned)
+        self._txn.reset()
         self._rewind.clear()
         log.warning(
             "rewound %d partitions to their committed offsets (%d queued batches dropped)",
@@ -504,6 +560,9 @@ class Worker:
             self._processor.check()
             self._serve_deliveries(0.01)
             self._commit()
+        if self._transactional:
+            self._advance_transaction(force=True)
+            self._advance_transaction(force=True)  # the batches held while it closed
         unfinished = self._processor.pending()
         if unfinished:
             self._abort.set()  # an unreachable feature store gives up now
@@ -555,7 +614,9 @@ class Worker:
                     _describe(partitions),
                     self.config.revoke_timeout_s,
                 )
-            if not self._transactional:
+            if self._transactional:
+                self._advance_transaction(force=True)
+            else:
                 self._sink.flush(max(0.1, deadline - time.monotonic()))
             try:
                 self._commit(asynchronous=False)
@@ -581,6 +642,19 @@ class Worker:
             with contextlib.suppress(KeyError):
                 self.metrics.consumer_lag.remove(topic, str(partition))
         self.metrics.assigned_partitions.set(len(self.assigned))
+
+
+class _Transaction:
+    """The batches in the open transaction, and those held until it commits (loop thread)."""
+
+    def __init__(self) -> None:
+        self.jobs: list[Job] = []
+        self.held: list[Job] = []
+        self.closing = False
+        self.started = 0.0
+
+    def reset(self) -> None:
+        self.jobs, self.held, self.closing, self.started = [], [], False, 0.0
 
 
 def _group_by_pipeline(messages: list[Message], route: dict[str, str]) -> dict[str, list[Message]]:

@@ -234,7 +234,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"streamfer: {exc}", file=sys.stderr)
         return 2
-    setup_logging(config.log_format)
+    setup_logging(config.log_format, getattr(logging, config.log_level.upper()))
     try:
         worker = Worker.from_config(config)
     except StreamferError as exc:

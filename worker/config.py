@@ -171,6 +171,8 @@ class WorkerConfig(_Frozen):
     redis: RedisSettings = RedisSettings()
     pipelines: list[PipelineConfig] = Field(min_length=1)
     delivery: Literal["at-least-once", "exactly-once"] = "at-least-once"
+    transaction_interval_ms: float = Field(default=100.0, ge=0, le=60_000)
+    """exactly-once: batches waiting behind each other share one transaction this long."""
     max_in_flight_batches: int = Field(default=4, ge=1, le=1024)
     poll_timeout_ms: float = Field(default=100.0, gt=0, le=10_000)
     shutdown_timeout_s: float = Field(default=30.0, gt=0)
@@ -180,6 +182,7 @@ class WorkerConfig(_Frozen):
     statistics_interval_ms: int = Field(default=5000, ge=0)
     liveness_timeout_s: float = Field(default=60.0, gt=0)
     log_format: Literal["text", "json"] = "text"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
     metrics: MetricsSettings = MetricsSettings()
 
     @model_validator(mode="after")
@@ -233,6 +236,23 @@ def parse_config(
     return _read_secret_files(_resolve_and_check_models(cfg, base, source), base, source)
 
 
+# Secrets and names are taken as written: a password "1e3" must not become 1000.0.
+_VERBATIM_FIELDS = frozenset(
+    {
+        "url",
+        "password",
+        "username",
+        "sasl_password",
+        "sasl_username",
+        "group_id",
+        "group_instance_id",
+        "bootstrap_servers",
+        "name",
+        "version",
+    }
+)
+
+
 def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
     data: dict[str, Any] = _deep_copy(raw)
     for name in sorted(environ):
@@ -241,7 +261,9 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any
         parts = [p.lower() for p in name[len(ENV_PREFIX) :].split("__") if p]
         if not parts or parts[0] not in WorkerConfig.model_fields:
             continue  # STREAMFER_CONFIG, STREAMFER_CACHE and the like are not overrides
-        _set_path(data, parts, _parse_env_value(environ[name]), name)
+        text = environ[name]
+        value = text if parts[-1] in _VERBATIM_FIELDS else _parse_env_value(text)
+        _set_path(data, parts, value, name)
     return data
 
 

@@ -115,7 +115,9 @@ class WorkerProcess:
     process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> WorkerProcess:
-        env = dict(os.environ)
+        # The config file is the whole truth for these workers: no STREAMFER_ overrides
+        # leak in from the caller's environment (a metrics port, say) unless given here.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMFER_")}
         env.update(self.env or {})
         with self.log_path.open("ab") as log_file:
             self.process = subprocess.Popen(

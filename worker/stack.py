@@ -164,6 +164,7 @@ def start_kafka(
     port: int | None = None,
     heap_mb: int = 768,
     timeout: float = 90.0,
+    features: tuple[str, ...] = (),
 ) -> Service:
     """A single-node KRaft broker. With ``workdir`` its logs survive a restart."""
     java = shutil.which("java")
@@ -215,6 +216,7 @@ def start_kafka(
                 f"--cluster-id={cluster_id}",  # an id may start with "-"
                 "-c",
                 str(props_path),
+                *[arg for f in features for arg in ("--feature", f)],
             ],
             capture_output=True,
             text=True,

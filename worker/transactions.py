@@ -29,7 +29,9 @@ PROBE_TOPIC = "__streamfer_transaction_probe"
 
 
 def transactional_id(settings: KafkaSettings) -> str:
-    """Stable per static member (a restart fences its predecessor), unique otherwise."""
+    """Stable per static member, unique otherwise. With ``group_instance_id`` a restarted
+    worker fences its predecessor and aborts the transaction it left open at once;
+    without, read_committed readers wait up to ``transaction.timeout.ms`` after a crash."""
     member = (
         settings.group_instance_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     )
@@ -42,7 +44,7 @@ def transactional_producer(settings: KafkaSettings, timeout: float = 30.0) -> Pr
     conf["transactional.id"] = transactional_id(settings)
     # A killed worker's open transaction holds back read_committed readers until the
     # coordinator aborts it; keep that short unless the user chose otherwise.
-    conf.setdefault("transaction.timeout.ms", 10_000)
+    conf.setdefault("transaction.timeout.ms", 30_000)
     conf.pop("linger.ms", None)
     producer = Producer(conf)
     try:
