@@ -354,9 +354,28 @@ class Worker:
             m.end_to_end_seconds.observe(max(0.0, time.time() - tracker.oldest_ts_ms / 1000.0))
 
     def _apply_backpressure(self) -> None:
-        """Pause every owned partition while too many batches are unfinished."""
-        full = len(self._committer) >= self.config.max_in_flight_batches
-        if full:
+        """Bound the batches in flight.
+
+        At the bound the loop first just waits for the processing thread (serving
+        deliveries and commits) for up to a quarter of ``max.poll.interval.ms``, at most
+        one second; only a batch slower than that makes it pause every owned partition and
+        go back to polling, so the group never sees a stalled member. Pausing is the last
+        resort because librdkafka needs most of a second to deliver again after a resume
+        (measured here), which would throttle an ordinary backlog. Partitions resume once
+        half the bound has drained.
+        """
+        bound = self.config.max_in_flight_batches
+        committer = self._committer
+        if len(committer) >= bound and not self._paused:
+            grace = min(1.0, self.config.kafka.max_poll_interval_ms / 4000.0)
+            deadline = time.monotonic() + grace
+            while len(committer) >= bound and time.monotonic() < deadline:
+                self._processor.check()
+                self._serve_deliveries(0.002)
+                if self._transactional:
+                    self._advance_transaction()
+                self._commit()
+        if len(committer) >= bound:
             newly = self.assigned - self._paused
             if newly:
                 self._source.pause(newly)
@@ -364,13 +383,12 @@ class Worker:
                 if not self._backpressure:
                     log.info(
                         "backpressure: %d batches in flight, pausing %d partitions",
-                        len(self._committer),
+                        len(committer),
                         len(self._paused),
                     )
                 self._backpressure = True
-        elif self._paused:
-            owned = self._paused & self.assigned
-            self._source.resume(owned)
+        elif self._paused and len(committer) <= bound // 2:
+            self._source.resume(self._paused & self.assigned)
             self._paused.clear()
             self._backpressure = False
         self.metrics.paused_partitions.set(len(self._paused))

@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -36,6 +37,32 @@ __all__ = ["Pipeline", "next_offsets"]
 log = logging.getLogger(__name__)
 
 _perf = time.perf_counter
+
+
+class _NoSpan:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class _NoTracer:
+    """Stands in when the OpenTelemetry API is not installed: spans cost nothing."""
+
+    def start_as_current_span(self, name: str, attributes: dict[str, object]) -> _NoSpan:
+        return _NoSpan()
+
+
+def _tracer() -> Any:
+    try:
+        from opentelemetry import trace
+    except ImportError:
+        return _NoTracer()
+    return trace.get_tracer("streamfer")
+
+
+_TRACER = _tracer()
 
 
 class Pipeline:
@@ -86,6 +113,15 @@ class Pipeline:
         FeatureStoreError and nothing of the batch counts as done. Deliveries complete
         asynchronously on ``sink``; the tracker says when.
         """
+        with _TRACER.start_as_current_span(
+            "streamfer.batch",
+            attributes={"streamfer.pipeline": self.name, "streamfer.batch_size": len(batch)},
+        ):
+            return self._handle(batch, sink, tracker)
+
+    def _handle(
+        self, batch: Sequence[Message], sink: Sink, tracker: DeliveryTracker | None
+    ) -> tuple[DeliveryTracker, dict[PartitionKey, int]]:
         cfg = self.config
         m = self._metrics
         tracker = tracker if tracker is not None else DeliveryTracker()
@@ -286,7 +322,16 @@ def _source_headers(msg: Message, request_id: str | None) -> Headers:
     ]
     if request_id is not None:
         headers.insert(0, ("streamfer.request_id", request_id.encode("utf-8", "replace")))
+    incoming = cast("list[tuple[str, bytes | None]] | None", msg.headers())
+    if incoming:
+        for name, value in incoming:
+            if name == "traceparent" and value and len(value) <= _TRACEPARENT_MAX:
+                headers.append(("traceparent", value))  # W3C trace context carries through
+                break
     return headers
+
+
+_TRACEPARENT_MAX = 128
 
 
 def _header_text(reason: str) -> bytes:

@@ -37,6 +37,14 @@ def env() -> Iterator[chaos.Env]:
         yield e
 
 
+@pytest.fixture(autouse=True)
+def no_worker_left_behind() -> Iterator[None]:
+    """A scenario that fails half way must not leave its workers running."""
+    yield
+    while chaos._LIVE:
+        chaos._LIVE.pop().kill()
+
+
 def _assert_complete(report: dict[str, object]) -> None:
     assert report["lost"] == 0, report
     assert report["committed_at_end"] is True, report
@@ -79,7 +87,7 @@ def test_redis_outage_waits_without_dead_letters_and_catches_up(env: chaos.Env) 
 
 
 def test_model_slower_than_max_poll_interval_keeps_the_group_stable(env: chaos.Env) -> None:
-    report = chaos.slow_model_scenario(env, 16)
+    report = chaos.slow_model_scenario(env, 8)
     _assert_complete(report)
     assert report["rebalances_during_run"] == 0, report
     assert report["lost_partitions_logged"] == 0, report

@@ -42,9 +42,14 @@ class FakeMessage:
         topic: str = "req",
         partition: int = 0,
         ts_ms: int = 1_700_000_000_000,
+        headers: list[tuple[str, bytes]] | None = None,
     ) -> None:
         self._value, self._offset, self._key = value, offset, key
         self._topic, self._partition, self._ts = topic, partition, ts_ms
+        self._headers = headers
+
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        return self._headers
 
     def value(self) -> bytes | None:
         return self._value
@@ -511,3 +516,17 @@ def test_model_width_must_match_fields(
     narrow = config.model_copy(update={"features": FeatureSpec(fields=["a", "b"])})
     with pytest.raises(EngineError, match=r"expects 30 features but features\.fields lists 2"):
         Pipeline(narrow, store=store, engine=onnx_engine, metrics=metrics.for_pipeline("p"))
+
+
+def test_traceparent_of_a_request_is_carried_to_its_result(
+    make_pipeline: PipelineFactory, sink: FakeSink
+) -> None:
+    trace = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    traced = FakeMessage(
+        b'{"id": "t1", "entity": "e0"}', 0, headers=[("x-other", b"1"), ("traceparent", trace)]
+    )
+    plain = FakeMessage(b'{"id": "t2", "entity": "e0"}', 1)
+    make_pipeline().handle([traced, plain], sink)  # type: ignore[list-item]
+    by_id = {dict(s.headers)["streamfer.request_id"]: dict(s.headers) for s in sink.sent}
+    assert by_id[b"t1"]["traceparent"] == trace
+    assert "traceparent" not in by_id[b"t2"]

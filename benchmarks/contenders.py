@@ -1,0 +1,228 @@
+"""Starting and stopping the contender processes: streamfer, naive, faust, passthrough.
+
+Each contender runs as its own process(es), started from the repository root with its
+output in a log file, and stopped by PID (SIGTERM, then SIGKILL). ``launch`` builds the
+command line (or, for streamfer, the worker config via ``worker.harness``) from a
+``Job``: where Kafka and Redis are, which topics and group, which model and fields.
+Every contender announces its assignment with a log line containing ``owning N
+partitions``; ``Launched.wait_ready`` waits until together they own every partition.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from worker.errors import StackError
+from worker.harness import WorkerProcess, worker_config_toml
+
+__all__ = ["KAFKA_CONTENDERS", "Job", "Launched", "Layout", "launch"]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+Layout = Literal["hash", "packed"]
+
+KAFKA_CONTENDERS = ("streamfer", "streamfer_2w", "naive", "faust", "passthrough")
+
+_OWNING = re.compile(r"owning (\d+) partitions")
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything a contender needs to know to serve one run."""
+
+    bootstrap: str
+    redis_url: str
+    request_topic: str
+    result_topic: str
+    dead_letter_topic: str
+    group: str
+    model_path: Path
+    model_name: str
+    fields: list[str]
+    workdir: Path
+    max_batch_size: int = 256
+    max_wait_ms: float = 20.0
+    layout: Layout = "hash"
+    """How features are stored: ``hash`` (HMGET per entity) or ``packed`` (float32 blob)."""
+    batch_mode: str = "fixed"
+    """streamfer's ``batch.mode``: ``fixed`` or ``adaptive``."""
+    max_in_flight: int | None = None
+    """streamfer's ``max_in_flight_batches``; None keeps the worker's default."""
+    consumer_options: dict[str, str] = field(default_factory=dict)
+    """librdkafka settings for streamfer's consumer (``--consumer-option``)."""
+
+
+@dataclass
+class Launched:
+    """The processes of one contender and their logs."""
+
+    name: str
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    logs: list[Path] = field(default_factory=list)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.processes]
+
+    def alive(self) -> bool:
+        return any(p.poll() is None for p in self.processes)
+
+    def log_tail(self, lines: int = 20) -> str:
+        tails = []
+        for path in self.logs:
+            text = path.read_text(errors="replace") if path.exists() else ""
+            tails.append(f"--- {path.name} ---\n" + "\n".join(text.splitlines()[-lines:]))
+        return "\n".join(tails)
+
+    def wait_ready(self, partitions: int, timeout: float) -> None:
+        """Until each process owns partitions and their latest counts add up to all."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            owned = []
+            for proc, path in zip(self.processes, self.logs, strict=True):
+                if proc.poll() is not None:
+                    raise StackError(f"{self.name} exited early:\n{self.log_tail()}")
+                found = _OWNING.findall(path.read_text(errors="replace"))
+                owned.append(int(found[-1]) if found else 0)
+            each = all(owned) or len(owned) > partitions
+            if each and sum(owned) >= partitions:
+                return
+            time.sleep(0.1)
+        raise StackError(f"{self.name} did not own {partitions} partitions in {timeout:.0f}s")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM all, wait, then SIGKILL any left; by PID only."""
+        for proc in self.processes:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for proc in self.processes:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+
+
+def launch(name: str, job: Job) -> Launched:
+    """Start the named contender on ``job``."""
+    if name in ("streamfer", "streamfer_2w"):
+        return _streamfer(name, job, 2 if name == "streamfer_2w" else 1)
+    if name == "naive":
+        argv = [
+            "-m",
+            "benchmarks.naive",
+            *("--bootstrap", job.bootstrap, "--redis-url", job.redis_url),
+            *("--model", str(job.model_path), "--model-name", job.model_name),
+            *("--fields", ",".join(job.fields), "--layout", job.layout),
+            *("--request-topic", job.request_topic, "--result-topic", job.result_topic),
+            *("--group", job.group),
+        ]
+        return _spawn(name, job, [argv], {})
+    if name == "passthrough":
+        argv = [
+            "-m",
+            "benchmarks.passthrough",
+            *("--bootstrap", job.bootstrap, "--group", job.group),
+            *("--request-topic", job.request_topic, "--result-topic", job.result_topic),
+            *("--batch", str(job.max_batch_size)),
+        ]
+        return _spawn(name, job, [argv], {})
+    if name == "faust":
+        datadir = job.workdir / f"faust-{job.group}"
+        env = {
+            "BENCH_BOOTSTRAP": job.bootstrap,
+            "BENCH_REDIS_URL": job.redis_url,
+            "BENCH_MODEL": str(job.model_path),
+            "BENCH_MODEL_NAME": job.model_name,
+            "BENCH_FIELDS": ",".join(job.fields),
+            "BENCH_LAYOUT": job.layout,
+            "BENCH_REQUEST_TOPIC": job.request_topic,
+            "BENCH_RESULT_TOPIC": job.result_topic,
+            "BENCH_GROUP": job.group,
+            "BENCH_MAX_BATCH": str(job.max_batch_size),
+            "BENCH_WITHIN_MS": str(job.max_wait_ms),
+        }
+        argv = ["-m", "benchmarks.faust_agent", "--datadir", str(datadir)]
+        return _spawn(name, job, [[*argv, "worker", "-l", "warn"]], env)
+    raise ValueError(f"unknown contender {name!r}")
+
+
+def _spawn(name: str, job: Job, argvs: list[list[str]], env: dict[str, str]) -> Launched:
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = _pythonpath()
+    full_env.update(env)
+    launched = Launched(name)
+    for i, argv in enumerate(argvs):
+        log_path = job.workdir / f"{name}-{job.group}-{i}.log"
+        with log_path.open("ab") as log_file:
+            launched.processes.append(
+                subprocess.Popen(
+                    [sys.executable, *argv],
+                    cwd=ROOT,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=full_env,
+                )
+            )
+        launched.logs.append(log_path)
+    return launched
+
+
+def _streamfer(name: str, job: Job, workers: int) -> Launched:
+    config = job.workdir / f"{name}-{job.group}.toml"
+    config.write_text(
+        worker_config_toml(
+            bootstrap=job.bootstrap,
+            redis_url=job.redis_url,
+            group=job.group,
+            request_topic=job.request_topic,
+            result_topic=job.result_topic,
+            dead_letter_topic=job.dead_letter_topic,
+            model_path=job.model_path,
+            fields=job.fields,
+            max_batch_size=job.max_batch_size,
+            max_wait_ms=job.max_wait_ms,
+            consumer_options=_typed(job.consumer_options),
+            model_name=job.model_name,
+            layout=job.layout,
+            top=f"max_in_flight_batches = {job.max_in_flight}" if job.max_in_flight else "",
+        )
+    )
+    env = {"PYTHONPATH": _pythonpath(), "STREAMFER_PIPELINES__0__BATCH__MODE": job.batch_mode}
+    launched = Launched(name)
+    for i in range(workers):
+        log_path = job.workdir / f"{name}-{job.group}-{i}.log"
+        worker = WorkerProcess(config, log_path, env).start()
+        assert worker.process is not None
+        launched.processes.append(worker.process)
+        launched.logs.append(log_path)
+    return launched
+
+
+def _typed(options: dict[str, str]) -> dict[str, Any]:
+    """Numbers and booleans as TOML values, the rest as strings."""
+    out: dict[str, Any] = {}
+    for key, text in options.items():
+        value: Any = text
+        if text.lower() in ("true", "false"):
+            value = text.lower() == "true"
+        else:
+            with contextlib.suppress(ValueError):
+                value = float(text) if "." in text else int(text)
+        out[key] = value
+    return out
+
+
+def _pythonpath() -> str:
+    return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)

@@ -1,0 +1,127 @@
+"""Turning a benchmark report into ratios and a plain-text table.
+
+``ratios`` compares streamfer's records/s with each baseline's and ceiling's (and p99
+latency the other way); ``format_table`` prints the report as ``python -m
+benchmarks.run`` shows it: a header naming the model, load, settings, commit and machine
+load, one row per contender, the ratios, ONNX Runtime's rows/s by batch size, any log
+tail of a contender that failed, and the top py-spy frames when sampled.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["format_table", "ratios"]
+
+
+def ratios(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """streamfer's records/s over each baseline's and ceiling's; p99 latency the other way.
+
+    In steady mode every contender that keeps up shows the offered rate, so there the
+    records/s ratios only tell who fell behind, and the p99 ratios are the comparison.
+    """
+
+    def rps(name: str) -> float | None:
+        value = results.get(name, {}).get("rps")
+        return float(value) if value else None
+
+    def over(a: float | None, b: float | None) -> float | None:
+        if not a or not b:
+            return None
+        return round(a / b, 2 if a >= b / 10 else 4)
+
+    def p99(name: str) -> float | None:
+        value = results.get(name, {}).get("p99_ms")
+        return float(value) if value else None
+
+    sf = rps("streamfer")
+    ceilings = {c: rps(c) for c in ("passthrough", "redis_alone", "ort_alone") if rps(c)}
+    slowest = min(ceilings, key=lambda c: ceilings[c] or 0.0) if ceilings else None
+    return {
+        "streamfer_vs_faust": over(sf, rps("faust")),
+        "streamfer_vs_naive": over(sf, rps("naive")),
+        "streamfer_vs_slowest_ceiling": over(sf, ceilings[slowest]) if slowest else None,
+        "slowest_ceiling": slowest,
+        "streamfer_vs_ort_alone": over(sf, rps("ort_alone")),
+        "streamfer_2w_vs_streamfer": over(rps("streamfer_2w"), sf),
+        "p99_faust_over_streamfer": over(p99("faust"), p99("streamfer")),
+        "p99_naive_over_streamfer": over(p99("naive"), p99("streamfer")),
+    }
+
+
+def _fmt(value: Any, spec: str = ",.0f") -> str:
+    if value is None:
+        return "-"
+    return format(value, spec)
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The report as a plain-text table with notes."""
+    lines = [
+        f"streamfer benchmark, {report['date']}, commit {report['commit']}"
+        + (" (worker/ modified)" if report["worktree_dirty"] else ""),
+        f"model {report['model']}: {report['model_text']}; mode {report['mode']}"
+        + (f" at {report['rate']:,.0f} records/s" if report["rate"] else "")
+        + f"; {report['records']:,} records; {report['partitions']} partitions;"
+        f" features {report['layout']}; batch {report['batch_mode']}"
+        f" <= {report['max_batch_size']}, wait <= {report['max_wait_ms']:g} ms"
+        + (
+            f", in flight <= {report['max_in_flight_batches']}"
+            if report["max_in_flight_batches"]
+            else ""
+        )
+        + ";"
+        f" {report['broker']}; {report['cpus']} CPUs, load average"
+        f" {report['loadavg_1m'][0]:.1f} at start, {report['loadavg_1m'][1]:.1f} at end",
+        "",
+    ]
+    head = (
+        f"{'contender':<14}{'records':>8}{'records/s':>11}{'p50 ms':>9}{'p95 ms':>9}"
+        f"{'p99 ms':>9}{'CPU s/10k':>10}{'RSS MB':>8}{'lost':>6}{'dup':>5}  note"
+    )
+    lines += [head, "-" * len(head)]
+    for name, r in report["results"].items():
+        note = r.get("note", "")
+        if name in ("ort_alone", "redis_alone"):
+            note = f"in-process, batches of {r['batch']}; latency per batch"
+            if "with_assemble_rps" in r:
+                note += f"; with assemble {r['with_assemble_rps']:,.0f}/s"
+        if r.get("error"):
+            note = f"{note}; {r['error']}".strip("; ")
+        lines.append(
+            f"{name:<14}{_fmt(r.get('records'), ',d'):>8}{_fmt(r['rps']):>11}"
+            f"{_fmt(r['p50_ms'], ',.1f'):>9}{_fmt(r.get('p95_ms'), ',.1f'):>9}"
+            f"{_fmt(r['p99_ms'], ',.1f'):>9}{_fmt(r.get('cpu_s_per_10k'), '.2f'):>10}"
+            f"{_fmt(r.get('rss_mb'), ',.0f'):>8}{_fmt(r['lost'], 'd'):>6}"
+            f"{_fmt(r.get('duplicates'), 'd'):>5}  {note}"
+        )
+    ratio_text = ", ".join(
+        f"{k} {v}" + ("x" if isinstance(v, float) else "")
+        for k, v in report["ratios"].items()
+        if v is not None
+    )
+    lines += ["", f"ratios: {ratio_text or '-'}"]
+    if "ort_by_batch" in report:
+        lines.append(
+            "ORT alone, rows/s by batch size: "
+            + ", ".join(f"{s['batch']}: {s['rps']:,.0f}" for s in report["ort_by_batch"])
+        )
+    lines.append(
+        "latency = result Kafka timestamp - request produce timestamp"
+        + (
+            "; in backlog mode it includes time queued before the contender started"
+            if report["mode"] == "backlog"
+            else ""
+        )
+        + "; CPU s/10k counts the contender's processes from first to last result"
+    )
+    for name, r in report["results"].items():
+        if r.get("log_tail"):
+            lines.append(f"\n{name} log tail:\n{r['log_tail']}")
+    for name, per_pid in report.get("profiles", {}).items():
+        for label, frames in per_pid.items():
+            lines.append(f"\npy-spy {label} ({name}), top self frames:")
+            lines += [f"  {pct:5.1f}%  {frame}" for frame, pct in frames["self"][:12]]
+            lines.append("  top inclusive frames:")
+            lines += [f"  {pct:5.1f}%  {frame}" for frame, pct in frames["inclusive"][:12]]
+    return "\n".join(lines)

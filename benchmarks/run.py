@@ -1,0 +1,392 @@
+"""``python -m benchmarks.run``: streamfer against its baselines and ceilings, in one run.
+
+On the local stack (Apache Kafka from ``worker.stack.start_kafka`` and ``redis-server``, or
+``KAFKA_BOOTSTRAP_SERVERS`` / ``REDIS_URL``) it makes the chosen model (``--model
+light|heavy``), seeds Redis with one feature hash per data-set row, and measures, each on
+fresh topics and a fresh consumer group: streamfer with one and with two worker
+processes, the naive per-record loop, the faust-streaming agent and the Kafka passthrough
+(all separate processes), then ONNX Runtime alone and Redis pipelined HMGET alone (in
+process). ``--mode backlog`` writes all records before the contender starts and times
+the drain; ``--mode steady`` starts the contender, waits for its assignment, then produces
+open-loop at ``--rate`` records/s. It prints a table, or one JSON object with ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+import redis
+
+from benchmarks.ceilings import ort_alone, redis_alone
+from benchmarks.contenders import KAFKA_CONTENDERS, ROOT, Job, Launched, Layout, launch
+from benchmarks.measure import peak_rss_mb, read_results, summarize
+from benchmarks.models import MODEL_NAMES, ModelKind, make_model
+from benchmarks.producer import request_ids
+from benchmarks.pyspy import Profiler, top_frames
+from benchmarks.report import format_table, ratios
+from worker.config import FeatureSpec
+from worker.modelgen import seed_entities
+from worker.stack import local_kafka, local_redis
+from worker.topics import ensure_topics
+
+__all__ = ["ALL_CONTENDERS", "Options", "main", "run_benchmark"]
+
+ALL_CONTENDERS = (*KAFKA_CONTENDERS, "ort_alone", "redis_alone")
+SLOW_CONTENDERS = ("naive", "faust")
+MODEL_TEXT = {
+    "light": "16-tree random forest (skl2onnx)",
+    "heavy": "MLP 1024-1024-1024-512 (skl2onnx)",
+}
+
+
+@dataclass(frozen=True)
+class Options:
+    model: ModelKind = "light"
+    mode: Literal["backlog", "steady"] = "backlog"
+    records: int = 20_000
+    rate: float = 2000.0
+    cap: int = 2000
+    contenders: tuple[str, ...] = ALL_CONTENDERS
+    partitions: int = 4
+    max_batch_size: int = 256
+    max_wait_ms: float = 20.0
+    py_spy: Path | None = None
+    layout: Layout = "hash"
+    batch_mode: Literal["fixed", "adaptive"] = "fixed"
+    max_in_flight: int | None = None
+    consumer_options: tuple[tuple[str, str], ...] = ()
+
+
+def run_benchmark(
+    opts: Options, progress: Callable[[str], None] = lambda _m: None
+) -> dict[str, Any]:
+    """Run every selected contender once; return the report."""
+    started = time.monotonic()
+    load_before = os.getloadavg()[0]
+    needs_kafka = any(c in KAFKA_CONTENDERS for c in opts.contenders)
+    with contextlib.ExitStack() as stack:
+        bootstrap = stack.enter_context(local_kafka()) if needs_kafka else ""
+        redis_url = stack.enter_context(local_redis())
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="streamfer-bench-")))
+        run_id = uuid.uuid4().hex[:8]
+        model = make_model(opts.model, work)
+        client = redis.Redis.from_url(redis_url)
+        entities = seed_entities(client, model, prefix=f"{run_id}-", layout=opts.layout)
+        client.close()
+        results: dict[str, dict[str, Any]] = {}
+        extra: dict[str, Any] = {}
+        profiles: dict[str, Any] = {}
+
+        if "ort_alone" in opts.contenders:
+            progress("ort_alone")
+            by_size = ort_alone(str(model.path), model.features)
+            at = min(by_size, key=lambda s: abs(s["batch"] - opts.max_batch_size))
+            results["ort_alone"] = {**_ceiling(at), "batch": at["batch"]}
+            extra["ort_by_batch"] = by_size
+        if "redis_alone" in opts.contenders:
+            progress("redis_alone")
+            spec = FeatureSpec(fields=model.fields, layout=opts.layout)
+            batches = max(20, min(200, opts.records // opts.max_batch_size))
+            fetched = redis_alone(
+                redis_url, spec, entities, batch_size=opts.max_batch_size, batches=batches
+            )
+            results["redis_alone"] = {
+                **_ceiling(fetched["fetch"]),
+                "batch": fetched["fetch"]["batch"],
+                "with_assemble_rps": fetched["assemble"]["rps"],
+                "with_assemble_p50_ms": fetched["assemble"]["p50_ms"],
+            }
+
+        for name in (c for c in KAFKA_CONTENDERS if c in opts.contenders):
+            progress(name)
+            slow = name in SLOW_CONTENDERS and opts.cap > 0
+            n = min(opts.records, opts.cap) if slow else opts.records
+            job = Job(
+                bootstrap=bootstrap,
+                redis_url=redis_url,
+                request_topic=f"bench-{run_id}-{name}-requests",
+                result_topic=f"bench-{run_id}-{name}-results",
+                dead_letter_topic=f"bench-{run_id}-{name}-dead-letters",
+                group=f"bench-{run_id}-{name}",
+                model_path=model.path,
+                model_name=MODEL_NAMES[opts.model],
+                fields=model.fields,
+                workdir=work,
+                max_batch_size=opts.max_batch_size,
+                max_wait_ms=opts.max_wait_ms,
+                consumer_options=dict(opts.consumer_options),
+                layout=opts.layout,
+                batch_mode=opts.batch_mode,
+                max_in_flight=opts.max_in_flight,
+            )
+            row, profile = _run_kafka_contender(name, job, n, len(entities), opts, run_id)
+            if n < opts.records:
+                row["note"] = f"capped at {n} records"
+            results[name] = row
+            if profile:
+                profiles[name] = profile
+
+    report: dict[str, Any] = {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": _git("rev-parse", "--short", "HEAD"),
+        "worktree_dirty": bool(_git("status", "--porcelain", "-uno", "--", "worker")),
+        "broker": _broker_text(needs_kafka),
+        "model": opts.model,
+        "model_text": MODEL_TEXT[opts.model],
+        "mode": opts.mode,
+        "records": opts.records,
+        "rate": opts.rate if opts.mode == "steady" else None,
+        "partitions": opts.partitions,
+        "max_batch_size": opts.max_batch_size,
+        "max_wait_ms": opts.max_wait_ms,
+        "layout": opts.layout,
+        "batch_mode": opts.batch_mode,
+        "max_in_flight_batches": opts.max_in_flight,
+        "consumer_options": dict(opts.consumer_options),
+        "cpus": os.cpu_count(),
+        "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "results": results,
+        "ratios": ratios(results),
+        **extra,
+        "elapsed_s": round(time.monotonic() - started, 1),
+    }
+    if profiles:
+        report["profiles"] = profiles
+    return report
+
+
+def _broker_text(used: bool) -> str:
+    if not used:
+        return "no broker"
+    return "external Kafka" if os.environ.get("KAFKA_BOOTSTRAP_SERVERS") else "Apache Kafka 4.1.1"
+
+
+def _ceiling(stats: dict[str, float]) -> dict[str, Any]:
+    return {
+        "rps": stats["rps"],
+        "p50_ms": stats["p50_ms"],
+        "p95_ms": stats["p95_ms"],
+        "p99_ms": stats["p99_ms"],
+        "lost": 0,
+    }
+
+
+def _run_kafka_contender(
+    name: str, job: Job, n: int, n_entities: int, opts: Options, run_id: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    ensure_topics(
+        job.bootstrap,
+        [
+            (job.request_topic, opts.partitions),
+            (job.result_topic, opts.partitions),
+            (job.dead_letter_topic, 1),
+        ],
+    )
+    backlog = opts.mode == "backlog"
+    producer_argv = [
+        sys.executable,
+        "-m",
+        "benchmarks.producer",
+        *("--bootstrap", job.bootstrap, "--topic", job.request_topic),
+        *("--records", str(n), "--rate", "0" if backlog else str(opts.rate)),
+        *("--entity-prefix", f"{run_id}-", "--entities", str(n_entities)),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    producer: subprocess.Popen[bytes] | None = None
+    profiler = Profiler(opts.py_spy) if opts.py_spy is not None else None
+    launched: Launched | None = None
+    try:
+        if backlog:
+            subprocess.run(producer_argv, cwd=ROOT, env=env, check=True, timeout=300)
+            launched = launch(name, job)
+        else:
+            launched = launch(name, job)
+            launched.wait_ready(opts.partitions, timeout=120)
+            producer = subprocess.Popen(producer_argv, cwd=ROOT, env=env)
+        procs = launched
+
+        def on_first() -> None:
+            if profiler is not None:
+                profiler.attach(name, procs.pids())
+
+        reading = read_results(
+            job.bootstrap,
+            job.result_topic,
+            set(request_ids(n)),
+            pids=procs.pids,
+            alive=procs.alive,
+            on_first=on_first,
+        )
+        rss = peak_rss_mb(procs.pids())
+    finally:
+        spied = profiler.stop() if profiler is not None else []
+        if launched is not None:
+            launched.stop()
+        if producer is not None:
+            _reap(producer)
+    row = summarize(reading, backlog=backlog, rss_mb=rss)
+    if name == "streamfer_2w":
+        row["workers"] = 2
+    if reading.timed_out:
+        row["error"] = "stalled or exited before every result arrived"
+        row["log_tail"] = launched.log_tail()
+    profile = {path.stem: top_frames(path) for path in spied}
+    return row, profile
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+def _git(*args: str) -> str:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        done = subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, check=True, timeout=10
+        )
+        return done.stdout.strip()
+    return ""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.run",
+        description="streamfer against a naive loop, faust-streaming and the ceilings",
+    )
+    parser.add_argument("--model", choices=["light", "heavy"], default="light")
+    parser.add_argument("--mode", choices=["backlog", "steady"], default="backlog")
+    parser.add_argument("--records", type=int, default=20_000)
+    parser.add_argument(
+        "--rate", type=float, default=2000.0, help="records/s in steady mode (default 2000)"
+    )
+    parser.add_argument(
+        "--cap",
+        type=int,
+        default=2000,
+        help="at most this many records for the slow contenders (naive, faust); 0 = no cap",
+    )
+    parser.add_argument(
+        "--contenders",
+        default=",".join(ALL_CONTENDERS),
+        help=f"comma-separated subset of {','.join(ALL_CONTENDERS)}",
+    )
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--max-batch-size", type=int, default=256)
+    parser.add_argument("--max-wait-ms", type=float, default=20.0)
+    parser.add_argument(
+        "--layout",
+        choices=["hash", "packed"],
+        default="hash",
+        help="features as Redis hashes (HMGET) or packed float32 vectors (GET/MGET)",
+    )
+    parser.add_argument(
+        "--batch-mode",
+        choices=["fixed", "adaptive"],
+        default="fixed",
+        help="streamfer's batch.mode",
+    )
+    parser.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=None,
+        metavar="N",
+        help="streamfer's max_in_flight_batches (default: the worker's own)",
+    )
+    parser.add_argument(
+        "--py-spy",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="sample each contender process with py-spy while it drains; raw stacks in DIR",
+    )
+    parser.add_argument(
+        "--consumer-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a librdkafka consumer setting for the streamfer workers (repeatable)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    return parser
+
+
+@contextlib.contextmanager
+def _quiet_stdout(enabled: bool) -> Iterator[None]:
+    """Keep stray library prints off stdout while --json owns it."""
+    if not enabled:
+        yield
+        return
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    chosen = tuple(c.strip() for c in args.contenders.split(",") if c.strip())
+    unknown = sorted(set(chosen) - set(ALL_CONTENDERS))
+    if unknown:
+        print(f"unknown contenders {unknown}; choose from {list(ALL_CONTENDERS)}", file=sys.stderr)
+        return 2
+    if args.mode == "steady" and args.rate <= 0:
+        print("--mode steady needs --rate > 0", file=sys.stderr)
+        return 2
+    if args.py_spy is not None and not Profiler.available():
+        print("--py-spy needs the py-spy binary: pip install py-spy", file=sys.stderr)
+        return 2
+    pairs = [o.split("=", 1) for o in args.consumer_option]
+    if any(len(p) != 2 for p in pairs):
+        print("--consumer-option takes KEY=VALUE", file=sys.stderr)
+        return 2
+    opts = Options(
+        model=args.model,
+        mode=args.mode,
+        records=args.records,
+        rate=args.rate,
+        cap=args.cap,
+        contenders=tuple(c for c in ALL_CONTENDERS if c in chosen),
+        partitions=args.partitions,
+        max_batch_size=args.max_batch_size,
+        max_wait_ms=args.max_wait_ms,
+        py_spy=args.py_spy,
+        layout=args.layout,
+        batch_mode=args.batch_mode,
+        max_in_flight=args.max_in_flight,
+        consumer_options=tuple((k, v) for k, v in pairs),
+    )
+
+    def progress(name: str) -> None:
+        print(f"benchmark: {name} ...", file=sys.stderr, flush=True)
+
+    with _quiet_stdout(args.json):
+        report = run_benchmark(opts, progress)
+    if args.json:
+        print(orjson.dumps(report).decode())
+    else:
+        print(format_table(report))
+    failed = any(r.get("error") for r in report["results"].values())
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
