@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -106,6 +107,15 @@ def test_check_then_burst_run_serves_backlog_and_commits(
     assert_committed_to_end(kafka_bootstrap, t.group, t.requests)
 
 
+def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text.decode())
+        for s in family.samples
+    }
+
+
 def test_metrics_endpoint_counts_records_results_and_dead_letters(
     kafka_bootstrap: str,
     entities: list[str],
@@ -115,7 +125,11 @@ def test_metrics_endpoint_counts_records_results_and_dead_letters(
 ) -> None:
     t = fresh_topics(2)
     port = free_port()
-    path = write_config(t, extra=f'[metrics]\nhost = "127.0.0.1"\nport = {port}\n')
+    path = write_config(
+        t,
+        top="statistics_interval_ms = 500",
+        extra=f'[metrics]\nhost = "127.0.0.1"\nport = {port}\n',
+    )
     worker = WorkerProcess(path, tmp_path / "worker.log").start()
     try:
         wait_for_assignment([worker], 2, timeout=60)
@@ -133,14 +147,23 @@ def test_metrics_endpoint_counts_records_results_and_dead_letters(
             timeout=60,
         )
         assert len(outcomes.results) == 200
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+        # lag is reported from librdkafka statistics and falls to zero once drained
+        deadline = time.monotonic() + 30
+        while True:
+            samples = _scrape(port)
+            lags = [v for (name, _), v in samples.items() if name == "streamfer_consumer_lag"]
+            if lags and not any(lags):  # an empty partition reports no lag at all
+                break
+            assert time.monotonic() < deadline, f"lag never reached zero: {lags}"
+            time.sleep(0.5)
     finally:
         assert worker.terminate() == 0, worker.log_text()[-2000:]
-    samples = {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text.decode())
-        for s in family.samples
-    }
+    for stage in ("queue", "decode", "enrich", "infer", "publish", "commit"):
+        key = ("streamfer_stage_seconds_count", (("pipeline", "demo"), ("stage", stage)))
+        assert samples[key] > 0, stage
+    assert samples[("streamfer_end_to_end_seconds_count", (("pipeline", "demo"),))] > 0
+    assert samples[("streamfer_seconds_to_drain", ())] == 0
+    assert samples[("streamfer_ready", ())] in (0.0, 1.0)
     assert samples[("streamfer_records_total", (("pipeline", "demo"),))] == 201
     assert samples[("streamfer_results_total", (("pipeline", "demo"),))] == 200
     key = ("streamfer_dead_letters_total", (("code", "invalid_json"), ("pipeline", "demo")))
