@@ -294,6 +294,8 @@ class Run:
     exactly_once: bool = False
     faults: list[int] = field(default_factory=list)
     """Wall-clock milliseconds of each injected fault."""
+    started: float = 0.0
+    """Monotonic time the scenario's workers were started."""
 
     def __post_init__(self) -> None:
         tag = f"{self.name}-{uuid.uuid4().hex[:6]}"
@@ -358,6 +360,16 @@ class Run:
             out.append((rid, entity.encode(), orjson.dumps(doc)))
         return out, good, poison
 
+    def start_workers(self, fleet: Fleet, n: int, timeout: float = 90.0) -> None:
+        """Start the clock and ``n`` workers, and wait until they share the partitions."""
+        self.started = time.monotonic()
+        fleet.add(n)
+        fleet.wait_assigned(timeout)
+
+    def stream(self, requests: list[tuple[str, bytes | None, bytes | None]], rate: float) -> Stream:
+        """Produce ``requests`` at ``rate`` per second on a background thread."""
+        return Stream(self.env, self.requests_topic, requests, rate=rate).start()
+
     def fault(self) -> None:
         self.faults.append(int(time.time() * 1000))
 
@@ -366,7 +378,6 @@ class Run:
         fleet: Fleet,
         good: set[str],
         bad_positions: set[str],
-        started: float,
         earlier_codes: tuple[int, ...] = (),
         **extra: Any,
     ) -> dict[str, Any]:
@@ -409,7 +420,7 @@ class Run:
             "dead_letters": sum(readout.dead_letters.values()),
             "dead_letter_codes": dict(readout.dead_letter_codes),
             "clean_exits": all(code == 0 for code in fleet_codes),
-            "elapsed_s": round(time.monotonic() - started, 1),
+            "elapsed_s": round(time.monotonic() - self.started, 1),
             **extra,
         }
 
@@ -429,17 +440,15 @@ def kill_scenario(
     run = Run(env, name, records, exactly_once=exactly_once)
     fleet = run.fleet()
     requests, good, _ = run.requests()
-    started = time.monotonic()
-    fleet.add(3)
-    fleet.wait_assigned()
-    stream = Stream(env, run.requests_topic, requests, rate=records / 15.0).start()
+    run.start_workers(fleet, 3)
+    stream = run.stream(requests, rate=records / 15.0)
     rng = random.Random(3)
     for _ in _spread(stream, kills):
         run.fault()
         slot = fleet.kill_busy(rng)
         fleet.add(slot=slot)
     stream.join()
-    return run.report(fleet, good, set(), started)
+    return run.report(fleet, good, set())
 
 
 def rolling_restart_scenario(env: Env, records: int) -> dict[str, Any]:
@@ -447,10 +456,8 @@ def rolling_restart_scenario(env: Env, records: int) -> dict[str, Any]:
     run = Run(env, "rolling-restart", records)
     fleet = run.fleet()
     requests, good, _ = run.requests()
-    started = time.monotonic()
-    fleet.add(3)
-    fleet.wait_assigned()
-    stream = Stream(env, run.requests_topic, requests, rate=records / 20.0).start()
+    run.start_workers(fleet, 3)
+    stream = run.stream(requests, rate=records / 20.0)
     codes = []
     for _ in _spread(stream, 3):
         run.fault()
@@ -458,7 +465,7 @@ def rolling_restart_scenario(env: Env, records: int) -> dict[str, Any]:
         fleet.add()
         fleet.wait_assigned()
     stream.join()
-    return run.report(fleet, good, set(), started, tuple(codes))
+    return run.report(fleet, good, set(), tuple(codes))
 
 
 def scale_scenario(env: Env, records: int) -> dict[str, Any]:
@@ -466,10 +473,8 @@ def scale_scenario(env: Env, records: int) -> dict[str, Any]:
     run = Run(env, "scale", records)
     fleet = run.fleet()
     requests, good, _ = run.requests()
-    started = time.monotonic()
-    fleet.add(1)
-    fleet.wait_assigned()
-    stream = Stream(env, run.requests_topic, requests, rate=records / 20.0).start()
+    run.start_workers(fleet, 1)
+    stream = run.stream(requests, rate=records / 20.0)
     codes: list[int] = []
     for step in _spread(stream, 2):
         run.fault()
@@ -479,7 +484,7 @@ def scale_scenario(env: Env, records: int) -> dict[str, Any]:
         else:
             codes += [fleet.terminate(0), fleet.terminate(0)]
     stream.join()
-    return run.report(fleet, good, set(), started, tuple(codes))
+    return run.report(fleet, good, set(), tuple(codes))
 
 
 def broker_restart_scenario(env: Env, records: int) -> dict[str, Any]:
@@ -487,15 +492,13 @@ def broker_restart_scenario(env: Env, records: int) -> dict[str, Any]:
     run = Run(env, "broker-restart", records)
     fleet = run.fleet()
     requests, good, _ = run.requests()
-    started = time.monotonic()
-    fleet.add(2)
-    fleet.wait_assigned()
-    stream = Stream(env, run.requests_topic, requests, rate=records / 20.0).start()
+    run.start_workers(fleet, 2)
+    stream = run.stream(requests, rate=records / 20.0)
     for _ in _spread(stream, 1):
         run.fault()
         env.restart_kafka()
     stream.join()
-    return run.report(fleet, good, set(), started)
+    return run.report(fleet, good, set())
 
 
 def redis_outage_scenario(env: Env, records: int, outage_s: float = 30.0) -> dict[str, Any]:
@@ -503,17 +506,15 @@ def redis_outage_scenario(env: Env, records: int, outage_s: float = 30.0) -> dic
     run = Run(env, "redis-outage", records)
     fleet = run.fleet()
     requests, good, _ = run.requests()
-    started = time.monotonic()
-    fleet.add(2)
-    fleet.wait_assigned()
-    stream = Stream(env, run.requests_topic, requests, rate=records / 20.0).start()
+    run.start_workers(fleet, 2)
+    stream = run.stream(requests, rate=records / 20.0)
     for _ in _spread(stream, 1):
         run.fault()
         env.stop_redis()
         time.sleep(outage_s)
         env.start_redis_again()
     stream.join()
-    return run.report(fleet, good, set(), started, outage_s=outage_s)
+    return run.report(fleet, good, set(), outage_s=outage_s)
 
 
 def slow_model_scenario(env: Env, records: int) -> dict[str, Any]:
@@ -531,13 +532,11 @@ def slow_model_scenario(env: Env, records: int) -> dict[str, Any]:
         extra_top="max_in_flight_batches = 1\n",
     )
     requests, good, _ = run.requests()
-    started = time.monotonic()
-    fleet.add(2)
-    fleet.wait_assigned(timeout=300)  # each worker warms the slow model up first
+    run.start_workers(fleet, 2, timeout=300)  # each worker warms the slow model up first
     settled = fleet.rebalance_events()
-    stream = Stream(env, run.requests_topic, requests, rate=max(1.0, records / 5.0)).start()
+    stream = run.stream(requests, rate=max(1.0, records / 5.0))
     stream.join()
-    report = run.report(fleet, good, set(), started)
+    report = run.report(fleet, good, set())
     report["rebalances_during_run"] = fleet.rebalance_events() - settled
     report["lost_partitions_logged"] = fleet.logs_text().count("lost ")
     return report
@@ -549,13 +548,11 @@ def poison_scenario(env: Env, records: int) -> dict[str, Any]:
     poison_model = make_poison_model(run.dir / "poison.onnx")
     fleet = run.fleet(model_path=poison_model)
     requests, good, poison = run.requests(poison_every=500)
-    started = time.monotonic()
-    fleet.add(2)
-    fleet.wait_assigned()
-    stream = Stream(env, run.requests_topic, requests, rate=records / 10.0).start()
+    run.start_workers(fleet, 2)
+    stream = run.stream(requests, rate=records / 10.0)
     stream.join()
     bad_positions = {stream.positions[rid] for rid in poison}
-    report = run.report(fleet, good, bad_positions, started)
+    report = run.report(fleet, good, bad_positions)
     report["poison_records"] = len(poison)
     return report
 

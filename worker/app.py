@@ -120,7 +120,6 @@ class Worker:
         self._producer_broken = False
         self._txn = _Transaction()
         self._paused: set[PartitionKey] = set()
-        self._backpressure = False
         self._to_check: set[PartitionKey] = set()
         self._consumed = 0
         self._rate = 0.0
@@ -322,7 +321,7 @@ class Worker:
                 break
 
     def _serve_deliveries(self, timeout: float) -> None:
-        # In exactly-once mode the processing thread serves them inside commit_transaction.
+        # In exactly-once mode commit_transaction serves them, on this thread too.
         if not self._transactional:
             self._sink.poll(timeout)
         elif timeout:
@@ -378,19 +377,17 @@ class Worker:
         if len(committer) >= bound:
             newly = self.assigned - self._paused
             if newly:
-                self._source.pause(newly)
-                self._paused |= newly
-                if not self._backpressure:
+                if not self._paused:
                     log.info(
                         "backpressure: %d batches in flight, pausing %d partitions",
                         len(committer),
-                        len(self._paused),
+                        len(newly),
                     )
-                self._backpressure = True
+                self._source.pause(newly)
+                self._paused |= newly
         elif self._paused and len(committer) <= bound // 2:
             self._source.resume(self._paused & self.assigned)
             self._paused.clear()
-            self._backpressure = False
         self.metrics.paused_partitions.set(len(self._paused))
 
     def _run_job(self, job: Job) -> None:
@@ -404,8 +401,9 @@ class Worker:
     def _submit(self, name: str, batch: list[Message]) -> None:
         ts = batch[0].timestamp()[1]
         tracker = DeliveryTracker(name, ts if ts > 0 else 0)
-        offsets = next_offsets(batch)
-        job = Job(name, batch, tracker, offsets)
+        self._enqueue(Job(name, batch, tracker, next_offsets(batch)))
+
+    def _enqueue(self, job: Job) -> None:
         if self._transactional:
             txn = self._txn
             if txn.closing:
@@ -415,7 +413,7 @@ class Worker:
                 self._sink.producer.begin_transaction()
                 txn.started = time.monotonic()
             txn.jobs.append(job)
-        self._committer.track(tracker, offsets)
+        self._committer.track(job.tracker, job.offsets)
         self._processor.submit(job)
         self.metrics.in_flight_batches.set(len(self._committer))
 
@@ -468,7 +466,7 @@ class Worker:
         held = txn.held
         txn.reset()
         for job in held:
-            self._submit(job.pipeline, job.batch)
+            self._enqueue(job)
 
     def _fail_transaction(self, exc: KafkaException) -> None:
         txn = self._txn

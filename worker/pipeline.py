@@ -85,7 +85,6 @@ class Pipeline:
         self._fields = frozenset(config.features.fields)
         self._store = store
         self._engine = engine
-        self._metrics = metrics
         self.metrics = metrics
         self._retry_s = retry_feature_store_s
         self._abort = abort or threading.Event()
@@ -123,7 +122,7 @@ class Pipeline:
         self, batch: Sequence[Message], sink: Sink, tracker: DeliveryTracker | None
     ) -> tuple[DeliveryTracker, dict[PartitionKey, int]]:
         cfg = self.config
-        m = self._metrics
+        m = self.metrics
         tracker = tracker if tracker is not None else DeliveryTracker()
         timings = StageTimings()
         started = _perf()
@@ -183,7 +182,7 @@ class Pipeline:
             try:
                 assembled = assemble(self._spec, entities, inline, self._store)
             except FeatureStoreError as exc:
-                self._metrics.feature_store_errors.inc()
+                self.metrics.feature_store_errors.inc()
                 if not failing:
                     failing = True
                     self._on_feature_store(False)
@@ -263,7 +262,7 @@ class Pipeline:
             )
             send(tracker, topic, body, key, _source_headers(msg, ids[g]))
             published += 1
-        self._metrics.results.inc(published)
+        self.metrics.results.inc(published)
 
     def _dead_letter(
         self,
@@ -301,7 +300,7 @@ class Pipeline:
             *_source_headers(msg, request_id),
         ]
         sink.send(tracker, cfg.dead_letter_topic, body, msg.key(), headers)
-        self._metrics.dead_letters.labels(self.name, code).inc()
+        self.metrics.dead_letters.labels(self.name, code).inc()
 
 
 def next_offsets(batch: Sequence[Message]) -> dict[PartitionKey, int]:

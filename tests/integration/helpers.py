@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,3 +49,21 @@ def assert_committed_to_end(bootstrap: str, group: str, topic: str) -> None:
     ends = end_offsets(bootstrap, topic)
     normalised = {p: (ends[p] if off < 0 and ends[p] == 0 else off) for p, off in committed.items()}
     assert normalised == ends, f"committed {committed} != log end {ends}"
+
+
+def streamfer(
+    *args: str,
+    timeout: float = 120,
+    stdin: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run the ``streamfer`` command line as an operator would, capturing its output."""
+    return subprocess.run(
+        [sys.executable, "-m", "worker", *args],
+        capture_output=True,
+        text=True,
+        input=stdin,
+        timeout=timeout,
+        env=None if env is None else dict(env),
+        check=False,
+    )

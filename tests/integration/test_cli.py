@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Callable
@@ -13,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import Topics
-from tests.integration.helpers import assert_committed_to_end
+from tests.integration.helpers import assert_committed_to_end, streamfer
 from worker.harness import (
     WorkerProcess,
     collect_outcomes,
@@ -24,16 +22,6 @@ from worker.modelgen import DemoModel
 from worker.stack import free_port
 
 pytestmark = pytest.mark.integration
-
-
-def _streamfer(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "worker", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def test_bad_config_exits_2_naming_the_field(tmp_path: Path, model: DemoModel) -> None:
@@ -52,7 +40,7 @@ fields = ["f0"]
 path = "{model.path}"
 name = "m"
 """)
-    proc = _streamfer("run", "--config", str(path))
+    proc = streamfer("run", "--config", str(path))
     assert proc.returncode == 2
     assert "kafka.auto_offset_reset" in proc.stderr
     assert "'earliest'" in proc.stderr
@@ -72,7 +60,7 @@ fields = ["f0"]
 path = "no/such/model.onnx"
 name = "m"
 """)
-    proc = _streamfer("check", "--config", str(path))
+    proc = streamfer("check", "--config", str(path))
     assert proc.returncode == 2
     assert "pipelines[0].model.path" in proc.stderr
     assert "model.onnx" in proc.stderr
@@ -87,7 +75,7 @@ def test_check_then_burst_run_serves_backlog_and_commits(
 ) -> None:
     t = fresh_topics(2)
     path = write_config(t)
-    check = _streamfer("check", "--config", str(path))
+    check = streamfer("check", "--config", str(path))
     assert check.returncode == 0, check.stderr
     assert "ok: pipeline demo" in check.stdout
 
@@ -100,7 +88,7 @@ def test_check_then_burst_run_serves_backlog_and_commits(
             for n, i in enumerate(sorted(ids))
         ],
     )
-    run = _streamfer("run", "--config", str(path), "--burst-idle-s", "3", timeout=180)
+    run = streamfer("run", "--config", str(path), "--burst-idle-s", "3", timeout=180)
     assert run.returncode == 0, run.stderr[-3000:]
     outcomes = collect_outcomes(kafka_bootstrap, t.results, t.dead_letters, ids, timeout=30)
     assert outcomes.lost(ids) == []

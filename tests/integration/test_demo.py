@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import orjson
 import pytest
+
+from tests.integration.helpers import streamfer
 
 pytestmark = pytest.mark.integration
 
@@ -27,25 +27,17 @@ KEYS = {
 @pytest.mark.parametrize("broker", ["tansu", "kafka"])
 def test_demo_streams_every_request_through_two_workers(broker: str) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_BOOTSTRAP_SERVERS",)}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "worker",
-            "demo",
-            "--broker",
-            broker,
-            "--records",
-            "3000",
-            "--workers",
-            "2",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
+    proc = streamfer(
+        "demo",
+        "--broker",
+        broker,
+        "--records",
+        "3000",
+        "--workers",
+        "2",
+        "--json",
         timeout=240,
         env=env,
-        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = orjson.loads(proc.stdout.strip().splitlines()[-1])

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,20 +13,11 @@ import pytest
 import redis
 
 from tests.conftest import Topics
+from tests.integration.helpers import streamfer
 from worker.harness import collect_outcomes, produce_requests
 from worker.modelgen import DemoModel
 
 pytestmark = pytest.mark.integration
-
-
-def _streamfer(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "worker", *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
 
 
 def _write_csv(path: Path, model: DemoModel, prefix: str) -> list[str]:
@@ -57,8 +46,15 @@ def test_packed_and_hash_layouts_give_the_same_predictions(
         config = write_config(
             t, name=f"{layout}.toml", layout=layout, key_template=f"{layout}:{{entity}}"
         )
-        loaded = _streamfer(
-            "features", "load", "--config", str(config), "--file", str(csv_path), "--no-progress"
+        loaded = streamfer(
+            "features",
+            "load",
+            "--config",
+            str(config),
+            "--file",
+            str(csv_path),
+            "--no-progress",
+            timeout=180,
         )
         assert loaded.returncode == 0, loaded.stderr
         assert f"loaded {len(ids)} entities ({layout})" in loaded.stdout
@@ -71,7 +67,7 @@ def test_packed_and_hash_layouts_give_the_same_predictions(
                 for rid, e in requests.items()
             ],
         )
-        run = _streamfer("run", "--config", str(config), "--burst-idle-s", "3")
+        run = streamfer("run", "--config", str(config), "--burst-idle-s", "3", timeout=180)
         assert run.returncode == 0, run.stderr[-2000:]
         out = collect_outcomes(
             kafka_bootstrap, t.results, t.dead_letters, set(requests), timeout=30, keep_docs=True
@@ -98,7 +94,7 @@ def test_parquet_load_writes_hashes_and_bad_values_are_named(
     for j, name in enumerate(model.fields):
         table[name] = model.features[:50, j].astype(float).tolist()
     pq.write_table(pa.table(table), tmp_path / "f.parquet")
-    loaded = _streamfer(
+    loaded = streamfer(
         "features",
         "load",
         "--config",
@@ -106,6 +102,7 @@ def test_parquet_load_writes_hashes_and_bad_values_are_named(
         "--file",
         str(tmp_path / "f.parquet"),
         "--no-progress",
+        timeout=180,
     )
     assert loaded.returncode == 0, loaded.stderr
     client = redis.Redis.from_url(redis_url)
@@ -115,8 +112,15 @@ def test_parquet_load_writes_hashes_and_bad_values_are_named(
 
     bad = tmp_path / "bad.csv"
     bad.write_text("entity," + ",".join(model.fields) + "\nx," + ",".join(["1"] * 29) + ",oops\n")
-    refused = _streamfer(
-        "features", "load", "--config", str(config), "--file", str(bad), "--no-progress"
+    refused = streamfer(
+        "features",
+        "load",
+        "--config",
+        str(config),
+        "--file",
+        str(bad),
+        "--no-progress",
+        timeout=180,
     )
     assert refused.returncode == 2
     assert "line 2, column 'f29'" in refused.stderr

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -17,6 +15,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from benchmarks import chaos
 from tests.conftest import Topics
+from tests.integration.helpers import streamfer
 from worker.harness import (
     WorkerProcess,
     collect_outcomes,
@@ -115,13 +114,7 @@ def test_exactly_once_is_refused_on_a_broker_that_shows_aborted_records(
             path.read_text().split('bootstrap_servers = "')[1].split('"')[0], tansu.address
         )
         path.write_text(text)
-        proc = subprocess.run(
-            [sys.executable, "-m", "worker", "run", "--config", str(path)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        proc = streamfer("run", "--config", str(path), timeout=120)
     finally:
         tansu.stop()
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -181,22 +174,7 @@ def test_committed_offset_below_the_log_start_is_reported(
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     for future in admin.delete_records([TopicPartition(t.requests, 0, 10)]).values():
         future.result(30)
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "worker",
-            "run",
-            "--config",
-            str(write_config(t)),
-            "--burst-idle-s",
-            "3",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    run = streamfer("run", "--config", str(write_config(t)), "--burst-idle-s", "3", timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "committed offset 5 is below the log start 10" in run.stderr
 

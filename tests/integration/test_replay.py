@@ -18,6 +18,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from tests.conftest import Topics
+from tests.integration.helpers import streamfer
 from worker.engines import file_sha256
 from worker.harness import committed_offsets, end_offsets, produce_requests
 from worker.modelgen import make_classifier
@@ -34,18 +35,6 @@ class Record:
     key: bytes | None
     doc: dict[str, Any]
     headers: dict[str, bytes]
-
-
-def _streamfer(*args: str, stdin: str | None = None, timeout: float = 120) -> Any:
-    proc = subprocess.run(
-        [sys.executable, "-m", "worker", *args],
-        capture_output=True,
-        text=True,
-        input=stdin,
-        timeout=timeout,
-        check=False,
-    )
-    return proc
 
 
 def _json(proc: Any) -> dict[str, Any]:
@@ -158,7 +147,7 @@ def test_replay_time_window_of_4_partitions(
 
     window = ["--from-time", str(from_ms), "--to-time", str(to_ms)]
     state = ["--state-dir", str(tmp_path / "state")]
-    dry = _streamfer("replay", "--config", str(config), *window, *state, "--dry-run", "--json")
+    dry = streamfer("replay", "--config", str(config), *window, *state, "--dry-run", "--json")
     assert dry.returncode == 0, dry.stderr[-3000:]
     plan = _json(dry)
     assert plan["records"] == 1000
@@ -166,7 +155,7 @@ def test_replay_time_window_of_4_partitions(
     assert not (tmp_path / "state").exists() or not list((tmp_path / "state").iterdir())
 
     started = time.monotonic()
-    proc = _streamfer(
+    proc = streamfer(
         "replay", "--config", str(config), *window, *state, "--replay-id", "w1", "--json"
     )
     took = time.monotonic() - started
@@ -240,7 +229,7 @@ def test_killed_replay_resumes_without_a_gap(
     at_kill = committed_offsets(kafka_bootstrap, "streamfer-replay-k1", t.requests)
     assert 800 <= sum(max(0, c - 100) for c in at_kill.values()) < len(window)
 
-    second = _streamfer("replay", "--config", str(config), *state, "--resume", "k1", "--json")
+    second = streamfer("replay", "--config", str(config), *state, "--resume", "k1", "--json")
     assert second.returncode == 0, second.stderr[-3000:]
     summary = _json(second)
     assert summary["complete"] is True and summary["resumed"] is True
@@ -262,7 +251,7 @@ def test_killed_replay_resumes_without_a_gap(
     # (1 s at 500 records/s) plus the batches in flight and in the batcher.
     assert duplicates <= 500 + 5 * 50, duplicates
 
-    again = _streamfer("replay", "--config", str(config), *state, "--resume", "k1", "--json")
+    again = streamfer("replay", "--config", str(config), *state, "--resume", "k1", "--json")
     assert again.returncode == 0 and _json(again)["records"] == 0
 
 
@@ -280,10 +269,10 @@ def test_replay_with_another_model_version_and_partitions(
     second = make_classifier(tmp_path / "model-v2.onnx", n_estimators=8, max_depth=4)
     state = ["--state-dir", str(tmp_path / "state")]
 
-    refused = _streamfer("replay", "--config", str(config), *state, "--model", str(second.path))
+    refused = streamfer("replay", "--config", str(config), *state, "--model", str(second.path))
     assert refused.returncode == 2 and "--model-version" in refused.stderr
 
-    proc = _streamfer(
+    proc = streamfer(
         "replay", "--config", str(config), *state, "--model", str(second.path),
         "--model-version", "2", "--partitions", "0,1", "--replay-id", "v2", "--json",
     )  # fmt: skip
@@ -320,18 +309,18 @@ def test_offsets_show_and_reset_a_stopped_group(
     ends = end_offsets(kafka_bootstrap, t.requests)
     _commit(kafka_bootstrap, t.group, t.requests, ends)
 
-    shown = _json(_streamfer("offsets", "show", "--config", config, "--json"))
+    shown = _json(streamfer("offsets", "show", "--config", config, "--json"))
     assert shown["lag"] == 0 and shown["members"] == 0
 
     first_late = {p: ends[p] for p in ends}
     for pos in late_positions.values():
         p, o = _position(pos)
         first_late[p] = min(first_late[p], o)
-    reset = _streamfer("offsets", "reset", "--config", config, "--to-time", str(cut_ms), "--yes")
+    reset = streamfer("offsets", "reset", "--config", config, "--to-time", str(cut_ms), "--yes")
     assert reset.returncode == 0, reset.stderr[-3000:]
     assert committed_offsets(kafka_bootstrap, t.group, t.requests) == first_late
 
-    shown = _json(_streamfer("offsets", "show", "--config", config, "--json"))
+    shown = _json(streamfer("offsets", "show", "--config", config, "--json"))
     lag = {row["partition"]: row for row in shown["partitions"]}
     for p in range(4):
         assert lag[p]["committed"] == first_late[p]
@@ -339,11 +328,11 @@ def test_offsets_show_and_reset_a_stopped_group(
         if lag[p]["lag"]:
             assert lag[p]["lag_s"] > 0.0
 
-    declined = _streamfer("offsets", "reset", "--config", config, "--to-earliest", stdin="n\n")
+    declined = streamfer("offsets", "reset", "--config", config, "--to-earliest", stdin="n\n")
     assert declined.returncode == 1 and "nothing changed" in declined.stdout
     assert committed_offsets(kafka_bootstrap, t.group, t.requests) == first_late
 
-    earliest = _streamfer("offsets", "reset", "--config", config, "--to-earliest", stdin="y\n")
+    earliest = streamfer("offsets", "reset", "--config", config, "--to-earliest", stdin="y\n")
     assert earliest.returncode == 0, earliest.stdout + earliest.stderr
     assert committed_offsets(kafka_bootstrap, t.group, t.requests) == dict.fromkeys(ends, 0)
 
@@ -356,12 +345,12 @@ def test_offsets_show_and_reset_a_stopped_group(
         while not member.assignment() and time.monotonic() < deadline:
             member.poll(0.1)
         assert member.assignment()
-        busy = _streamfer("offsets", "reset", "--config", config, "--to-latest", "--yes")
+        busy = streamfer("offsets", "reset", "--config", config, "--to-latest", "--yes")
         assert busy.returncode == 1 and "active members" in busy.stdout
         assert committed_offsets(kafka_bootstrap, t.group, t.requests) == dict.fromkeys(ends, 0)
     finally:
         member.close()
 
-    latest = _streamfer("offsets", "reset", "--config", config, "--to-latest", "--yes")
+    latest = streamfer("offsets", "reset", "--config", config, "--to-latest", "--yes")
     assert latest.returncode == 0, latest.stdout + latest.stderr
     assert committed_offsets(kafka_bootstrap, t.group, t.requests) == ends
