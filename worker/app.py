@@ -4,13 +4,14 @@
 Redis, and builds the real consumer, producer and stores before joining the group. The
 constructor takes those parts as keyword arguments so tests can hand in others.
 
-Two threads. The loop thread owns the consumer: it consumes, routes records to each
-pipeline's batcher, hands closed batches to the processing thread, serves delivery
+Four threads. The loop thread owns the consumer: it consumes, routes records to each
+pipeline's batcher, hands closed batches to the processing threads, serves delivery
 reports, commits the delivered prefix of batches, and pauses its partitions while
 ``max_in_flight_batches`` batches are unfinished (it keeps calling ``consume``, so slow
 models or an unreachable Redis never make it miss ``max.poll.interval.ms``). The
-processing thread (``worker.processor``) decodes, enriches, infers and produces, one
-batch at a time in order.
+processing threads (``worker.processor``) decode and enrich one batch while the model runs
+on the one before and the one before that is produced, each stage one batch at a time in
+order.
 
 Rebalances run inside ``consume`` on the loop thread. On revoke: buffered records of the
 revoked partitions are dropped (never produced, so the next owner serves them without
@@ -53,7 +54,7 @@ from worker.features import connect_store
 from worker.health import HealthState
 from worker.metrics import Metrics
 from worker.pipeline import Pipeline, next_offsets
-from worker.processor import Job, Processor
+from worker.processor import Job, Processor, Step
 from worker.sink import DeliveryTracker, Sink
 from worker.source import Source, consumer_config, position
 from worker.transactions import transactional_producer, verify_isolation
@@ -113,7 +114,7 @@ class Worker:
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
         )
-        self._processor = Processor(self._run_job)
+        self._processor = Processor(self._start_job)
         self._stop = threading.Event()
         self._failed = False
         self._rewind = threading.Event()
@@ -266,6 +267,7 @@ class Worker:
         health = self.health
         max_messages = max(p.config.batch.max_batch_size for p in self._pipelines.values())
         poll_s = cfg.poll_timeout_ms / 1000.0
+        fast_path = all(b.adaptive for b in batchers.values())
         idle_since = time.monotonic()
 
         while not self._stop.is_set():
@@ -283,7 +285,10 @@ class Worker:
                     timeout = min(timeout, batcher.max_wait_s)
                 else:
                     timeout = min(timeout, max(0.0, deadline - fetch_started))
-            messages = source.consume(max_messages, timeout)
+            if fast_path and processor.pending() == 0 and not any(map(len, batchers.values())):
+                messages = source.consume_first(max_messages, timeout)  # a lone request
+            else:
+                messages = source.consume(max_messages, timeout)
             if messages:
                 idle_since = time.monotonic()
                 self._consumed += len(messages)
@@ -304,7 +309,8 @@ class Worker:
                 if ready is not None:
                     self._submit(name, ready)
                     idle = False
-            self._serve_deliveries(0)
+            if idle or not messages:
+                self._serve_deliveries(0)
             if self._transactional:
                 self._advance_transaction()
             self._commit()
@@ -390,13 +396,33 @@ class Worker:
             self._paused.clear()
         self.metrics.paused_partitions.set(len(self._paused))
 
-    def _run_job(self, job: Job) -> None:
-        """On the processing thread: decode, enrich, infer and produce one batch."""
+    def _start_job(self, job: Job) -> Step | None:
+        """The processing stages of one batch: decode and enrich, then (on the next
+        thread) infer, then (on the last) produce; a rewind skips what is left."""
         if self._transactional and self._rewind.is_set():
-            job.tracker.fail("skipped: a rewind is pending")
-            job.tracker.seal()
-            return
-        self._pipelines[job.pipeline].handle(job.batch, self._sink, job.tracker)
+            self._skip(job)
+            return None
+        pipeline = self._pipelines[job.pipeline]
+        prepared = pipeline.prepare(job.batch)
+
+        def infer() -> Step | None:
+            pipeline.infer(prepared)
+            return publish
+
+        def publish() -> None:
+            if self._transactional and self._rewind.is_set():
+                self._skip(job)
+            else:
+                pipeline.publish(prepared, self._sink, job.tracker)
+                if not self._transactional:
+                    self._sink.poll(0)
+
+        return infer
+
+    @staticmethod
+    def _skip(job: Job) -> None:
+        job.tracker.fail("skipped: a rewind is pending")
+        job.tracker.seal()
 
     def _submit(self, name: str, batch: list[Message]) -> None:
         ts = batch[0].timestamp()[1]

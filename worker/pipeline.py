@@ -9,10 +9,12 @@ other rows still publish.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
@@ -30,9 +32,9 @@ from worker.features import Assembled, FeatureStore, assemble
 from worker.metrics import PipelineMetrics
 from worker.sink import DeliveryTracker, Headers, Sink
 from worker.source import position
-from worker.types import StageTimings
+from worker.types import DecodedRequests, StageTimings
 
-__all__ = ["Pipeline", "next_offsets"]
+__all__ = ["Pipeline", "Prepared", "next_offsets"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,28 @@ def _tracer() -> Any:
 
 
 _TRACER = _tracer()
+
+
+_EMPTY_MATRIX: npt.NDArray[np.float32] = np.zeros((0, 0), dtype=np.float32)
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A batch on its way through decode and enrich, the model, and publish.
+
+    ``good`` indexes ``decoded.rows`` (the requests that reach the model); ``matrix``
+    (their features, until the model has run), ``outputs`` and ``failed`` (row of
+    ``good`` -> why the model refused it) are aligned with it.
+    """
+
+    batch: Sequence[Message]
+    decoded: DecodedRequests
+    timings: StageTimings
+    feature_rejects: list[tuple[int, str, str]] = field(default_factory=list)
+    good: npt.NDArray[np.intp] = field(default_factory=lambda: np.zeros(0, dtype=np.intp))
+    matrix: npt.NDArray[np.float32] = field(default_factory=lambda: _EMPTY_MATRIX)
+    outputs: Outputs = field(default_factory=dict)
+    failed: dict[int, str] = field(default_factory=dict)
 
 
 class Pipeline:
@@ -105,25 +129,25 @@ class Pipeline:
     def handle(
         self, batch: Sequence[Message], sink: Sink, tracker: DeliveryTracker | None = None
     ) -> tuple[DeliveryTracker, dict[PartitionKey, int]]:
-        """Send a result or dead letter for every message, then seal the tracker.
+        """``prepare``, ``infer`` and ``publish`` one batch on the calling thread."""
+        tracker = tracker if tracker is not None else DeliveryTracker()
+        return tracker, self.publish(self.infer(self.prepare(batch)), sink, tracker)
+
+    def prepare(self, batch: Sequence[Message]) -> Prepared:
+        """Decode and enrich one batch; nothing is produced yet.
 
         Blocks while the feature store is unreachable, retrying with backoff until it
         answers, ``retry_feature_store_s`` passes or ``abort`` is set; then raises
-        FeatureStoreError and nothing of the batch counts as done. Deliveries complete
-        asynchronously on ``sink``; the tracker says when.
+        FeatureStoreError and nothing of the batch counts as done.
         """
         with _TRACER.start_as_current_span(
             "streamfer.batch",
             attributes={"streamfer.pipeline": self.name, "streamfer.batch_size": len(batch)},
         ):
-            return self._handle(batch, sink, tracker)
+            return self._prepare(batch)
 
-    def _handle(
-        self, batch: Sequence[Message], sink: Sink, tracker: DeliveryTracker | None
-    ) -> tuple[DeliveryTracker, dict[PartitionKey, int]]:
-        cfg = self.config
+    def _prepare(self, batch: Sequence[Message]) -> Prepared:
         m = self.metrics
-        tracker = tracker if tracker is not None else DeliveryTracker()
         timings = StageTimings()
         started = _perf()
         first_ts = batch[0].timestamp()[1]
@@ -131,46 +155,67 @@ class Pipeline:
             timings.wait_ms = max(0.0, time.time() * 1000.0 - first_ts)
             m.queue_seconds.observe(timings.wait_ms / 1000.0)
 
-        values = [msg.value() for msg in batch]
-        decoded = decode_requests(values, self._fields, cfg.max_record_bytes)
+        decoded = decode_requests(
+            [msg.value() for msg in batch], self._fields, self.config.max_record_bytes
+        )
         t_decoded = _perf()
         timings.decode_ms = (t_decoded - started) * 1000.0
+        m.decode_seconds.observe(timings.decode_ms / 1000.0)
+        prepared = Prepared(batch, decoded, timings)
+        if not decoded.rows:
+            return prepared
+        assembled = self._assemble(decoded.entities, decoded.inline)
+        if assembled.lookups:
+            m.feature_hits.inc(assembled.lookups - assembled.misses)
+            if assembled.misses:
+                m.feature_misses.inc(assembled.misses)
+        timings.enrich_ms = (_perf() - t_decoded) * 1000.0
+        m.enrich_seconds.observe(timings.enrich_ms / 1000.0)
+        prepared.feature_rejects = assembled.rejected
+        if assembled.rejected:
+            keep = np.ones(len(decoded.rows), dtype=np.bool_)
+            keep[[r for r, _code, _reason in assembled.rejected]] = False
+            prepared.good = np.flatnonzero(keep)
+            prepared.matrix = assembled.matrix[prepared.good]
+        else:
+            prepared.good = np.arange(len(decoded.rows))
+            prepared.matrix = assembled.matrix
+        return prepared
+
+    def infer(self, prepared: Prepared) -> Prepared:
+        """Run the model on the rows that reached it; a failing row is isolated by
+        bisection and becomes a dead letter, the others still publish."""
+        if len(prepared.good):
+            started = _perf()
+            prepared.outputs, prepared.failed = self._infer(prepared.matrix)
+            prepared.timings.infer_ms = (_perf() - started) * 1000.0
+            self.metrics.infer_seconds.observe(prepared.timings.infer_ms / 1000.0)
+            prepared.matrix = _EMPTY_MATRIX
+        return prepared
+
+    def publish(
+        self, prepared: Prepared, sink: Sink, tracker: DeliveryTracker
+    ) -> dict[PartitionKey, int]:
+        """Send a result or dead letter for every message of the batch, then seal the
+        tracker. Deliveries complete asynchronously on ``sink``; the tracker says when.
+        Returns the next offsets for the committer."""
+        batch, decoded = prepared.batch, prepared.decoded
         for rej in decoded.rejections:
             self._dead_letter(
                 sink, tracker, batch[rej.index], rej.stage, rej.code, rej.reason, None
             )
-
-        if decoded.rows:
-            assembled = self._assemble(decoded.entities, decoded.inline)
-            if assembled.lookups:
-                m.feature_hits.inc(assembled.lookups - assembled.misses)
-                if assembled.misses:
-                    m.feature_misses.inc(assembled.misses)
-            t_enriched = _perf()
-            timings.enrich_ms = (t_enriched - t_decoded) * 1000.0
-            keep = np.ones(len(decoded.rows), dtype=np.bool_)
-            for r, code, reason in assembled.rejected:
-                keep[r] = False
-                self._dead_letter(
-                    sink, tracker, batch[decoded.rows[r]], "features", code, reason, decoded.ids[r]
-                )
-            good = np.flatnonzero(keep)
-            if len(good):
-                matrix = assembled.matrix if len(good) == len(keep) else assembled.matrix[good]
-                outputs, failed = self._infer(matrix)
-                timings.infer_ms = (_perf() - t_enriched) * 1000.0
-                m.enrich_seconds.observe(timings.enrich_ms / 1000.0)
-                m.infer_seconds.observe(timings.infer_ms / 1000.0)
-                self._publish(
-                    sink, tracker, batch, decoded.rows, decoded.ids, good, outputs, failed, timings
-                )
-
-        m.decode_seconds.observe(timings.decode_ms / 1000.0)
+        for r, code, reason in prepared.feature_rejects:
+            self._dead_letter(
+                sink, tracker, batch[decoded.rows[r]], "features", code, reason, decoded.ids[r]
+            )
+        if len(prepared.good):
+            self._publish(sink, tracker, prepared)
+        m = self.metrics
         m.records.inc(len(batch))
         m.batches.inc()
         m.batch_size.observe(len(batch))
         tracker.seal()
-        return tracker, next_offsets(batch)
+        return next_offsets(batch)
 
     def _assemble(
         self, entities: list[str | None], inline: list[dict[str, float] | None]
@@ -212,57 +257,56 @@ class Pipeline:
             failed.update({half + i: why for i, why in right_failed.items()})
             return _stitch(left, right, half, len(matrix)), failed
 
-    def _publish(
-        self,
-        sink: Sink,
-        tracker: DeliveryTracker,
-        batch: Sequence[Message],
-        rows: list[int],
-        ids: list[str],
-        good: npt.NDArray[np.intp],
-        outputs: Outputs,
-        failed: dict[int, str],
-        timings: StageTimings,
-    ) -> None:
-        columns: dict[str, list[object]] = {}
+    def _publish(self, sink: Sink, tracker: DeliveryTracker, prepared: Prepared) -> None:
+        batch, good, failed = prepared.batch, prepared.good, prepared.failed
+        rows, ids = prepared.decoded.rows, prepared.decoded.ids
         finite = np.ones(len(good), dtype=np.bool_)
-        for field, values in outputs.items():
+        names: list[str] = []
+        cols: list[list[object]] = []
+        for name, values in prepared.outputs.items():
             if values.dtype.kind == "f":
                 finite &= np.isfinite(values.reshape(len(values), -1)).all(axis=1)
-            columns[field] = values.tolist()
+            names.append(name)
+            cols.append(values.tolist())
         for i in failed:
             finite[i] = False
-        names = list(columns)
-        cols = [columns[n] for n in names]
-        meta = self._model_meta
-        timing = timings.as_dict()
+        refused = set(np.flatnonzero(~finite).tolist())
+        # What every result of the batch shares is encoded once: the body is the
+        # per-record part with this tail spliced in before its closing brace.
+        tail = (
+            b","
+            + orjson.dumps(
+                {
+                    "model": self._model_meta,
+                    "pipeline": self.name,
+                    "timings_ms": prepared.timings.as_dict(),
+                }
+            )[1:]
+        )
         topic = self.config.result_topic
         send = sink.send
         dumps = orjson.dumps
-        published = 0
-        for i, g in enumerate(good.tolist()):
-            r = rows[g]
-            msg = batch[r]
-            if not finite[i]:
+        headers_of = _SourceHeaders().of if self.config.source_headers else _trace_headers
+        single = names[0] if len(names) == 1 else None
+        for i, (g, out) in enumerate(zip(good.tolist(), _per_row(cols, len(good)), strict=True)):
+            msg = batch[rows[g]]
+            if refused and i in refused:
                 reason = failed.get(i, "model returned NaN or infinity for this row")
                 code = "model_error" if i in failed else "model_non_finite"
                 self._dead_letter(sink, tracker, msg, "infer", code, reason, ids[g])
                 continue
+            rid = ids[g]
             key = msg.key()
-            body = dumps(
+            head = dumps(
                 {
-                    "id": ids[g],
+                    "id": rid,
                     "key": key.decode("utf-8", "replace") if key is not None else None,
-                    "outputs": {n: c[i] for n, c in zip(names, cols, strict=True)},
-                    "model": meta,
-                    "pipeline": self.name,
+                    "outputs": {single: out[0]} if single else dict(zip(names, out, strict=True)),
                     "request_ts_ms": msg.timestamp()[1],
-                    "timings_ms": timing,
                 }
             )
-            send(tracker, topic, body, key, _source_headers(msg, ids[g]))
-            published += 1
-        self.metrics.results.inc(published)
+            send(tracker, topic, head[:-1] + tail, key, headers_of(msg, rid))
+        self.metrics.results.inc(len(good) - len(refused))
 
     def _dead_letter(
         self,
@@ -313,21 +357,68 @@ def next_offsets(batch: Sequence[Message]) -> dict[PartitionKey, int]:
 
 
 def _source_headers(msg: Message, request_id: str | None) -> Headers:
-    topic, partition, offset = position(msg)
-    headers: Headers = [
-        ("streamfer.source_topic", topic.encode()),
-        ("streamfer.source_partition", str(partition).encode()),
-        ("streamfer.source_offset", str(offset).encode()),
-    ]
-    if request_id is not None:
-        headers.insert(0, ("streamfer.request_id", request_id.encode("utf-8", "replace")))
-    incoming = cast("list[tuple[str, bytes | None]] | None", msg.headers())
-    if incoming:
-        for name, value in incoming:
-            if name == "traceparent" and value and len(value) <= _TRACEPARENT_MAX:
-                headers.append(("traceparent", value))  # W3C trace context carries through
-                break
-    return headers
+    return _SourceHeaders().of(msg, request_id)
+
+
+class _SourceHeaders:
+    """Builds the source headers of one batch's records, encoding each topic and
+    partition once instead of once per record."""
+
+    __slots__ = ("_fixed",)
+
+    def __init__(self) -> None:
+        self._fixed: dict[tuple[str, int], tuple[tuple[str, bytes], tuple[str, bytes]]] = {}
+
+    def of(self, msg: Message, request_id: str | None) -> Headers:
+        where = (msg.topic(), msg.partition())
+        fixed = self._fixed.get(where)  # type: ignore[arg-type]
+        if fixed is None:
+            topic, partition = position(msg)[:2]
+            fixed = self._fixed[(topic, partition)] = (
+                ("streamfer.source_topic", topic.encode()),
+                ("streamfer.source_partition", b"%d" % partition),
+            )
+        offset = ("streamfer.source_offset", b"%d" % cast(int, msg.offset()))
+        headers: Headers = (
+            [fixed[0], fixed[1], offset]
+            if request_id is None
+            else [
+                ("streamfer.request_id", request_id.encode("utf-8", "replace")),
+                fixed[0],
+                fixed[1],
+                offset,
+            ]
+        )
+        incoming = msg.headers()
+        if incoming:
+            _copy_traceparent(cast("list[tuple[str, bytes | None]]", incoming), headers)
+        return headers
+
+
+def _trace_headers(msg: Message, _request_id: str | None) -> Headers | None:
+    """Only the W3C trace context, when the request has one."""
+    incoming = msg.headers()
+    if not incoming:
+        return None
+    headers: Headers = []
+    _copy_traceparent(cast("list[tuple[str, bytes | None]]", incoming), headers)
+    return headers or None
+
+
+def _copy_traceparent(incoming: list[tuple[str, bytes | None]], headers: Headers) -> None:
+    for name, value in incoming:
+        if name == "traceparent" and value and len(value) <= _TRACEPARENT_MAX:
+            headers.append(("traceparent", value))  # W3C trace context carries through
+            return
+
+
+def _per_row(cols: list[list[object]], n: int) -> Iterable[tuple[object, ...]]:
+    """Each row's output values, in column order."""
+    if not cols:
+        return itertools.repeat((), n)
+    if len(cols) == 1:
+        return ((v,) for v in cols[0])
+    return zip(*cols, strict=True)
 
 
 _TRACEPARENT_MAX = 128
@@ -343,13 +434,13 @@ def _stitch(left: Outputs, right: Outputs, n_left: int, n: int) -> Outputs:
     if not template:
         return {}
     joined: Outputs = {}
-    for field, sample in template.items():
+    for name, sample in template.items():
         shape = (n, *sample.shape[1:])
         fill = np.nan if sample.dtype.kind == "f" else 0
         out = np.full(shape, fill, dtype=sample.dtype)
-        if field in left:
-            out[:n_left] = left[field]
-        if field in right:
-            out[n_left:] = right[field]
-        joined[field] = out
+        if name in left:
+            out[:n_left] = left[name]
+        if name in right:
+            out[n_left:] = right[name]
+        joined[name] = out
     return joined

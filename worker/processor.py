@@ -1,11 +1,14 @@
-"""The processing thread: closed batches run here, off the polling thread.
+"""The processing threads: closed batches run here, off the polling thread, in stages.
 
 The loop thread keeps calling ``consume`` (so the group never sees a stalled member,
 however slow the model or the feature store) and hands each closed batch to the
-``Processor`` as a ``Job``. Jobs run one at a time in submission order, which keeps each
-partition's results in order. Redis round trips and ONNX Runtime release the GIL, so the
-two threads overlap real work. An exception in a job is kept and re-raised on the loop
-thread by ``check()``.
+``Processor`` as a ``Job``. Each stage has its own thread: in the worker, one decodes
+and enriches batch k+2 while the next runs the model on batch k+1 and the last produces
+the results of batch k. ONNX Runtime and Redis release the GIL, so the model overlaps
+the per-record Python on both sides of it. Every stage takes jobs in submission order,
+one at a time, which keeps each partition's results in order; at most ``ahead`` jobs
+wait between two stages, so memory stays bounded. An exception in any stage stops them
+all and is re-raised on the loop thread by ``check()``.
 """
 
 from __future__ import annotations
@@ -14,13 +17,14 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Union
 
 from confluent_kafka import Message
 
 from worker.commit import PartitionKey
 from worker.sink import DeliveryTracker
 
-__all__ = ["Job", "Processor"]
+__all__ = ["Job", "Processor", "Start", "Step"]
 
 
 @dataclass(slots=True)
@@ -33,40 +37,58 @@ class Job:
     offsets: dict[PartitionKey, int]
 
 
-class Processor:
-    """Runs jobs on one daemon thread, first in, first out."""
+Step = Callable[[], Union["Step", None]]
+"""One stage's work on a job; returns the next stage's work, or None when the job is done."""
 
-    def __init__(self, run: Callable[[Job], None], name: str = "streamfer-processor") -> None:
-        self._run = run
-        self._jobs: deque[Job] = deque()
+Start = Callable[[Job], Step | None]
+"""The first stage's work on a job."""
+
+
+class Processor:
+    """Runs jobs through ``stages`` threads in a row, first in, first out."""
+
+    def __init__(
+        self, start: Start, *, stages: int = 3, ahead: int = 2, name: str = "streamfer"
+    ) -> None:
+        self._start = start
+        self._ahead = ahead
+        self._queues: list[deque[tuple[Job, Step | None]]] = [deque() for _ in range(stages)]
+        self._running: list[Job | None] = [None] * stages
+        self._finished = [False] * stages
         self._cond = threading.Condition()
-        self._running: Job | None = None
         self._closed = False
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._stage, args=(i,), name=f"{name}-{i}", daemon=True)
+            for i in range(stages)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def submit(self, job: Job) -> None:
         with self._cond:
-            self._jobs.append(job)
-            self._cond.notify()
+            self._queues[0].append((job, None))
+            self._cond.notify_all()
 
     def pending(self) -> int:
-        """Jobs queued or running."""
+        """Jobs queued for or running in any stage."""
         with self._cond:
-            return len(self._jobs) + (self._running is not None)
+            return len(self._unfinished())
 
     def busy_with(self, partitions: set[PartitionKey]) -> bool:
-        """Whether a queued or running job holds records of any of ``partitions``."""
+        """Whether an unfinished job holds records of any of ``partitions``."""
         with self._cond:
-            jobs = [*self._jobs, *([self._running] if self._running else [])]
+            jobs = self._unfinished()
         return any(partitions.intersection(job.offsets) for job in jobs)
 
     def discard_queued(self) -> list[Job]:
-        """Remove jobs that have not started (a rewind); the running one finishes."""
+        """Remove the jobs waiting between stages (a rewind); the last stage produces, so
+        nothing of theirs was produced. A job running in a stage still finishes."""
         with self._cond:
-            dropped = list(self._jobs)
-            self._jobs.clear()
+            dropped = [job for queue in reversed(self._queues) for job, _ in queue]
+            for queue in self._queues:
+                queue.clear()
+            self._cond.notify_all()
             return dropped
 
     def check(self) -> None:
@@ -75,28 +97,58 @@ class Processor:
             raise self._error
 
     def close(self, timeout: float) -> bool:
-        """Stop after the queued jobs; True if the thread finished within ``timeout``."""
+        """Stop after the queued jobs; True if every thread finished within ``timeout``."""
         with self._cond:
             self._closed = True
-            self._cond.notify()
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+            self._cond.notify_all()
+        for thread in self._threads:
+            thread.join(timeout)
+        return not any(thread.is_alive() for thread in self._threads)
 
-    def _main(self) -> None:
+    def _unfinished(self) -> list[Job]:
+        queued = [job for queue in self._queues for job, _ in queue]
+        return queued + [job for job in self._running if job is not None]
+
+    def _stage(self, index: int) -> None:
+        cond = self._cond
+        inbox = self._queues[index]
+        outbox = self._queues[index + 1] if index + 1 < len(self._queues) else None
         while True:
-            with self._cond:
-                while not self._jobs and not self._closed:
-                    self._cond.wait()
-                if not self._jobs:
+            with cond:
+                while self._error is None and (
+                    (not inbox and not self._upstream_done(index))
+                    or (outbox is not None and len(outbox) >= self._ahead)
+                ):
+                    cond.wait()
+                if self._error is not None or not inbox:
+                    self._finished[index] = True
+                    cond.notify_all()
                     return
-                job = self._running = self._jobs.popleft()
+                job, step = inbox.popleft()
+                self._running[index] = job
+                cond.notify_all()  # room in this stage's inbox
             try:
-                self._run(job)
+                following = self._start(job) if step is None else step()
             except BaseException as exc:  # surfaced on the loop thread by check()
-                self._error = exc
-                with self._cond:
-                    self._running = None
-                    self._jobs.clear()
+                self._stop_with(exc)
                 return
-            with self._cond:
-                self._running = None
+            with cond:
+                self._running[index] = None
+                if following is not None:
+                    if outbox is None:
+                        self._stop_with(RuntimeError("a job returned work after its last stage"))
+                        return
+                    outbox.append((job, following))
+                cond.notify_all()
+
+    def _upstream_done(self, index: int) -> bool:
+        return self._closed if index == 0 else self._finished[index - 1]
+
+    def _stop_with(self, exc: BaseException) -> None:
+        with self._cond:
+            if self._error is None:
+                self._error = exc
+            self._running = [None] * len(self._running)
+            for queue in self._queues:
+                queue.clear()
+            self._cond.notify_all()

@@ -446,13 +446,13 @@ class ReplaySink(Sink):
         topic: str,
         value: bytes,
         key: bytes | None,
-        headers: Headers,
+        headers: Headers | None,
     ) -> None:
         if topic == self._dead_letter_topic:
             self.dead_letters += 1
         else:
             self.results += 1
-        super().send(tracker, topic, value, key, [*headers, self._header])
+        super().send(tracker, topic, value, key, [*(headers or ()), self._header])
 
 
 # --- the loop ---------------------------------------------------------------------------

@@ -127,7 +127,7 @@ class Sink:
         topic: str,
         value: bytes,
         key: bytes | None,
-        headers: Headers,
+        headers: Headers | None,
     ) -> None:
         """Queue one record; blocks only while the local queue is full."""
         tracker.sent += 1

@@ -93,6 +93,7 @@ class Source:
         self._on_revoke = on_revoke
         self._on_lost = on_lost
         self._consume = consumer.consume
+        self._poll = consumer.poll
 
     @classmethod
     def from_settings(
@@ -125,6 +126,19 @@ class Source:
         messages: list[Message] = self._consume(max_messages, timeout)
         if not messages:
             return messages
+        if any(m.error() is not None for m in messages):
+            return self._without_errors(messages)
+        return messages
+
+    def consume_first(self, max_messages: int, timeout: float) -> list[Message]:
+        """Like ``consume``, but returns as soon as one record is there, with whatever
+        else is already fetched: ``consume`` waits for a full batch or the timeout, which
+        would hold a lone request for the whole window."""
+        first: Message | None = self._poll(timeout)
+        if first is None:
+            return []
+        rest: list[Message] = self._consume(max_messages - 1, 0) if max_messages > 1 else []
+        messages = [first, *rest]
         if any(m.error() is not None for m in messages):
             return self._without_errors(messages)
         return messages

@@ -103,10 +103,10 @@ class FakeSink:
         topic: str,
         value: bytes,
         key: bytes | None,
-        headers: Headers,
+        headers: Headers | None,
     ) -> None:
         tracker.sent += 1
-        self.sent.append(Sent(topic, value, key, list(headers)))
+        self.sent.append(Sent(topic, value, key, list(headers or ())))
 
     def to(self, topic: str) -> list[Sent]:
         return [s for s in self.sent if s.topic == topic]
@@ -506,8 +506,9 @@ def test_feature_store_error_propagates_without_retry(
     with pytest.raises(FeatureStoreError, match="redis is down"):
         handle(pipeline, messages([b"oops", req("r", "e1")]), sink)
     assert down.calls == 1
-    # the decode-stage dead letter was queued before the store failed
-    assert [s.header("streamfer.error_code") for s in sink.sent] == [b"invalid_json"]
+    # nothing of the batch is produced, not even its decode-stage dead letter: the
+    # whole batch is consumed again, so a dead letter sent now would be sent twice
+    assert sink.sent == []
 
 
 def test_model_width_must_match_fields(
@@ -530,3 +531,26 @@ def test_traceparent_of_a_request_is_carried_to_its_result(
     by_id = {dict(s.headers)["streamfer.request_id"]: dict(s.headers) for s in sink.sent}
     assert by_id[b"t1"]["traceparent"] == trace
     assert "traceparent" not in by_id[b"t2"]
+
+
+def test_source_headers_off_leaves_only_the_trace_context(
+    config: PipelineConfig,
+    onnx_engine: OnnxEngine,
+    store: MemoryStore,
+    metrics: Metrics,
+    sink: FakeSink,
+) -> None:
+    bare = config.model_copy(update={"source_headers": False})
+    pipeline = Pipeline(bare, store=store, engine=onnx_engine, metrics=metrics.for_pipeline("p"))
+    trace = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    traced = FakeMessage(b'{"id": "t1", "entity": "e0"}', 0, headers=[("traceparent", trace)])
+    plain = FakeMessage(b'{"id": "t2", "entity": "e0"}', 1)
+    bad = FakeMessage(b'{"id": "t3", "entity": "nobody"}', 2)
+    pipeline.handle([traced, plain, bad], sink)  # type: ignore[list-item]
+    results = {s.body["id"]: s for s in sink.to("res")}
+    assert results["t1"].headers == [("traceparent", trace)]
+    assert results["t2"].headers == []
+    # dead letters keep where they came from whatever the setting
+    (dead,) = sink.to("dlq")
+    assert dead.header("streamfer.source_offset") == b"2"
+    assert dead.header("streamfer.error_code") == b"unknown_entity"
