@@ -57,6 +57,9 @@ class Job:
     """streamfer's ``batch.mode``: ``fixed`` or ``adaptive``."""
     max_in_flight: int | None = None
     """streamfer's ``max_in_flight_batches``; None keeps the worker's default."""
+    source_headers: bool = True
+    """streamfer's ``source_headers``: off, results carry no provenance headers, like the
+    other contenders' results."""
     consumer_options: dict[str, str] = field(default_factory=dict)
     """librdkafka settings for streamfer's consumer (``--consumer-option``)."""
 
@@ -199,7 +202,11 @@ def _streamfer(name: str, job: Job, workers: int) -> Launched:
             top=f"max_in_flight_batches = {job.max_in_flight}" if job.max_in_flight else "",
         )
     )
-    env = {"PYTHONPATH": _pythonpath(), "STREAMFER_PIPELINES__0__BATCH__MODE": job.batch_mode}
+    env = {
+        "PYTHONPATH": _pythonpath(),
+        "STREAMFER_PIPELINES__0__BATCH__MODE": job.batch_mode,
+        "STREAMFER_PIPELINES__0__SOURCE_HEADERS": "true" if job.source_headers else "false",
+    }
     launched = Launched(name)
     for i in range(workers):
         log_path = job.workdir / f"{name}-{job.group}-{i}.log"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["format_table", "ratios"]
+__all__ = ["format_table", "latency_targets", "ratios"]
 
 
 def ratios(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -49,6 +49,34 @@ def ratios(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def latency_targets(
+    results: dict[str, dict[str, Any]], ort_by_batch: list[dict[str, Any]], max_wait_ms: float
+) -> dict[str, Any] | None:
+    """The steady-mode latency targets of issue 4, from figures of the same run.
+
+    Under load: streamfer's p99 <= the passthrough's p99 + ``max_wait_ms`` + 3 x the
+    model's time for one batch (ONNX Runtime alone, at the largest measured batch size up
+    to the one in use) + 10 ms. A lone request at idle (a low ``--rate``): streamfer's
+    p50 <= the passthrough's p50 + the model's single-row time + 5 ms.
+    """
+    sf, pt, ort = results.get("streamfer"), results.get("passthrough"), results.get("ort_alone")
+    if not sf or not pt or not ort or not ort_by_batch or sf.get("p99_ms") is None:
+        return None
+    one = next((s for s in ort_by_batch if s["batch"] == 1), None)
+    if one is None or pt.get("p99_ms") is None:
+        return None
+    p99_limit = pt["p99_ms"] + max_wait_ms + 3 * ort["p50_ms"] + 10.0
+    lone_limit = pt["p50_ms"] + one["p50_ms"] + 5.0
+    return {
+        "p99_limit_ms": round(p99_limit, 1),
+        "p99_ms": sf["p99_ms"],
+        "p99_met": sf["p99_ms"] <= p99_limit,
+        "lone_p50_limit_ms": round(lone_limit, 1),
+        "p50_ms": sf["p50_ms"],
+        "lone_p50_met": sf["p50_ms"] <= lone_limit,
+    }
+
+
 def _fmt(value: Any, spec: str = ",.0f") -> str:
     if value is None:
         return "-"
@@ -70,6 +98,7 @@ def format_table(report: dict[str, Any]) -> str:
             if report["max_in_flight_batches"]
             else ""
         )
+        + ("" if report.get("source_headers", True) else ", no source headers")
         + ";"
         f" {report['broker']}; {report['cpus']} CPUs, load average"
         f" {report['loadavg_1m'][0]:.1f} at start, {report['loadavg_1m'][1]:.1f} at end",
@@ -101,6 +130,15 @@ def format_table(report: dict[str, Any]) -> str:
         if v is not None
     )
     lines += ["", f"ratios: {ratio_text or '-'}"]
+    targets = report.get("latency_targets")
+    if targets:
+        lines.append(
+            f"latency targets: under load p99 {targets['p99_ms']:,.1f} ms vs limit"
+            f" {targets['p99_limit_ms']:,.1f} ms ({'met' if targets['p99_met'] else 'not met'});"
+            f" lone request p50 {targets['p50_ms']:,.1f} ms vs limit"
+            f" {targets['lone_p50_limit_ms']:,.1f} ms"
+            f" ({'met' if targets['lone_p50_met'] else 'not met'})"
+        )
     if "ort_by_batch" in report:
         lines.append(
             "ORT alone, rows/s by batch size: "

@@ -36,7 +36,7 @@ from benchmarks.measure import peak_rss_mb, read_results, summarize
 from benchmarks.models import MODEL_NAMES, ModelKind, make_model
 from benchmarks.producer import request_ids
 from benchmarks.pyspy import Profiler, top_frames
-from benchmarks.report import format_table, ratios
+from benchmarks.report import format_table, latency_targets, ratios
 from worker.config import FeatureSpec
 from worker.modelgen import seed_entities
 from worker.stack import local_kafka, local_redis
@@ -67,6 +67,7 @@ class Options:
     layout: Layout = "hash"
     batch_mode: Literal["fixed", "adaptive"] = "fixed"
     max_in_flight: int | None = None
+    source_headers: bool = True
     consumer_options: tuple[tuple[str, str], ...] = ()
 
 
@@ -131,6 +132,7 @@ def run_benchmark(
                 layout=opts.layout,
                 batch_mode=opts.batch_mode,
                 max_in_flight=opts.max_in_flight,
+                source_headers=opts.source_headers,
             )
             row, profile = _run_kafka_contender(name, job, n, len(entities), opts, run_id)
             if n < opts.records:
@@ -155,11 +157,17 @@ def run_benchmark(
         "layout": opts.layout,
         "batch_mode": opts.batch_mode,
         "max_in_flight_batches": opts.max_in_flight,
+        "source_headers": opts.source_headers,
         "consumer_options": dict(opts.consumer_options),
         "cpus": os.cpu_count(),
         "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "results": results,
         "ratios": ratios(results),
+        "latency_targets": (
+            latency_targets(results, extra.get("ort_by_batch", []), opts.max_wait_ms)
+            if opts.mode == "steady"
+            else None
+        ),
         **extra,
         "elapsed_s": round(time.monotonic() - started, 1),
     }
@@ -309,6 +317,12 @@ def _parser() -> argparse.ArgumentParser:
         help="streamfer's max_in_flight_batches (default: the worker's own)",
     )
     parser.add_argument(
+        "--no-source-headers",
+        action="store_true",
+        help="streamfer results without provenance headers (source_headers = false), "
+        "like the other contenders' results",
+    )
+    parser.add_argument(
         "--py-spy",
         type=Path,
         default=None,
@@ -372,6 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         layout=args.layout,
         batch_mode=args.batch_mode,
         max_in_flight=args.max_in_flight,
+        source_headers=not args.no_source_headers,
         consumer_options=tuple((k, v) for k, v in pairs),
     )
 

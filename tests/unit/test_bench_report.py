@@ -1,0 +1,27 @@
+"""The benchmark's latency targets come from figures of the same run."""
+
+from __future__ import annotations
+
+from benchmarks.report import latency_targets
+
+
+def test_targets_from_passthrough_and_model_times() -> None:
+    results = {
+        "streamfer": {"p50_ms": 12.0, "p99_ms": 150.0},
+        "passthrough": {"p50_ms": 6.0, "p99_ms": 80.0},
+        "ort_alone": {"p50_ms": 4.0, "batch": 256},
+    }
+    by_batch = [{"batch": 1, "p50_ms": 0.5}, {"batch": 256, "p50_ms": 4.0}]
+    targets = latency_targets(results, by_batch, max_wait_ms=20.0)
+    assert targets is not None
+    assert targets["p99_limit_ms"] == 80.0 + 20.0 + 3 * 4.0 + 10.0
+    assert targets["p99_met"] is False
+    assert targets["lone_p50_limit_ms"] == 6.0 + 0.5 + 5.0
+    assert targets["lone_p50_met"] is False
+    results["streamfer"] = {"p50_ms": 11.0, "p99_ms": 120.0}
+    met = latency_targets(results, by_batch, max_wait_ms=20.0)
+    assert met is not None and met["p99_met"] and met["lone_p50_met"]
+
+
+def test_no_targets_without_the_figures_they_need() -> None:
+    assert latency_targets({"streamfer": {"p50_ms": 1.0, "p99_ms": 2.0}}, [], 20.0) is None
