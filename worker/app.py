@@ -64,6 +64,17 @@ __all__ = ["Worker"]
 log = logging.getLogger(__name__)
 
 
+def warm_up_sizes(max_batch_size: int) -> list[int]:
+    """Every power of two up to ``max_batch_size``, and it: the sizes adaptive batching
+    and the tail of a backlog hand to the model, each run once before joining."""
+    sizes = {max_batch_size}
+    size = 1
+    while size < max_batch_size:
+        sizes.add(size)
+        size *= 2
+    return sorted(sizes)
+
+
 def _partition_of(msg: Message) -> PartitionKey:
     topic, partition, _ = position(msg)
     return (topic, partition)
@@ -102,6 +113,9 @@ class Worker:
             p.name: Batcher(p.config.batch, clock) for p in pipelines
         }
         self._clock = clock
+        self._record_bound = config.max_in_flight_batches * max(
+            p.config.batch.max_batch_size for p in pipelines
+        )
         self._committer = Committer(
             cast(OffsetConsumer, consumer),
             transactional=self._transactional,
@@ -145,7 +159,7 @@ class Worker:
         pipelines = []
         for p in config.pipelines:
             engine = OnnxEngine(p.model)
-            engine.warm_up(sorted({1, p.batch.max_batch_size}))
+            engine.warm_up(warm_up_sizes(p.batch.max_batch_size))
             store = connect_store(config.redis, p.features)
             store.ping()
             metrics.model_info.labels(
@@ -167,6 +181,7 @@ class Worker:
             sink = Sink(transactional_producer(config.kafka))
         else:
             sink = Sink.from_settings(config.kafka)
+        sink.warm_up([t for p in config.pipelines for t in (p.result_topic, p.dead_letter_topic)])
         built: list[Worker] = []
         consumer = Consumer(
             consumer_config(
@@ -309,8 +324,7 @@ class Worker:
                 if ready is not None:
                     self._submit(name, ready)
                     idle = False
-            if idle or not messages:
-                self._serve_deliveries(0)
+            self._serve_deliveries(0)
             if self._transactional:
                 self._advance_transaction()
             self._commit()
@@ -359,39 +373,42 @@ class Worker:
             m.end_to_end_seconds.observe(max(0.0, time.time() - tracker.oldest_ts_ms / 1000.0))
 
     def _apply_backpressure(self) -> None:
-        """Bound the batches in flight.
+        """Bound the records in flight to ``max_in_flight_batches`` full batches' worth.
 
-        At the bound the loop first just waits for the processing thread (serving
-        deliveries and commits) for up to a quarter of ``max.poll.interval.ms``, at most
-        one second; only a batch slower than that makes it pause every owned partition and
-        go back to polling, so the group never sees a stalled member. Pausing is the last
-        resort because librdkafka needs most of a second to deliver again after a resume
-        (measured here), which would throttle an ordinary backlog. Partitions resume once
-        half the bound has drained.
+        Counting records rather than batches lets many small batches (light load, short
+        windows) wait for their acknowledgements without stalling the loop, while a crash
+        still replays at most that many records. At the bound the loop first just waits
+        for the processing threads (serving deliveries and commits) for up to a quarter of
+        ``max.poll.interval.ms``, at most one second; only a batch slower than that makes
+        it pause every owned partition and go back to polling, so the group never sees a
+        stalled member. Pausing is the last resort because librdkafka needs most of a
+        second to deliver again after a resume (measured here), which would throttle an
+        ordinary backlog. Partitions resume once half the bound has drained.
         """
-        bound = self.config.max_in_flight_batches
+        bound = self._record_bound
         committer = self._committer
-        if len(committer) >= bound and not self._paused:
+        if committer.records >= bound and not self._paused:
             grace = min(1.0, self.config.kafka.max_poll_interval_ms / 4000.0)
             deadline = time.monotonic() + grace
-            while len(committer) >= bound and time.monotonic() < deadline:
+            while committer.records >= bound and time.monotonic() < deadline:
                 self._processor.check()
                 self._serve_deliveries(0.002)
                 if self._transactional:
                     self._advance_transaction()
                 self._commit()
-        if len(committer) >= bound:
+        if committer.records >= bound:
             newly = self.assigned - self._paused
             if newly:
                 if not self._paused:
                     log.info(
-                        "backpressure: %d batches in flight, pausing %d partitions",
+                        "backpressure: %d records in %d batches in flight, pausing %d partitions",
+                        committer.records,
                         len(committer),
                         len(newly),
                     )
                 self._source.pause(newly)
                 self._paused |= newly
-        elif self._paused and len(committer) <= bound // 2:
+        elif self._paused and committer.records <= bound // 2:
             self._source.resume(self._paused & self.assigned)
             self._paused.clear()
         self.metrics.paused_partitions.set(len(self._paused))
@@ -439,7 +456,7 @@ class Worker:
                 self._sink.producer.begin_transaction()
                 txn.started = time.monotonic()
             txn.jobs.append(job)
-        self._committer.track(job.tracker, job.offsets)
+        self._committer.track(job.tracker, job.offsets, len(job.batch))
         self._processor.submit(job)
         self.metrics.in_flight_batches.set(len(self._committer))
 

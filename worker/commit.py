@@ -43,6 +43,7 @@ class OffsetConsumer(Protocol):
 class _Pending:
     tracker: DeliveryTracker
     offsets: dict[PartitionKey, int]
+    records: int
 
 
 class Committer:
@@ -64,13 +65,18 @@ class Committer:
         self._committed: dict[PartitionKey, int] = {}
         self._retry: dict[PartitionKey, int] = {}
         self.commits = 0
+        self.records = 0
+        """Records of the batches in flight."""
 
     def __len__(self) -> int:
         return len(self._queue)
 
-    def track(self, tracker: DeliveryTracker, offsets: dict[PartitionKey, int]) -> None:
-        """Register a produced batch and the next offsets it completes."""
-        self._queue.append(_Pending(tracker, offsets))
+    def track(
+        self, tracker: DeliveryTracker, offsets: dict[PartitionKey, int], records: int = 0
+    ) -> None:
+        """Register a produced batch of ``records`` and the next offsets it completes."""
+        self._queue.append(_Pending(tracker, offsets, records))
+        self.records += records
 
     def commit_ready(self, *, asynchronous: bool = True) -> int:
         """Commit every leading batch whose deliveries succeeded. Raises SinkError."""
@@ -89,6 +95,7 @@ class Committer:
                     + "; ".join(head.tracker.errors)
                 )
             queue.popleft()
+            self.records -= head.records
             if self._on_done is not None:
                 self._on_done(head.tracker)
             for tp, offset in head.offsets.items():
@@ -109,6 +116,7 @@ class Committer:
         dropped = len(self._queue)
         self._queue.clear()
         self._retry.clear()
+        self.records = 0
         return dropped
 
     def requeue_failed(self, partitions: list[TopicPartition]) -> None:

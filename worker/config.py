@@ -178,6 +178,8 @@ class WorkerConfig(_Frozen):
     transaction_interval_ms: float = Field(default=100.0, ge=0, le=60_000)
     """exactly-once: batches waiting behind each other share one transaction this long."""
     max_in_flight_batches: int = Field(default=4, ge=1, le=1024)
+    """Records produced but not yet committed stay under this many full batches' worth
+    (x max_batch_size); beyond it the loop waits, then pauses its partitions."""
     poll_timeout_ms: float = Field(default=100.0, gt=0, le=10_000)
     shutdown_timeout_s: float = Field(default=30.0, gt=0)
     revoke_timeout_s: float = Field(default=10.0, gt=0)

@@ -193,6 +193,8 @@ def produce_requests(
 
         return on_delivery
 
+    # Paced in steps of about 10 ms, so a low rate sends lone records, not bursts.
+    step = max(1, int(rate // 100))
     start = time.perf_counter()
     for sent, (tag, key, value) in enumerate(requests, start=1):
         while True:
@@ -201,7 +203,7 @@ def produce_requests(
                 break
             except BufferError:
                 producer.poll(0.05)
-        if rate > 0 and sent % 20 == 0:
+        if rate > 0 and sent % step == 0:
             ahead = sent / rate - (time.perf_counter() - start)
             if ahead > 0:
                 time.sleep(ahead)

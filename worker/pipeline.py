@@ -131,7 +131,8 @@ class Pipeline:
     ) -> tuple[DeliveryTracker, dict[PartitionKey, int]]:
         """``prepare``, ``infer`` and ``publish`` one batch on the calling thread."""
         tracker = tracker if tracker is not None else DeliveryTracker()
-        return tracker, self.publish(self.infer(self.prepare(batch)), sink, tracker)
+        self.publish(self.infer(self.prepare(batch)), sink, tracker)
+        return tracker, next_offsets(batch)
 
     def prepare(self, batch: Sequence[Message]) -> Prepared:
         """Decode and enrich one batch; nothing is produced yet.
@@ -193,12 +194,9 @@ class Pipeline:
             prepared.matrix = _EMPTY_MATRIX
         return prepared
 
-    def publish(
-        self, prepared: Prepared, sink: Sink, tracker: DeliveryTracker
-    ) -> dict[PartitionKey, int]:
+    def publish(self, prepared: Prepared, sink: Sink, tracker: DeliveryTracker) -> None:
         """Send a result or dead letter for every message of the batch, then seal the
-        tracker. Deliveries complete asynchronously on ``sink``; the tracker says when.
-        Returns the next offsets for the committer."""
+        tracker. Deliveries complete asynchronously on ``sink``; the tracker says when."""
         batch, decoded = prepared.batch, prepared.decoded
         for rej in decoded.rejections:
             self._dead_letter(
@@ -215,7 +213,6 @@ class Pipeline:
         m.batches.inc()
         m.batch_size.observe(len(batch))
         tracker.seal()
-        return next_offsets(batch)
 
     def _assemble(
         self, entities: list[str | None], inline: list[dict[str, float] | None]
@@ -349,11 +346,8 @@ class Pipeline:
 
 def next_offsets(batch: Sequence[Message]) -> dict[PartitionKey, int]:
     """The offset to commit per partition once ``batch`` is done: last offset + 1."""
-    offsets: dict[PartitionKey, int] = {}
-    for msg in batch:
-        topic, partition, offset = position(msg)
-        offsets[(topic, partition)] = offset + 1
-    return offsets
+    last: dict[Any, Any] = {(msg.topic(), msg.partition()): msg.offset() for msg in batch}
+    return {key: offset + 1 for key, offset in last.items()}
 
 
 def _source_headers(msg: Message, request_id: str | None) -> Headers:

@@ -141,6 +141,19 @@ class Sink:
                 tracker.refused_by_producer(topic, str(exc))
                 return
 
+    def warm_up(self, topics: list[str], timeout: float = 10.0) -> None:
+        """Fetch the topics' metadata now, so the first batch does not wait for it (about
+        a quarter of a second per new topic on the local broker). A topic the broker
+        reports an error for is logged; its first delivery will fail loudly."""
+        for topic in dict.fromkeys(topics):
+            try:
+                meta = self._producer.list_topics(topic, timeout=timeout).topics.get(topic)
+            except KafkaException as exc:
+                log.warning("no metadata for topic %s yet: %s", topic, exc)
+                continue
+            if meta is None or meta.error is not None:
+                log.warning("topic %s: %s", topic, meta.error.str() if meta else "not in metadata")
+
     def poll(self, timeout: float = 0.0) -> int:
         """Serve delivery callbacks."""
         return int(self._poll(timeout))

@@ -154,6 +154,18 @@ def test_later_batch_waits_for_earlier(committer: Committer, consumer: FakeConsu
     assert committer.committed() == {("req", 0): 20}
 
 
+def test_counts_the_records_in_flight(committer: Committer) -> None:
+    first, second = sent(1), sent(1)
+    committer.track(first, {("req", 0): 10}, records=100)
+    committer.track(second, {("req", 0): 20}, records=7)
+    assert committer.records == 107
+    deliver(first)
+    committer.commit_ready()
+    assert committer.records == 7
+    committer.clear()
+    assert committer.records == 0
+
+
 def test_commits_only_the_delivered_prefix(committer: Committer, consumer: FakeConsumer) -> None:
     a, b, c = sent(1), sent(1), sent(1)
     committer.track(a, {("req", 0): 3})
