@@ -65,6 +65,8 @@ class Reading:
     expected: int
     results: Counter[str] = field(default_factory=Counter)
     latencies_ms: list[float] = field(default_factory=list)
+    request_ts_ms: list[int] = field(default_factory=list)
+    """The request time of each latency, in the same order."""
     first_request_ms: float | None = None
     first_result_ms: float | None = None
     last_result_ms: float | None = None
@@ -161,6 +163,7 @@ def _count(out: Reading, msg: Any, pending: set[str]) -> None:
     pending.discard(rid)
     if request_ts is not None:
         out.latencies_ms.append(ts - request_ts)
+        out.request_ts_ms.append(request_ts)
         if out.first_request_ms is None or request_ts < out.first_request_ms:
             out.first_request_ms = request_ts
     if out.first_result_ms is None or ts < out.first_result_ms:
@@ -169,12 +172,16 @@ def _count(out: Reading, msg: Any, pending: set[str]) -> None:
         out.last_result_ms = ts
 
 
-def summarize(reading: Reading, *, backlog: bool, rss_mb: float | None) -> dict[str, Any]:
+def summarize(
+    reading: Reading, *, backlog: bool, rss_mb: float | None, warmup_s: float = 0.0
+) -> dict[str, Any]:
     """Throughput, latency percentiles, CPU per 10k records, RSS, lost and duplicates.
 
     Backlog throughput is distinct results over first-to-last result time (the contender
     starts after the backlog is written, so its start-up is excluded); steady throughput
-    is over first request to last result.
+    is over first request to last result. With ``warmup_s`` the latency percentiles skip
+    requests made in the first that many seconds (a cold broker and client); throughput,
+    lost and duplicates still count every record.
     """
     n = len(reading.results)
     first = reading.first_result_ms if backlog else reading.first_request_ms
@@ -185,6 +192,9 @@ def summarize(reading: Reading, *, backlog: bool, rss_mb: float | None) -> dict[
     if reading.cpu_first is not None and reading.cpu_last is not None and counted > 0:
         cpu_per_10k = (reading.cpu_last - reading.cpu_first) / counted * 10_000
     lat = reading.latencies_ms
+    if warmup_s > 0 and reading.first_request_ms is not None:
+        start = reading.first_request_ms + warmup_s * 1000.0
+        lat = [v for v, t in zip(lat, reading.request_ts_ms, strict=True) if t >= start]
     return {
         "records": reading.expected,
         "results": n,

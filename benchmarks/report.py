@@ -151,6 +151,11 @@ def format_table(report: dict[str, Any]) -> str:
             if report["mode"] == "backlog"
             else ""
         )
+        + (
+            f"; requests of the first {report['warmup_s']:g} s are left out of latency"
+            if report.get("warmup_s")
+            else ""
+        )
         + "; CPU s/10k counts the contender's processes from first to last result"
     )
     for name, r in report["results"].items():

@@ -68,6 +68,8 @@ class Options:
     batch_mode: Literal["fixed", "adaptive"] = "fixed"
     max_in_flight: int | None = None
     source_headers: bool = True
+    warmup_s: float | None = None
+    """Steady mode: latency counts requests after this many seconds (None: 3 s)."""
     consumer_options: tuple[tuple[str, str], ...] = ()
 
 
@@ -158,6 +160,7 @@ def run_benchmark(
         "batch_mode": opts.batch_mode,
         "max_in_flight_batches": opts.max_in_flight,
         "source_headers": opts.source_headers,
+        "warmup_s": _warmup_s(opts),
         "consumer_options": dict(opts.consumer_options),
         "cpus": os.cpu_count(),
         "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
@@ -245,7 +248,7 @@ def _run_kafka_contender(
             launched.stop()
         if producer is not None:
             _reap(producer)
-    row = summarize(reading, backlog=backlog, rss_mb=rss)
+    row = summarize(reading, backlog=backlog, rss_mb=rss, warmup_s=_warmup_s(opts))
     if name == "streamfer_2w":
         row["workers"] = 2
     if reading.timed_out:
@@ -253,6 +256,12 @@ def _run_kafka_contender(
         row["log_tail"] = launched.log_tail()
     profile = {path.stem: top_frames(path) for path in spied}
     return row, profile
+
+
+def _warmup_s(opts: Options) -> float:
+    if opts.mode == "backlog":
+        return 0.0
+    return 3.0 if opts.warmup_s is None else opts.warmup_s
 
 
 def _reap(proc: subprocess.Popen[bytes]) -> None:
@@ -315,6 +324,14 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="streamfer's max_in_flight_batches (default: the worker's own)",
+    )
+    parser.add_argument(
+        "--warmup-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="steady mode: latency percentiles skip requests of the first S seconds, for "
+        "every contender (default 3; records still count for throughput and loss)",
     )
     parser.add_argument(
         "--no-source-headers",
@@ -387,6 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         batch_mode=args.batch_mode,
         max_in_flight=args.max_in_flight,
         source_headers=not args.no_source_headers,
+        warmup_s=args.warmup_s,
         consumer_options=tuple((k, v) for k, v in pairs),
     )
 
