@@ -6,9 +6,10 @@ constructor takes those parts as keyword arguments so tests can hand in others.
 
 Four threads. The loop thread owns the consumer: it consumes, routes records to each
 pipeline's batcher, hands closed batches to the processing threads, serves delivery
-reports, commits the delivered prefix of batches, and pauses its partitions while
-``max_in_flight_batches`` batches are unfinished (it keeps calling ``consume``, so slow
-models or an unreachable Redis never make it miss ``max.poll.interval.ms``). The
+reports, commits the delivered prefix of batches, and holds back (waiting, then pausing
+its partitions) while ``max_in_flight_batches`` full batches' worth of records are
+uncommitted (it keeps calling ``consume``, so slow models or an unreachable Redis never
+make it miss ``max.poll.interval.ms``). The
 processing threads (``worker.processor``) decode and enrich one batch while the model runs
 on the one before and the one before that is produced, each stage one batch at a time in
 order.
@@ -432,7 +433,7 @@ class Worker:
             else:
                 pipeline.publish(prepared, self._sink, job.tracker)
                 if not self._transactional:
-                    self._sink.poll(0)
+                    self._sink.poll(0)  # earlier batches' acknowledgements, off the loop thread
 
         return infer
 
