@@ -64,6 +64,9 @@ __all__ = ["Worker"]
 
 log = logging.getLogger(__name__)
 
+_IDLE_CHECK_S = 0.005
+"""Adaptive batching: how often the loop looks for an idle model while records wait."""
+
 
 def warm_up_sizes(max_batch_size: int) -> list[int]:
     """Every power of two up to ``max_batch_size``, and it: the sizes adaptive batching
@@ -301,8 +304,13 @@ class Worker:
                     timeout = min(timeout, batcher.max_wait_s)
                 else:
                     timeout = min(timeout, max(0.0, deadline - fetch_started))
-            if fast_path and processor.pending() == 0 and not any(map(len, batchers.values())):
-                messages = source.consume_first(max_messages, timeout)  # a lone request
+            if fast_path:
+                # Adaptive: take records as soon as they are there (a lone request is not
+                # held for a full fetch), and while records wait for a busy model, look
+                # again every few milliseconds so they go the moment it is idle.
+                if processor.pending() and any(map(len, batchers.values())):
+                    timeout = min(timeout, _IDLE_CHECK_S)
+                messages = source.consume_first(max_messages, timeout)
             else:
                 messages = source.consume(max_messages, timeout)
             if messages:
