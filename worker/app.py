@@ -138,6 +138,8 @@ class Worker:
         self._rewind = threading.Event()
         self._producer_broken = False
         self._txn = _Transaction()
+        self._rewinds = 0
+        """Exactly-once rewinds so far; a job from before the latest one is never produced."""
         self._paused: set[PartitionKey] = set()
         self._to_check: set[PartitionKey] = set()
         self._consumed = 0
@@ -425,7 +427,7 @@ class Worker:
     def _start_job(self, job: Job) -> Step | None:
         """The processing stages of one batch: decode and enrich, then (on the next
         thread) infer, then (on the last) produce; a rewind skips what is left."""
-        if self._transactional and self._rewind.is_set():
+        if self._stale(job):
             self._skip(job)
             return None
         pipeline = self._pipelines[job.pipeline]
@@ -436,7 +438,7 @@ class Worker:
             return publish
 
         def publish() -> None:
-            if self._transactional and self._rewind.is_set():
+            if self._stale(job):
                 self._skip(job)
             else:
                 pipeline.publish(prepared, self._sink, job.tracker)
@@ -444,6 +446,11 @@ class Worker:
                     self._sink.poll(0)  # earlier batches' acknowledgements, off the loop thread
 
         return infer
+
+    def _stale(self, job: Job) -> bool:
+        """Exactly-once: a rewind is pending or came after the job was submitted (a job
+        still in a stage when the rewind gave up waiting for it)."""
+        return self._transactional and (self._rewind.is_set() or job.rewinds != self._rewinds)
 
     @staticmethod
     def _skip(job: Job) -> None:
@@ -453,7 +460,7 @@ class Worker:
     def _submit(self, name: str, batch: list[Message]) -> None:
         ts = batch[0].timestamp()[1]
         tracker = DeliveryTracker(name, ts if ts > 0 else 0)
-        self._enqueue(Job(name, batch, tracker, next_offsets(batch)))
+        self._enqueue(Job(name, batch, tracker, next_offsets(batch), self._rewinds))
 
     def _enqueue(self, job: Job) -> None:
         if self._transactional:
@@ -556,6 +563,7 @@ class Worker:
 
     def _rewind_to_committed(self) -> None:
         """Exactly-once: drop all work in flight and restart from the committed offsets."""
+        self._rewinds += 1
         dropped = len(self._processor.discard_queued())
         deadline = time.monotonic() + self.config.shutdown_timeout_s
         while self._processor.pending() and time.monotonic() < deadline:
@@ -628,6 +636,7 @@ class Worker:
             self._processor.check()
             self._serve_deliveries(0.01)
             self._commit()
+        self._processor.check()  # a stage that failed while draining emptied the queues
         if self._transactional:
             self._advance_transaction(force=True)
             self._advance_transaction(force=True)  # the batches held while it closed

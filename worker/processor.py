@@ -35,6 +35,8 @@ class Job:
     batch: list[Message]
     tracker: DeliveryTracker
     offsets: dict[PartitionKey, int]
+    rewinds: int = 0
+    """The worker's exactly-once rewind count when the job was submitted."""
 
 
 Step = Callable[[], Union["Step", None]]

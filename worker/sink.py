@@ -70,10 +70,12 @@ class DeliveryTracker:
         self.sealed = True
 
     def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        # The error is recorded before the acknowledgement counts: the loop thread may see
+        # the batch done the moment ``acked`` reaches ``sent``, and must see its errors then.
         with self._lock:
+            if err is not None and len(self.errors) < 10:
+                self.errors.append(f"{msg.topic()}[{msg.partition()}]: {err.str()}")
             self.acked += 1
-        if err is not None and len(self.errors) < 10:
-            self.errors.append(f"{msg.topic()}[{msg.partition()}]: {err.str()}")
 
     def refused_by_producer(self, topic: str, reason: str) -> None:
         self.refused += 1

@@ -94,6 +94,8 @@ class Source:
         self._on_lost = on_lost
         self._consume = consumer.consume
         self._poll = consumer.poll
+        self._revoked: set[tuple[str, int]] = set()
+        """Partitions revoked or lost since ``consume_first`` took its first record."""
 
     @classmethod
     def from_settings(
@@ -117,9 +119,13 @@ class Source:
         self.consumer.subscribe(
             self._topics,
             on_assign=lambda _c, parts: self._on_assign(parts),
-            on_revoke=lambda _c, parts: self._on_revoke(parts),
-            on_lost=lambda _c, parts: self._on_lost(parts),
+            on_revoke=lambda _c, parts: self._revoke(self._on_revoke, parts),
+            on_lost=lambda _c, parts: self._revoke(self._on_lost, parts),
         )
+
+    def _revoke(self, handler: RebalanceHandler, partitions: list[TopicPartition]) -> None:
+        self._revoked.update((tp.topic, tp.partition) for tp in partitions)
+        handler(partitions)
 
     def consume(self, max_messages: int, timeout: float) -> list[Message]:
         """Up to ``max_messages`` records; blocks at most ``timeout`` seconds."""
@@ -133,12 +139,18 @@ class Source:
     def consume_first(self, max_messages: int, timeout: float) -> list[Message]:
         """Like ``consume``, but returns as soon as one record is there, with whatever
         else is already fetched: ``consume`` waits for a full batch or the timeout, which
-        would hold a lone request for the whole window."""
+        would hold a lone request for the whole window. A first record whose partition is
+        revoked while the rest is fetched is dropped."""
         first: Message | None = self._poll(timeout)
         if first is None:
             return []
+        self._revoked.clear()
         rest: list[Message] = self._consume(max_messages - 1, 0) if max_messages > 1 else []
         messages = [first, *rest]
+        if self._revoked and (first.topic(), first.partition()) in self._revoked:
+            # a rebalance inside the second call took its partition: the next owner
+            # serves it, and it must not be produced or committed here
+            messages = rest
         if any(m.error() is not None for m in messages):
             return self._without_errors(messages)
         return messages

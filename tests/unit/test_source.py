@@ -1,23 +1,31 @@
-"""Source.consume_first: a lone record is returned at once, errors are filtered."""
+"""Source.consume_first: a lone record is returned at once, errors are filtered, and a
+record whose partition is revoked while the rest is fetched is dropped."""
 
 from __future__ import annotations
 
 from typing import Any, cast
 
 import pytest
-from confluent_kafka import Consumer, KafkaError
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from worker.errors import SourceError
 from worker.source import Source
 
 
 class Record:
-    def __init__(self, offset: int, error: KafkaError | None = None) -> None:
+    def __init__(self, offset: int, error: KafkaError | None = None, partition: int = 0) -> None:
         self.offset = offset
         self._error = error
+        self._partition = partition
 
     def error(self) -> KafkaError | None:
         return self._error
+
+    def topic(self) -> str:
+        return "t"
+
+    def partition(self) -> int:
+        return self._partition
 
 
 class QueueConsumer:
@@ -26,6 +34,11 @@ class QueueConsumer:
     def __init__(self, records: list[Record]) -> None:
         self.records = records
         self.calls: list[tuple[str, int, float]] = []
+        self.callbacks: dict[str, Any] = {}
+        self.revoke_in_consume: list[TopicPartition] = []
+
+    def subscribe(self, topics: list[str], **callbacks: Any) -> None:
+        self.callbacks = callbacks
 
     def poll(self, timeout: float) -> Record | None:
         self.calls.append(("poll", 1, timeout))
@@ -33,14 +46,21 @@ class QueueConsumer:
 
     def consume(self, num_messages: int, timeout: float) -> list[Record]:
         self.calls.append(("consume", num_messages, timeout))
+        if self.revoke_in_consume:  # a rebalance served inside this call
+            self.callbacks["on_revoke"](self, self.revoke_in_consume)
+            self.records = [r for r in self.records if r.partition() != 0]
         taken, self.records = self.records[:num_messages], self.records[num_messages:]
         return taken
 
 
-def source(records: list[Record]) -> tuple[Source, QueueConsumer]:
+def source(
+    records: list[Record], revoked: list[list[TopicPartition]] | None = None
+) -> tuple[Source, QueueConsumer]:
     consumer = QueueConsumer(records)
     noop: Any = lambda _parts: None  # noqa: E731
-    src = Source(cast(Consumer, consumer), ["t"], on_assign=noop, on_revoke=noop, on_lost=noop)
+    on_revoke: Any = revoked.append if revoked is not None else noop
+    src = Source(cast(Consumer, consumer), ["t"], on_assign=noop, on_revoke=on_revoke, on_lost=noop)
+    src.subscribe()
     return src, consumer
 
 
@@ -65,3 +85,17 @@ def test_partition_eof_is_dropped_and_fatal_errors_raise() -> None:
     src, _ = source([Record(0, fatal)])
     with pytest.raises(SourceError, match="fatal consumer error"):
         src.consume_first(10, 0.1)
+
+
+def test_first_record_of_a_partition_revoked_meanwhile_is_dropped() -> None:
+    revoked: list[list[TopicPartition]] = []
+    src, consumer = source([Record(0), Record(1, partition=1), Record(2)], revoked)
+    consumer.revoke_in_consume = [TopicPartition("t", 0)]
+    got = src.consume_first(10, 0.1)
+    # record 0 was polled before partition 0 went; only partition 1's record is left
+    assert [cast(Record, m).offset for m in got] == [1]
+    assert [[(tp.topic, tp.partition) for tp in parts] for parts in revoked] == [[("t", 0)]]
+    # a later call is not affected by the earlier revoke
+    consumer.revoke_in_consume = []
+    consumer.records = [Record(5, partition=1)]
+    assert [cast(Record, m).offset for m in src.consume_first(10, 0.1)] == [5]
