@@ -307,10 +307,15 @@ def assemble(
                     rejected.append((r, "missing_feature", reason))
 
     column = {name: j for j, name in enumerate(spec.fields)}
+    fields = spec.fields
     with np.errstate(over="ignore"):  # beyond float32 range becomes inf, refused below
         for r in range(n):
             feats = inline[r]
-            if feats:
+            if not feats:
+                continue
+            if len(feats) == width:  # every feature inline: one row write
+                matrix[r] = [feats[name] for name in fields]
+            else:
                 for name, v in feats.items():
                     matrix[r, column[name]] = v
 
