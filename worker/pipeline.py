@@ -338,7 +338,7 @@ class Pipeline:
             ("streamfer.error_stage", stage.encode()),
             ("streamfer.error_code", code.encode()),
             ("streamfer.error_reason", _header_text(reason)),
-            *_source_headers(msg, request_id),
+            *_SourceHeaders().of(msg, request_id),
         ]
         sink.send(tracker, cfg.dead_letter_topic, body, msg.key(), headers)
         self.metrics.dead_letters.labels(self.name, code).inc()
@@ -348,10 +348,6 @@ def next_offsets(batch: Sequence[Message]) -> dict[PartitionKey, int]:
     """The offset to commit per partition once ``batch`` is done: last offset + 1."""
     last: dict[Any, Any] = {(msg.topic(), msg.partition()): msg.offset() for msg in batch}
     return {key: offset + 1 for key, offset in last.items()}
-
-
-def _source_headers(msg: Message, request_id: str | None) -> Headers:
-    return _SourceHeaders().of(msg, request_id)
 
 
 class _SourceHeaders:
@@ -364,11 +360,11 @@ class _SourceHeaders:
         self._fixed: dict[tuple[str, int], tuple[tuple[str, bytes], tuple[str, bytes]]] = {}
 
     def of(self, msg: Message, request_id: str | None) -> Headers:
-        where = (msg.topic(), msg.partition())
-        fixed = self._fixed.get(where)  # type: ignore[arg-type]
+        where = cast(PartitionKey, (msg.topic(), msg.partition()))
+        fixed = self._fixed.get(where)
         if fixed is None:
-            topic, partition = position(msg)[:2]
-            fixed = self._fixed[(topic, partition)] = (
+            topic, partition = where
+            fixed = self._fixed[where] = (
                 ("streamfer.source_topic", topic.encode()),
                 ("streamfer.source_partition", b"%d" % partition),
             )
