@@ -215,8 +215,7 @@ def _cmd_features_load(args: argparse.Namespace) -> int:
         )
         client.close()
     except StreamferError as exc:
-        print(f"streamfer: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, ConfigError) else 1
+        return _failed("streamfer", exc)
     print(
         f"loaded {report.rows} entities ({report.layout}) in {report.seconds:.2f}s, "
         f"{report.rows_per_s:,.0f} rows/s"
@@ -364,12 +363,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             on_start=lambda replay: _install_signal_handlers(replay.stop),
             as_json=args.json,
         )
-    except ConfigError as exc:
-        print(f"streamfer replay: {exc}", file=sys.stderr)
-        return 2
     except StreamferError as exc:
-        print(f"streamfer replay: {exc}", file=sys.stderr)
-        return 1
+        return _failed("streamfer replay", exc)
 
 
 def _cmd_offsets(args: argparse.Namespace) -> int:
@@ -401,12 +396,14 @@ def _cmd_offsets(args: argparse.Namespace) -> int:
             yes=args.yes,
             out=sys.stdout,
         )
-    except ConfigError as exc:
-        print(f"streamfer offsets: {exc}", file=sys.stderr)
-        return 2
     except StreamferError as exc:
-        print(f"streamfer offsets: {exc}", file=sys.stderr)
-        return 1
+        return _failed("streamfer offsets", exc)
+
+
+def _failed(command: str, exc: StreamferError) -> int:
+    """Say what went wrong; exit 2 for bad configuration or arguments, 1 otherwise."""
+    print(f"{command}: {exc}", file=sys.stderr)
+    return 2 if isinstance(exc, ConfigError) else 1
 
 
 def _install_signal_handlers(stop: object) -> None:
