@@ -200,34 +200,36 @@ def resolve_ranges(
                 if unknown:
                     raise ConfigError(f"offset bound names partitions {unknown} not replayed")
         marks = {p: lookup.watermarks(topic, p) for p in ids}
-        starts: dict[int, int | None] = {}
-        ends: dict[int, int | None] = {}
-        if bounds.from_time_ms is not None:
-            starts = lookup.offsets_for_time(topic, ids, bounds.from_time_ms)
-        if bounds.to_time_ms is not None:
-            ends = lookup.offsets_for_time(topic, ids, bounds.to_time_ms)
+        from_ms, to_ms = bounds.from_time_ms, bounds.to_time_ms
+        starts = None if from_ms is None else lookup.offsets_for_time(topic, ids, from_ms)
+        ends = None if to_ms is None else lookup.offsets_for_time(topic, ids, to_ms)
         for p in ids:
             low, high = marks[p]
-            if bounds.from_time_ms is not None:
-                at = starts.get(p)
-                start = high if at is None else at
-            elif bounds.from_offset is not None:
-                given = bounds.from_offset.for_partition(p)
-                start = low if given is None else given
-            else:
-                start = low
-            if bounds.to_time_ms is not None:
-                at = ends.get(p)
-                end = high if at is None else at
-            elif bounds.to_offset is not None:
-                given = bounds.to_offset.for_partition(p)
-                end = high if given is None else given
-            else:
-                end = high
+            start = _bound_offset(p, starts, bounds.from_offset, default=low, high=high)
+            end = _bound_offset(p, ends, bounds.to_offset, default=high, high=high)
             start = min(max(start, low), high)
             end = min(max(end, start), high)
             ranges.append(PartitionRange(topic, p, start, end))
     return ranges
+
+
+def _bound_offset(
+    partition: int,
+    by_time: dict[int, int | None] | None,
+    by_offset: OffsetBound | None,
+    *,
+    default: int,
+    high: int,
+) -> int:
+    """One end of a partition's range: from a time lookup (no record at or after the time
+    means the log end), else from an offset bound, else ``default``."""
+    if by_time is not None:
+        at = by_time.get(partition)
+        return high if at is None else at
+    if by_offset is not None:
+        given = by_offset.for_partition(partition)
+        return default if given is None else given
+    return default
 
 
 def resume_positions(
