@@ -100,7 +100,13 @@ def format_table(report: dict[str, Any]) -> str:
         )
         + ("" if report.get("source_headers", True) else ", no source headers")
         + ";"
-        f" {report['broker']}; {report['cpus']} CPUs, load average"
+        f" {report['broker']}"
+        + (
+            f", warmed with {report['broker_warmup']['records']:,} passthrough records"
+            if report.get("broker_warmup")
+            else ""
+        )
+        + f"; {report['cpus']} CPUs, load average"
         f" {report['loadavg_1m'][0]:.1f} at start, {report['loadavg_1m'][1]:.1f} at end",
         "",
     ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.report import latency_targets
+from benchmarks.report import format_table, latency_targets
 
 
 def test_targets_from_passthrough_and_model_times() -> None:
@@ -25,3 +25,38 @@ def test_targets_from_passthrough_and_model_times() -> None:
 
 def test_no_targets_without_the_figures_they_need() -> None:
     assert latency_targets({"streamfer": {"p50_ms": 1.0, "p99_ms": 2.0}}, [], 20.0) is None
+
+
+def _report(**extra: object) -> dict[str, object]:
+    return {
+        "date": "2026-11-29 21:00 UTC",
+        "commit": "abc1234",
+        "worktree_dirty": False,
+        "model": "light",
+        "model_text": "16-tree random forest",
+        "mode": "steady",
+        "rate": 10_000.0,
+        "records": 100_000,
+        "partitions": 4,
+        "layout": "packed",
+        "batch_mode": "fixed",
+        "max_batch_size": 256,
+        "max_wait_ms": 20.0,
+        "max_in_flight_batches": None,
+        "source_headers": True,
+        "broker": "Apache Kafka 4.1.1",
+        "cpus": 2,
+        "loadavg_1m": [0.5, 1.5],
+        "warmup_s": 3.0,
+        "results": {},
+        "ratios": {},
+        **extra,
+    }
+
+
+def test_header_says_whether_the_broker_was_warmed() -> None:
+    warmed = format_table(_report(broker_warmup={"records": 20_000, "rps": 60_000.0, "lost": 0}))
+    assert "Apache Kafka 4.1.1, warmed with 20,000 passthrough records;" in warmed
+    cold = format_table(_report())
+    assert "warmed" not in cold
+    assert "Apache Kafka 4.1.1; 2 CPUs" in cold
