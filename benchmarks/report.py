@@ -83,6 +83,14 @@ def _fmt(value: Any, spec: str = ",.0f") -> str:
     return format(value, spec)
 
 
+def _warmup_text(warmup: dict[str, Any] | None) -> str:
+    if not warmup:
+        return ""
+    if warmup.get("error"):
+        return f", broker warm-up failed ({warmup['error']})"
+    return f", warmed with {warmup['records']:,} passthrough records"
+
+
 def format_table(report: dict[str, Any]) -> str:
     """The report as a plain-text table with notes."""
     lines = [
@@ -101,11 +109,7 @@ def format_table(report: dict[str, Any]) -> str:
         + ("" if report.get("source_headers", True) else ", no source headers")
         + ";"
         f" {report['broker']}"
-        + (
-            f", warmed with {report['broker_warmup']['records']:,} passthrough records"
-            if report.get("broker_warmup")
-            else ""
-        )
+        + _warmup_text(report.get("broker_warmup"))
         + f"; {report['cpus']} CPUs, load average"
         f" {report['loadavg_1m'][0]:.1f} at start, {report['loadavg_1m'][1]:.1f} at end",
         "",

@@ -147,6 +147,8 @@ def run_benchmark(
                 "passthrough", job_for("passthrough", "warmup"), n, len(entities), warm, run_id
             )
             extra["broker_warmup"] = {"records": n, "rps": row["rps"], "lost": row["lost"]}
+            if row.get("error"):
+                extra["broker_warmup"]["error"] = row["error"]
 
         for name in (c for c in KAFKA_CONTENDERS if c in opts.contenders):
             progress(name)

@@ -60,3 +60,7 @@ def test_header_says_whether_the_broker_was_warmed() -> None:
     cold = format_table(_report())
     assert "warmed" not in cold
     assert "Apache Kafka 4.1.1; 2 CPUs" in cold
+    failed = format_table(
+        _report(broker_warmup={"records": 20_000, "rps": 0.0, "lost": 20_000, "error": "stalled"})
+    )
+    assert "Apache Kafka 4.1.1, broker warm-up failed (stalled);" in failed
