@@ -125,6 +125,11 @@ def format_table(report: dict[str, Any]) -> str:
             note = f"in-process, batches of {r['batch']}; latency per batch"
             if "with_assemble_rps" in r:
                 note += f"; with assemble {r['with_assemble_rps']:,.0f}/s"
+            if "rps_before" in r:
+                note += (
+                    f"; the faster of {r['rps_before']:,.0f}/s before the Kafka contenders"
+                    f" and {r['rps_after']:,.0f}/s after"
+                )
         if r.get("error"):
             note = f"{note}; {r['error']}".strip("; ")
         lines.append(

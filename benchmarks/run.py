@@ -46,6 +46,8 @@ __all__ = ["ALL_CONTENDERS", "Options", "main", "run_benchmark"]
 
 ALL_CONTENDERS = (*KAFKA_CONTENDERS, "ort_alone", "redis_alone")
 SLOW_CONTENDERS = ("naive", "faust")
+ORT_CEILING_BUDGET_S = 2.0
+"""How long ONNX Runtime alone is timed at the contenders' batch size."""
 MODEL_TEXT = {
     "light": "16-tree random forest (skl2onnx)",
     "heavy": "MLP 1024-1024-1024-512 (skl2onnx)",
@@ -98,7 +100,12 @@ def run_benchmark(
         if "ort_alone" in opts.contenders:
             progress("ort_alone")
             by_size = ort_alone(str(model.path), model.features)
-            at = min(by_size, key=lambda s: abs(s["batch"] - opts.max_batch_size))
+            nearest = min(by_size, key=lambda s: abs(s["batch"] - opts.max_batch_size))
+            # The ratio's ceiling is timed again for longer (0.4 s samples of the heavy
+            # model ranged 11,956-13,553 rows/s back to back, 2 s ones 11,879-12,276),
+            # and once more after the Kafka contenders, below.
+            at = _time_ceiling(model.path, model.features, int(nearest["batch"]))
+            by_size = [at if s["batch"] == at["batch"] else s for s in by_size]
             results["ort_alone"] = {**_ceiling(at), "batch": at["batch"]}
             extra["ort_by_batch"] = by_size
         if "redis_alone" in opts.contenders:
@@ -162,6 +169,21 @@ def run_benchmark(
             if profile:
                 profiles[name] = profile
 
+        if "ort_alone" in results and any(c in results for c in KAFKA_CONTENDERS):
+            # This machine's speed drifts by 10-20% over minutes, and a 2 s timing once
+            # fell to 7,896 rows/s between runs of 12,000-14,500. The ceiling is timed
+            # again after the contenders and the faster timing counts, so a slow moment
+            # never flatters streamfer's ratio.
+            before = results["ort_alone"]
+            after = _time_ceiling(model.path, model.features, int(before["batch"]))
+            best = after if after["rps"] > before["rps"] else before
+            results["ort_alone"] = {
+                **_ceiling(best),
+                "batch": before["batch"],
+                "rps_before": before["rps"],
+                "rps_after": after["rps"],
+            }
+
     report: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": _git("rev-parse", "--short", "HEAD"),
@@ -202,6 +224,12 @@ def _broker_text(used: bool) -> str:
     if not used:
         return "no broker"
     return "external Kafka" if os.environ.get("KAFKA_BOOTSTRAP_SERVERS") else "Apache Kafka 4.1.1"
+
+
+def _time_ceiling(path: Path, features: Any, batch: int) -> dict[str, float]:
+    return ort_alone(
+        str(path), features, batch_sizes=[batch], budget_s=ORT_CEILING_BUDGET_S, max_calls=20_000
+    )[0]
 
 
 def _ceiling(stats: dict[str, float]) -> dict[str, Any]:

@@ -64,3 +64,18 @@ def test_header_says_whether_the_broker_was_warmed() -> None:
         _report(broker_warmup={"records": 20_000, "rps": 0.0, "lost": 20_000, "error": "stalled"})
     )
     assert "Apache Kafka 4.1.1, broker warm-up failed (stalled);" in failed
+
+
+def test_ceiling_row_shows_both_timings() -> None:
+    row = {
+        "rps": 14_000.0,
+        "p50_ms": 18.0,
+        "p95_ms": 19.0,
+        "p99_ms": 20.0,
+        "lost": 0,
+        "batch": 256,
+        "rps_before": 12_000.0,
+        "rps_after": 14_000.0,
+    }
+    table = format_table(_report(results={"ort_alone": row}))
+    assert "the faster of 12,000/s before the Kafka contenders and 14,000/s after" in table
