@@ -130,11 +130,7 @@ class Source:
     def consume(self, max_messages: int, timeout: float) -> list[Message]:
         """Up to ``max_messages`` records; blocks at most ``timeout`` seconds."""
         messages: list[Message] = self._consume(max_messages, timeout)
-        if not messages:
-            return messages
-        if any(m.error() is not None for m in messages):
-            return self._without_errors(messages)
-        return messages
+        return self._without_errors(messages)
 
     def consume_first(self, max_messages: int, timeout: float) -> list[Message]:
         """Like ``consume``, but returns as soon as one record is there, with whatever
@@ -151,11 +147,12 @@ class Source:
             # a rebalance inside the second call took its partition: the next owner
             # serves it, and it must not be produced or committed here
             messages = rest
-        if any(m.error() is not None for m in messages):
-            return self._without_errors(messages)
-        return messages
+        return self._without_errors(messages)
 
     def _without_errors(self, messages: list[Message]) -> list[Message]:
+        """``messages`` itself when none carries an error (the usual case, one pass)."""
+        if not any(m.error() is not None for m in messages):
+            return messages
         good = []
         for m in messages:
             err = m.error()
