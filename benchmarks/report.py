@@ -55,8 +55,8 @@ def latency_targets(
     """The steady-mode latency targets of issue 4, from figures of the same run.
 
     Under load: streamfer's p99 <= the passthrough's p99 + ``max_wait_ms`` + 3 x the
-    model's time for one batch (ONNX Runtime alone, at the largest measured batch size up
-    to the one in use) + 10 ms. A lone request at idle (a low ``--rate``): streamfer's
+    model's time for one batch (ONNX Runtime alone, at the measured batch size nearest the
+    one in use) + 10 ms. A lone request at idle (a low ``--rate``): streamfer's
     p50 <= the passthrough's p50 + the model's single-row time + 5 ms.
     """
     sf, pt, ort = results.get("streamfer"), results.get("passthrough"), results.get("ort_alone")
