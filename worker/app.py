@@ -49,7 +49,7 @@ from prometheus_client import CollectorRegistry
 from worker.batcher import Batcher, Clock, monotonic_clock
 from worker.commit import Committer, OffsetConsumer, PartitionKey
 from worker.config import WorkerConfig
-from worker.engines import OnnxEngine
+from worker.engines import OnnxEngine, warm_up_sizes
 from worker.errors import CommitError, SinkError
 from worker.features import connect_store
 from worker.health import HealthState
@@ -66,17 +66,6 @@ log = logging.getLogger(__name__)
 
 _IDLE_CHECK_S = 0.005
 """Adaptive batching: how often the loop looks for an idle model while records wait."""
-
-
-def warm_up_sizes(max_batch_size: int) -> list[int]:
-    """Every power of two up to ``max_batch_size``, and it: the sizes adaptive batching
-    and the tail of a backlog hand to the model, each run once before joining."""
-    sizes = {max_batch_size}
-    size = 1
-    while size < max_batch_size:
-        sizes.add(size)
-        size *= 2
-    return sorted(sizes)
 
 
 def _partition_of(msg: Message) -> PartitionKey:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Protocol
@@ -21,7 +22,7 @@ import numpy.typing as npt
 from worker.config import ModelSpec
 from worker.errors import EngineError
 
-__all__ = ["ENGINES", "InferenceEngine", "OnnxEngine", "file_sha256"]
+__all__ = ["ENGINES", "InferenceEngine", "OnnxEngine", "file_sha256", "warm_up_sizes"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,17 @@ class InferenceEngine(Protocol):
         ...
 
 
+def warm_up_sizes(max_batch_size: int) -> list[int]:
+    """Every power of two up to ``max_batch_size``, and it: the sizes adaptive batching
+    and the tail of a backlog or a replay hand to the model, each run once up front."""
+    sizes = {max_batch_size}
+    size = 1
+    while size < max_batch_size:
+        sizes.add(size)
+        size *= 2
+    return sorted(sizes)
+
+
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as fh:
@@ -71,6 +83,7 @@ class OnnxEngine:
         path = spec.path
         if not path.is_file():
             raise EngineError(f"model file not found: {path}")
+        self._path = path
         self._hash = file_sha256(path)
         if spec.sha256 is not None and spec.sha256.lower() != self._hash:
             raise EngineError(
@@ -125,8 +138,16 @@ class OnnxEngine:
 
     def warm_up(self, batch_sizes: Iterable[int]) -> None:
         width = self._n_features or 1
-        for size in batch_sizes:
+        sizes = list(batch_sizes)
+        started = time.perf_counter()
+        for size in sizes:
             self.infer(np.zeros((size, width), dtype=np.float32))
+        log.info(
+            "model %s warmed at batch sizes %s in %.0f ms",
+            self._path.name,
+            sizes,
+            1000 * (time.perf_counter() - started),
+        )
 
 
 def _output_map(

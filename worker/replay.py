@@ -952,7 +952,7 @@ def _run_locked(
 ) -> ReplaySummary:
     """Build the real parts (model first: a bad one fails before anything is written),
     save a new plan, run, and summarise. Holds the replay's lock."""
-    from worker.engines import OnnxEngine
+    from worker.engines import OnnxEngine, warm_up_sizes
     from worker.features import connect_store
     from worker.metrics import Metrics
     from worker.pipeline import Pipeline
@@ -977,7 +977,7 @@ def _run_locked(
             (plan.dead_letter_topic, pipeline_cfg.dead_letter_topic),
         ],
     )
-    engine.warm_up(sorted({1, pipeline_cfg.batch.max_batch_size}))
+    engine.warm_up(warm_up_sizes(pipeline_cfg.batch.max_batch_size))
     features = connect_store(config.redis, pipeline_cfg.features)
     features.ping()
     handler = Pipeline(

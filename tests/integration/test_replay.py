@@ -207,7 +207,7 @@ def test_killed_replay_resumes_without_a_gap(
     bounds = ["--from-offset", "100", "--to-offset", "900"]
 
     argv = [sys.executable, "-m", "worker", "replay", "--config", str(config), *bounds, *state]
-    argv += ["--replay-id", "k1", "--max-rate", "500", "--json"]
+    argv += ["--replay-id", "k1", "--max-rate", "500"]
     with (tmp_path / "first.log").open("wb") as log:
         first = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log)
     try:
@@ -226,6 +226,8 @@ def test_killed_replay_resumes_without_a_gap(
         if first.poll() is None:
             first.kill()
             first.wait(10)
+    first_log = (tmp_path / "first.log").read_text()
+    assert "warmed at batch sizes [1, 2, 4, 8, 16, 32, 50] in " in first_log, first_log[-3000:]
     at_kill = committed_offsets(kafka_bootstrap, "streamfer-replay-k1", t.requests)
     assert 800 <= sum(max(0, c - 100) for c in at_kill.values()) < len(window)
 

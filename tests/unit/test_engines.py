@@ -11,7 +11,7 @@ import onnxruntime
 import pytest
 
 from worker.config import ModelSpec
-from worker.engines import ENGINES, OnnxEngine, file_sha256
+from worker.engines import ENGINES, OnnxEngine, file_sha256, warm_up_sizes
 from worker.errors import EngineError
 from worker.modelgen import DemoModel
 
@@ -65,10 +65,20 @@ def test_metadata(engine: OnnxEngine, classifier: DemoModel) -> None:
     assert "CPUExecutionProvider" in engine.providers
 
 
-def test_single_row_and_warm_up(engine: OnnxEngine, classifier: DemoModel) -> None:
-    engine.warm_up([1, 3, 64])
+def test_single_row_and_warm_up(
+    engine: OnnxEngine, classifier: DemoModel, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("INFO", logger="worker.engines"):
+        engine.warm_up([1, 3, 64])
+    assert f"model {classifier.path.name} warmed at batch sizes [1, 3, 64] in " in caplog.text
     out = engine.infer(classifier.features[:1])
     assert out["scores"].shape == (1, 2)
+
+
+def test_warm_up_covers_every_power_of_two_and_the_maximum() -> None:
+    assert warm_up_sizes(256) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert warm_up_sizes(100) == [1, 2, 4, 8, 16, 32, 64, 100]
+    assert warm_up_sizes(1) == [1]
 
 
 def test_wrong_width_is_engine_error(engine: OnnxEngine) -> None:
