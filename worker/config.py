@@ -56,6 +56,10 @@ class KafkaSettings(_Frozen):
     group_id: str = "streamfer"
     auto_offset_reset: Literal["earliest", "latest", "error"] = "earliest"
     session_timeout_ms: int = Field(default=45000, ge=1000, le=3_600_000)
+    heartbeat_interval_ms: int = Field(default=1000, ge=100, le=3_600_000)
+    """How soon a member hears of a rebalance. A cooperative rebalance takes two rounds,
+    so a replica added under load waits about two intervals for its partitions:
+    librdkafka's default of 3 s made that 6 s."""
     max_poll_interval_ms: int = Field(default=300_000, ge=1000)
     group_instance_id: str | None = None
     options: dict[str, LibrdkafkaValue] = Field(default_factory=dict)
@@ -65,6 +69,15 @@ class KafkaSettings(_Frozen):
     sasl_password: SecretStr | None = None
     sasl_password_file: Path | None = None
     """Read at start-up into ``sasl_password`` (a mounted Kubernetes secret, say)."""
+
+    @model_validator(mode="after")
+    def _heartbeat_within_session(self) -> KafkaSettings:
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise ValueError(
+                f"heartbeat_interval_ms ({self.heartbeat_interval_ms}) must be less than "
+                f"session_timeout_ms ({self.session_timeout_ms})"
+            )
+        return self
 
     def client_options(self) -> dict[str, LibrdkafkaValue]:
         """``options`` plus the SASL credentials, for both clients."""

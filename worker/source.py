@@ -50,6 +50,7 @@ def consumer_config(
         "auto.offset.reset": settings.auto_offset_reset,
         "partition.assignment.strategy": "cooperative-sticky",
         "session.timeout.ms": settings.session_timeout_ms,
+        "heartbeat.interval.ms": settings.heartbeat_interval_ms,
         "max.poll.interval.ms": settings.max_poll_interval_ms,
         "error_cb": on_error or _log_error,
         "on_commit": on_commit or _log_commit,

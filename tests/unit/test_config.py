@@ -130,6 +130,7 @@ def test_defaults(make_raw: Callable[..., Raw]) -> None:
     cfg = parse_config(make_raw(), environ={})
     assert cfg.kafka.bootstrap_servers == "127.0.0.1:9092"
     assert cfg.kafka.auto_offset_reset == "earliest"
+    assert cfg.kafka.heartbeat_interval_ms == 1000
     assert cfg.max_in_flight_batches == 4
     assert cfg.metrics.port is None
     p = cfg.pipelines[0]
@@ -167,6 +168,12 @@ def test_error_names_nested_field(make_raw: Callable[..., Raw]) -> None:
     msg = config_error(make_raw(batch={"max_batch_size": 0}))
     assert "pipelines[0].batch.max_batch_size" in msg
     assert "greater than or equal to 1" in msg
+
+
+def test_heartbeat_must_be_shorter_than_the_session(make_raw: Callable[..., Raw]) -> None:
+    raw = {**make_raw(), "kafka": {"session_timeout_ms": 1000, "heartbeat_interval_ms": 1000}}
+    msg = config_error(raw)
+    assert "heartbeat_interval_ms (1000) must be less than session_timeout_ms (1000)" in msg
 
 
 def test_error_names_second_pipeline_index(make_raw: Callable[..., Raw]) -> None:

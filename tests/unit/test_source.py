@@ -1,5 +1,6 @@
 """Source.consume_first: a lone record is returned at once, errors are filtered, and a
-record whose partition is revoked while the rest is fetched is dropped."""
+record whose partition is revoked while the rest is fetched is dropped; and the
+consumer settings the worker derives from its config."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from typing import Any, cast
 import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from worker.config import KafkaSettings
 from worker.errors import SourceError
-from worker.source import Source
+from worker.source import Source, consumer_config
 
 
 class Record:
@@ -99,3 +101,10 @@ def test_first_record_of_a_partition_revoked_meanwhile_is_dropped() -> None:
     consumer.revoke_in_consume = []
     consumer.records = [Record(5, partition=1)]
     assert [cast(Record, m).offset for m in src.consume_first(10, 0.1)] == [5]
+
+
+def test_consumer_config_hears_of_rebalances_at_the_heartbeat_interval() -> None:
+    settings = KafkaSettings(heartbeat_interval_ms=500)
+    assert consumer_config(settings)["heartbeat.interval.ms"] == 500
+    tuned = KafkaSettings(consumer_options={"heartbeat.interval.ms": 250})
+    assert consumer_config(tuned)["heartbeat.interval.ms"] == 250, "consumer_options win"
