@@ -48,6 +48,8 @@ ALL_CONTENDERS = (*KAFKA_CONTENDERS, "ort_alone", "redis_alone")
 SLOW_CONTENDERS = ("naive", "faust")
 ORT_CEILING_BUDGET_S = 2.0
 """How long ONNX Runtime alone is timed at the contenders' batch size."""
+KAFKA_DEFAULT_REBALANCE_DELAY_MS = 3000
+"""``group.initial.rebalance.delay.ms`` of the benchmark's broker: Kafka's default."""
 MODEL_TEXT = {
     "light": "16-tree random forest (skl2onnx)",
     "heavy": "MLP 1024-1024-1024-512 (skl2onnx)",
@@ -85,7 +87,11 @@ def run_benchmark(
     load_before = os.getloadavg()[0]
     needs_kafka = any(c in KAFKA_CONTENDERS for c in opts.contenders)
     with contextlib.ExitStack() as stack:
-        bootstrap = stack.enter_context(local_kafka()) if needs_kafka else ""
+        # Kafka's default delay, as on a production broker: the two workers of
+        # streamfer_2w, started together, then share the group's first generation
+        # instead of the second one joining (a rebalance) in the middle of the drain.
+        kafka = local_kafka(initial_rebalance_delay_ms=KAFKA_DEFAULT_REBALANCE_DELAY_MS)
+        bootstrap = stack.enter_context(kafka) if needs_kafka else ""
         redis_url = stack.enter_context(local_redis())
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="streamfer-bench-")))
         run_id = uuid.uuid4().hex[:8]

@@ -165,8 +165,12 @@ def start_kafka(
     heap_mb: int = 768,
     timeout: float = 90.0,
     features: tuple[str, ...] = (),
+    initial_rebalance_delay_ms: int = 0,
 ) -> Service:
-    """A single-node KRaft broker. With ``workdir`` its logs survive a restart."""
+    """A single-node KRaft broker. With ``workdir`` its logs survive a restart.
+
+    A new group's first rebalance waits ``initial_rebalance_delay_ms`` for more members
+    (Kafka's default is 3000); 0 lets tests start a lone consumer at once."""
     java = shutil.which("java")
     if java is None:
         raise StackError("Apache Kafka needs Java 17+ ('java' not found)")
@@ -199,7 +203,7 @@ def start_kafka(
             "transaction.state.log.replication.factor": "1",
             "transaction.state.log.min.isr": "1",
             "transaction.state.log.num.partitions": "4",
-            "group.initial.rebalance.delay.ms": "0",
+            "group.initial.rebalance.delay.ms": str(initial_rebalance_delay_ms),
             "auto.create.topics.enable": "false",
             "log.flush.interval.ms": "60000",
         }
@@ -348,13 +352,13 @@ def start_tansu(*, port: int | None = None, timeout: float = 20.0) -> Service:
 
 
 @contextlib.contextmanager
-def local_kafka() -> Iterator[str]:
+def local_kafka(*, initial_rebalance_delay_ms: int = 0) -> Iterator[str]:
     """Bootstrap servers: ``KAFKA_BOOTSTRAP_SERVERS`` if set, else a broker we start."""
     existing = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if existing:
         yield existing
         return
-    svc = start_kafka()
+    svc = start_kafka(initial_rebalance_delay_ms=initial_rebalance_delay_ms)
     try:
         yield svc.address
     finally:
