@@ -204,12 +204,11 @@ class Worker:
 
     def on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """Result of an asynchronous commit; rejected offsets are committed again."""
-        failed = [tp for tp in partitions if err is not None or tp.error is not None]
+        failed = self._committer.settle(err, partitions)
         if failed:
             reason = err.str() if err is not None else str(failed[0].error)
             log.warning("commit of %d partitions rejected (%s); will retry", len(failed), reason)
             self.metrics.commit_failures.inc()
-            self._committer.requeue_failed(failed)
 
     def on_error(self, err: KafkaError) -> None:
         if err.code() == KafkaError._ALL_BROKERS_DOWN:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from worker.commit import Committer, PartitionKey
+from worker.commit import STALLED_COMMIT_S, Committer, PartitionKey
 from worker.errors import CommitError, SinkError
 from worker.sink import DeliveryTracker
 
@@ -341,3 +341,100 @@ def test_forget_drops_pending_retry(committer: Committer, consumer: FakeConsumer
     committer.forget([("req", 0)])
     assert committer.commit_ready() == 0
     assert len(consumer.commits) == 1
+
+
+# --- what a crash would replay: rejected commits count until redone ------------------
+
+
+def _answer(offsets: dict[PartitionKey, int]) -> list[TopicPartition]:
+    return [TopicPartition(t, p, offset) for (t, p), offset in offsets.items()]
+
+
+REBALANCING = KafkaError(KafkaError.REBALANCE_IN_PROGRESS)
+
+
+def test_rejected_commit_counts_its_records_until_a_later_commit_succeeds(
+    committer: Committer, consumer: FakeConsumer
+) -> None:
+    committer.track(sent(0), {("req", 0): 10, ("req", 1): 4}, records=50)
+    committer.commit_ready()
+    assert committer.records == 0  # sent: nothing left to replay if it succeeds
+    failed = committer.settle(REBALANCING, _answer({("req", 0): 10, ("req", 1): 4}))
+    assert [(tp.partition, tp.offset) for tp in failed] == [(0, 10), (1, 4)]
+    assert committer.records == 50, "a crash now would replay them"
+    committer.track(sent(0), {("req", 0): 12}, records=5)
+    committer.commit_ready()  # the retry goes out with the newer batch
+    assert consumer.commits[-1] == ([("req", 0, 12), ("req", 1, 4)], True)
+    assert committer.records == 50
+    assert committer.settle(None, _answer({("req", 0): 12, ("req", 1): 4})) == []
+    assert committer.records == 0
+
+
+def test_partly_redone_commit_still_counts(committer: Committer) -> None:
+    committer.track(sent(0), {("req", 0): 10, ("req", 1): 4}, records=50)
+    committer.commit_ready()
+    committer.settle(REBALANCING, _answer({("req", 0): 10, ("req", 1): 4}))
+    committer.settle(None, _answer({("req", 0): 10}))
+    assert committer.records == 50, "partition 1 is still uncommitted"
+    committer.settle(None, _answer({("req", 1): 4}))
+    assert committer.records == 0
+
+
+def test_good_answers_change_nothing(committer: Committer) -> None:
+    committer.track(sent(0), {("req", 0): 10}, records=50)
+    committer.track(sent(1), {("req", 0): 20}, records=7)
+    committer.commit_ready()
+    assert committer.settle(None, _answer({("req", 0): 10})) == []
+    assert committer.records == 7
+    # an answer to a commit the committer did not send (a synchronous one, say)
+    assert committer.settle(None, _answer({("req", 3): 99})) == []
+    assert committer.records == 7
+
+
+def test_revoked_partitions_release_their_rejected_records(committer: Committer) -> None:
+    committer.track(sent(0), {("req", 0): 10}, records=50)
+    committer.commit_ready()
+    committer.settle(REBALANCING, _answer({("req", 0): 10}))
+    assert committer.records == 50
+    committer.forget([("req", 0)])  # the new owner consumes them
+    assert committer.records == 0
+
+
+def test_clear_forgets_rejected_commits(committer: Committer) -> None:
+    committer.track(sent(0), {("req", 0): 10}, records=50)
+    committer.commit_ready()
+    committer.settle(REBALANCING, _answer({("req", 0): 10}))
+    assert committer.records == 50
+    committer.clear()
+    assert committer.records == 0
+
+
+def test_unanswered_commit_counts_once_stalled(consumer: FakeConsumer) -> None:
+    now = [100.0]
+    committer = Committer(consumer, clock=lambda: now[0])
+    committer.track(sent(0), {("req", 0): 10}, records=50)
+    committer.commit_ready()
+    assert committer.records == 0  # answers take milliseconds
+    now[0] += STALLED_COMMIT_S
+    assert committer.records == 50, "held back during a rebalance: a crash would replay them"
+    committer.track(sent(0), {("req", 0): 12}, records=5)
+    committer.commit_ready()
+    assert committer.records == 50  # the newer commit is not stalled yet
+    now[0] += STALLED_COMMIT_S
+    assert committer.records == 55
+    assert committer.settle(None, _answer({("req", 0): 10})) == []
+    assert committer.records == 5
+    assert committer.settle(None, _answer({("req", 0): 12})) == []
+    assert committer.records == 0
+
+
+def test_a_later_good_commit_settles_older_unanswered_ones(consumer: FakeConsumer) -> None:
+    now = [0.0]
+    committer = Committer(consumer, clock=lambda: now[0])
+    committer.track(sent(0), {("req", 0): 10}, records=50)
+    committer.commit_ready()
+    committer.track(sent(0), {("req", 0): 12}, records=5)
+    committer.commit_ready()
+    now[0] += 1.0
+    committer.settle(None, _answer({("req", 0): 12}))
+    assert committer.records == 0, "offset 12 covers 10"
