@@ -4,7 +4,7 @@ Batches are committed in the order they were produced: a batch's offsets (next o
 i.e. last + 1, per partition) are committed only when its deliveries and those of every
 earlier batch have all succeeded. An offset that would move a partition backwards is
 refused. Asynchronous commits that the broker rejects (a rebalance was in progress, say)
-are reported through ``requeue_failed`` and sent again with the next commit. A failed
+come back through ``settle`` and are sent again with the next commit. A failed
 delivery stops commits for good: the caller must stop the worker so the uncommitted
 records are consumed again.
 
@@ -168,21 +168,22 @@ class Committer:
         """The broker's answer to an asynchronous commit (``on_commit``); returns the
         partitions it rejected. Those are committed again with the next commit, and the
         records the commit covered count as in flight until that succeeds."""
-        answered = {(tp.topic, tp.partition): tp.offset for tp in partitions}
+        answered = _offsets(partitions)
         entry = next((e for e in self._awaiting if e.offsets == answered), None)
         if entry is not None:
             self._awaiting.remove(entry)
-        failed = [tp for tp in partitions if err is not None or tp.error is not None]
+        failed = []
         confirmed = self._confirmed
         for tp in partitions:
-            if err is None and tp.error is None:
+            if err is not None or tp.error is not None:
+                failed.append(tp)
+            else:
                 key = (tp.topic, tp.partition)
                 confirmed[key] = max(tp.offset, confirmed.get(key, -1))
         if failed:
             self.requeue_failed(failed)
             if entry is not None and entry.records:
-                retried = {(tp.topic, tp.partition): tp.offset for tp in failed}
-                self._rejected.append(_Unsettled(retried, entry.records))
+                self._rejected.append(_Unsettled(_offsets(failed), entry.records))
                 self._records += entry.records
         self._release_covered()
         return failed
@@ -235,8 +236,7 @@ class Committer:
             raise CommitError(f"commit of {len(forward)} partitions failed: {exc}") from exc
         self.commits += 1
         if asynchronous:
-            sent = {(tp.topic, tp.partition): tp.offset for tp in forward}
-            self._awaiting.append(_Unsettled(sent, records, self._clock()))
+            self._awaiting.append(_Unsettled(_offsets(forward), records, self._clock()))
 
     def forget(self, partitions: Collection[PartitionKey]) -> None:
         """Drop all state of partitions this worker no longer owns."""
@@ -259,3 +259,7 @@ class Committer:
 
     def committed(self) -> dict[PartitionKey, int]:
         return dict(self._committed)
+
+
+def _offsets(partitions: list[TopicPartition]) -> dict[PartitionKey, int]:
+    return {(tp.topic, tp.partition): tp.offset for tp in partitions}

@@ -391,19 +391,21 @@ def test_good_answers_change_nothing(committer: Committer) -> None:
     assert committer.records == 7
 
 
-def test_revoked_partitions_release_their_rejected_records(committer: Committer) -> None:
+def _reject_a_commit_of_50_records(committer: Committer) -> None:
     committer.track(sent(0), {("req", 0): 10}, records=50)
     committer.commit_ready()
     committer.settle(REBALANCING, _answer({("req", 0): 10}))
+
+
+def test_revoked_partitions_release_their_rejected_records(committer: Committer) -> None:
+    _reject_a_commit_of_50_records(committer)
     assert committer.records == 50
     committer.forget([("req", 0)])  # the new owner consumes them
     assert committer.records == 0
 
 
 def test_clear_forgets_rejected_commits(committer: Committer) -> None:
-    committer.track(sent(0), {("req", 0): 10}, records=50)
-    committer.commit_ready()
-    committer.settle(REBALANCING, _answer({("req", 0): 10}))
+    _reject_a_commit_of_50_records(committer)
     assert committer.records == 50
     committer.clear()
     assert committer.records == 0
