@@ -4,13 +4,16 @@ Every value is validated at start-up; a bad one raises ``ConfigError`` whose mes
 names the field (``pipelines[0].batch.max_batch_size``) and what is allowed. Environment
 variables ``STREAMFER_<SECTION>__<FIELD>`` override the file, with ``__`` between levels
 and list indices as numbers (``STREAMFER_PIPELINES__0__BATCH__MAX_WAIT_MS=5``). Secrets
-are ``SecretStr`` and never print.
+are ``SecretStr`` and never print, and no error message quotes one: a Redis URL that
+redis-py would misread (a password with an unencoded ``/``, ``?`` or ``#`` ends its host
+part early, and redis-py's own errors then quote the password) is refused here, at load.
 """
 
 from __future__ import annotations
 
 import os
 import tomllib
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -20,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, m
 from worker.errors import ConfigError
 
 __all__ = [
+    "LIBRDKAFKA_SECRET_OPTIONS",
     "BatchPolicy",
     "FeatureSpec",
     "KafkaSettings",
@@ -31,6 +35,7 @@ __all__ = [
     "load_config",
     "parse_config",
     "redacted",
+    "redis_url_problem",
 ]
 
 ENV_PREFIX = "STREAMFER_"
@@ -101,6 +106,22 @@ class RedisSettings(_Frozen):
     password_file: Path | None = None
     ssl_ca_certs: Path | None = None
     socket_timeout_s: float = Field(default=5.0, gt=0)
+
+    def checked_url(self, source: str | None = None) -> str:
+        """The URL, once it is known that redis-py reads it as written. Raises
+        ``ConfigError`` naming the field and the fix, with no part of the URL in it."""
+        url = self.url.get_secret_value()
+        problem = redis_url_problem(url)
+        if problem is None:
+            return url
+        field = "redis.url" if self.url_file is None else "redis.url (read from redis.url_file)"
+        where = f"{source}: " if source else ""
+        raise ConfigError(
+            f"{where}{field}: cannot be used as written: {problem}. Percent-encode the user "
+            "name and password in the URL (urllib.parse.quote(password, safe='')), or leave "
+            "them out of it and set redis.username and redis.password or "
+            "redis.password_file"
+        ) from None
 
 
 class BatchPolicy(_Frozen):
@@ -250,9 +271,17 @@ def parse_config(
     try:
         cfg = WorkerConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{source}: invalid configuration\n{_describe(exc)}") from None
+        # Raised outside this block, so that not even the suppressed context of the
+        # ConfigError holds the ValidationError, whose text quotes the input values.
+        problems = _describe(exc)
+    else:
+        problems = ""
+    if problems:
+        raise ConfigError(f"{source}: invalid configuration\n{problems}") from None
     base = base_dir or Path.cwd()
-    return _read_secret_files(_resolve_and_check_models(cfg, base, source), base, source)
+    cfg = _read_secret_files(_resolve_and_check_models(cfg, base, source), base, source)
+    cfg.redis.checked_url(source)
+    return cfg
 
 
 # Secrets and names are taken as written: a password "1e3" must not become 1000.0.
@@ -332,19 +361,93 @@ def _describe(exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
-_SECRET_WORDS = ("password", "secret", "token", "credential", "key")
+LIBRDKAFKA_SECRET_OPTIONS = frozenset(
+    {
+        "sasl.password",
+        "sasl.oauthbearer.config",
+        "sasl.oauthbearer.client.secret",
+        "sasl.oauthbearer.client.credentials.client.secret",
+        "sasl.oauthbearer.assertion.private.key.passphrase",
+        "sasl.oauthbearer.assertion.private.key.pem",
+        "sasl.oauthbearer.extensions",
+        "sasl.kerberos.kinit.cmd",
+        "ssl.key.password",
+        "ssl.key.pem",
+        "ssl_key",
+        "ssl.keystore.password",
+        "ssl_engine_callback_data",
+    }
+)
+"""librdkafka properties (its CONFIGURATION.md) whose values are or may hold a secret:
+passwords, private keys, OAuth client secrets, and free-form ones that carry them
+(``sasl.oauthbearer.config`` holds ``clientSecret=...``; extensions and the kinit
+command line may too)."""
+
+# A name with one of these words is masked too: an option librdkafka adds later, or a
+# plug-in's, is more likely a secret than not when its name says so.
+_SECRET_WORDS = ("password", "passphrase", "secret", "token", "credential", "key")
+_MASK = "**********"
+
+
+def _is_secret_option(name: str) -> bool:
+    lowered = name.lower()
+    return lowered in LIBRDKAFKA_SECRET_OPTIONS or any(w in lowered for w in _SECRET_WORDS)
 
 
 def redacted(cfg: WorkerConfig) -> dict[str, Any]:
-    """The config as plain data for logs and ``check --print-config``: secrets masked,
-    including librdkafka options whose names say they are secret."""
+    """The config as plain data for logs and ``check --print-config``: ``SecretStr``
+    fields (the Redis URL and passwords, SASL password) and every librdkafka option that
+    can carry a secret, in ``options``, ``consumer_options`` and ``producer_options``,
+    are masked."""
     data: dict[str, Any] = cfg.model_dump(mode="json")
     kafka = data["kafka"]
     for section in ("options", "consumer_options", "producer_options"):
         for name in kafka[section]:
-            if any(word in name for word in _SECRET_WORDS):
-                kafka[section][name] = "**********"
+            if _is_secret_option(name):
+                kafka[section][name] = _MASK
     return data
+
+
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def redis_url_problem(url: str) -> str | None:
+    """Why redis-py would not read ``url`` as written, or None when it would.
+
+    redis-py splits a URL with ``urllib.parse``: a ``/``, ``?`` or ``#`` in an unencoded
+    password ends the host part there, so the rest of the password becomes the path,
+    query or fragment and its start the port (a ValueError that quotes it) or the host (a
+    connection error that names it). Since credentials always end with ``@``, an ``@``
+    after the host part means that happened. The answer never quotes the URL, and no
+    exception raised while parsing is kept (their messages quote it too).
+    """
+    if not url.startswith(_REDIS_SCHEMES):
+        return "it must start with redis://, rediss:// or unix://"
+    if not url.isprintable():  # urllib drops tabs and line breaks: a different password
+        return "it holds a tab, a line break or another control character"
+    if "#" in url:
+        return "it holds a '#', which ends the part of a URL that redis-py reads"
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        parts = None
+    if parts is None:
+        return "its host part has unbalanced brackets or characters that are not allowed"
+    if "@" in parts.path or "@" in parts.query:
+        return (
+            "an '@' follows the host part, so a '/' or '?' in the user name or password "
+            "ended the host part early"
+        )
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if port is not None and not 0 < port < 65536:
+        return "its port is not a number from 1 to 65535"
+    database = parts.path.replace("/", "")  # as redis-py reads it
+    if parts.scheme != "unix" and database and not (database.isascii() and database.isdigit()):
+        return "the path after the host must be a database number, such as /0"
+    return None
 
 
 def _read_secret_files(cfg: WorkerConfig, base_dir: Path, source: str) -> WorkerConfig:

@@ -183,7 +183,15 @@ def pack_vector(values: Sequence[float] | npt.NDArray[np.floating[Any]]) -> byte
 
 
 def redis_client(settings: RedisSettings) -> redis.Redis:
-    """A client for the configured Redis, with AUTH/ACL user and TLS CA when set."""
+    """A client for the configured Redis, with AUTH/ACL user and TLS CA when set.
+
+    Connects lazily. Raises ``ConfigError`` for a URL redis-py would misread or refuse;
+    its message and traceback hold no part of the URL, which may carry the password
+    (settings built in code have not been through ``load_config``'s check).
+    """
+    from worker.errors import ConfigError
+
+    url = settings.checked_url()
     extra: dict[str, Any] = {}
     if settings.username is not None:
         extra["username"] = settings.username
@@ -191,12 +199,19 @@ def redis_client(settings: RedisSettings) -> redis.Redis:
         extra["password"] = settings.password.get_secret_value()
     if settings.ssl_ca_certs is not None:
         extra["ssl_ca_certs"] = str(settings.ssl_ca_certs)
-    return redis.Redis.from_url(
-        settings.url.get_secret_value(),
-        socket_timeout=settings.socket_timeout_s,
-        socket_connect_timeout=settings.socket_timeout_s,
-        **extra,
-    )
+    try:
+        return redis.Redis.from_url(
+            url,
+            socket_timeout=settings.socket_timeout_s,
+            socket_connect_timeout=settings.socket_timeout_s,
+            **extra,
+        )
+    except (ValueError, TypeError):
+        pass  # raised below, outside this block, so no exception context can quote the URL
+    raise ConfigError(
+        "redis.url: redis-py refused its query arguments (?name=value&...): check their "
+        "names and values"
+    ) from None
 
 
 def _ping(client: redis.Redis) -> None:

@@ -6,18 +6,48 @@ keeps turning; ``/readyz`` answers 200 when the worker owns partitions (or is wa
 for an assignment in a group that has none for it), its models are loaded and the broker
 and the feature store answer, else 503 with the reasons; ``/metrics`` is Prometheus text
 from the worker's own registry.
+
+The server spends a thread per connection, so connections are bounded in number and in
+time: at most ``MAX_CONNECTIONS`` at once (more are closed unanswered, without a thread),
+each read or write waits at most ``CONNECTION_TIMEOUT_S`` and a connection lives at most
+``CONNECTION_DEADLINE_S``. Idle or trickling clients can then make probes fail for a
+while, but cannot pile up threads in the worker.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-__all__ = ["HealthServer", "HealthState"]
+__all__ = [
+    "CONNECTION_DEADLINE_S",
+    "CONNECTION_TIMEOUT_S",
+    "MAX_CONNECTIONS",
+    "HealthServer",
+    "HealthState",
+]
+
+log = logging.getLogger(__name__)
+
+MAX_CONNECTIONS = 32
+"""Connections served at once, one thread each. Probes and scrapes come a few a second."""
+CONNECTION_TIMEOUT_S = 5.0
+"""How long one read or write may wait: a request is a few hundred bytes sent at once,
+so a connection silent this long is idle and is closed, freeing its thread."""
+CONNECTION_DEADLINE_S = 30.0
+"""How long a connection may stay open in all, so that a client sending a byte now and
+then (which resets the per-read timeout) cannot keep its thread either."""
+_POLL_S = 0.25
+"""How often the accept loop checks for shutdown and for connections past their deadline."""
 
 
 @dataclass
@@ -56,33 +86,132 @@ class HealthState:
 
 
 class HealthServer:
-    """Serves /metrics, /healthz and /readyz on a daemon thread."""
+    """Serves /metrics, /healthz and /readyz on a daemon thread, a thread per connection
+    for at most ``max_connections`` connections (see the module docstring)."""
 
     def __init__(
-        self, state: HealthState, registry: CollectorRegistry, host: str, port: int
+        self,
+        state: HealthState,
+        registry: CollectorRegistry,
+        host: str,
+        port: int,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        connection_timeout_s: float = CONNECTION_TIMEOUT_S,
+        connection_deadline_s: float = CONNECTION_DEADLINE_S,
     ) -> None:
-        handler = _handler_for(state, registry)
-        self._server = ThreadingHTTPServer((host, port), handler)
-        self._server.daemon_threads = True
+        if max_connections < 1 or connection_timeout_s <= 0 or connection_deadline_s <= 0:
+            raise ValueError("max_connections and the connection times must be positive")
+        handler = _handler_for(state, registry, connection_timeout_s)
+        self._server = _BoundedHTTPServer(
+            (host, port),
+            handler,
+            max_connections=max_connections,
+            deadline_s=connection_deadline_s,
+        )
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name="streamfer-http", daemon=True
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": _POLL_S},
+            name="streamfer-http",
+            daemon=True,
         )
 
     @property
     def port(self) -> int:
         return int(self._server.server_address[1])
 
+    @property
+    def open_connections(self) -> int:
+        """Connections being served now (each holds a thread)."""
+        return self._server.open_connections
+
     def start(self) -> HealthServer:
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        """Stop accepting, then end the connections still open so their threads exit."""
         self._server.shutdown()
         self._server.server_close()
+        self._server.end_connections(everyone=True)
 
 
-def _handler_for(state: HealthState, registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
+class _BoundedHTTPServer(ThreadingHTTPServer):
+    """A ThreadingHTTPServer that admits at most ``max_connections`` at once and ends any
+    connection ``deadline_s`` after it was accepted.
+
+    ``verify_request`` (run in the accept loop) takes a slot or refuses; a refused socket
+    is closed there and then, so no thread is started for it. ``shutdown_request`` (run
+    when a connection is done, on its thread) gives the slot back before closing the
+    socket, under the lock ``end_connections`` holds while it shuts sockets down, so a
+    socket is never shut down after it was closed (its descriptor may be reused by then).
+    """
+
+    daemon_threads = True
+    request_queue_size = 64
+    """The listen backlog: HTTPServer's 5 makes a burst of probes wait for SYN retries
+    (a second each), where accepting (or refusing) them takes microseconds."""
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        *,
+        max_connections: int,
+        deadline_s: float,
+    ) -> None:
+        self._max_connections = max_connections
+        self._deadline_s = deadline_s
+        self._lock = threading.Lock()
+        self._open: dict[socket.socket, float] = {}  # socket -> deadline (monotonic)
+        super().__init__(address, handler)
+
+    @property
+    def open_connections(self) -> int:
+        with self._lock:
+            return len(self._open)
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        with self._lock:
+            if len(self._open) >= self._max_connections:
+                return False  # the caller closes it at once
+            self._open[request] = time.monotonic() + self._deadline_s
+        return True
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._lock:
+            self._open.pop(request, None)
+        super().shutdown_request(request)
+
+    def service_actions(self) -> None:
+        """Run by ``serve_forever`` on every turn of its loop."""
+        self.end_connections(everyone=False)
+
+    def end_connections(self, *, everyone: bool) -> None:
+        """Shut down the sockets of connections past their deadline (or all of them);
+        their threads then see the end of the stream and finish."""
+        now = time.monotonic()
+        with self._lock:
+            for sock, deadline in self._open.items():
+                if everyone or deadline <= now:
+                    with contextlib.suppress(OSError):  # the client is gone already
+                        sock.shutdown(socket.SHUT_RDWR)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away (or was cut off) is not worth a traceback on stderr."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError):
+            log.debug("metrics connection from %s ended: %s", client_address, exc)
+        else:
+            log.warning("metrics request from %s failed", client_address, exc_info=exc)
+
+
+def _handler_for(
+    state: HealthState, registry: CollectorRegistry, timeout_s: float
+) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        timeout = timeout_s  # StreamRequestHandler.setup sets it on the socket
+
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
