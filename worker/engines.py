@@ -4,20 +4,27 @@
 execution providers the config names (CPU by default; CUDA and TensorRT with
 onnxruntime-gpu on a GPU). A session is created once per model, after its file's
 SHA-256 is checked when pinned, and warmed up before the worker joins its group.
-``ENGINES`` maps a name to a factory.
+``infer`` hands back plain arrays only (numbers, bools or str, one row per input row):
+a ZipMap output, the list of ``{class: probability}`` dicts a skl2onnx classifier
+exported with default options gives, becomes a float matrix in class order, once per
+batch. ``warm_up`` proves every output encodes as JSON, so a model the worker could not
+publish fails start-up, not the first live batch. ``ENGINES`` maps a name to a factory.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import chain
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
+import orjson
 
 from worker.config import ModelSpec
 from worker.errors import EngineError
@@ -31,6 +38,16 @@ Outputs = dict[str, npt.NDArray[np.generic]]
 # skl2onnx names a classifier's outputs one of these ways (ZipMap on or off).
 CLASSIFIER_LABELS = ("output_label", "label")
 CLASSIFIER_SCORES = ("output_probability", "probabilities")
+
+# ONNX Runtime's type of a ZipMap output; the value type picks the scores' dtype.
+_ZIPMAP_TYPE = re.compile(r"seq\(map\((?:int64|string),tensor\((float|double)\)\)\)")
+_ZIPMAP_DTYPES: dict[str, type[np.floating[Any]]] = {"float": np.float32, "double": np.float64}
+
+# Array kinds that ``ndarray.tolist`` turns into what orjson encodes: bool, int, uint,
+# float and str (object arrays pass when they hold str, as ONNX string tensors do).
+_PUBLISHABLE_KINDS = frozenset("biufU")
+
+Converter = Callable[[Any], npt.NDArray[np.generic]]
 
 
 class InferenceEngine(Protocol):
@@ -115,8 +132,10 @@ class OnnxEngine:
         self._input = inputs[0].name
         width = inputs[0].shape[-1] if inputs[0].shape else None
         self._n_features = width if isinstance(width, int) else None
-        names = [o.name for o in self._session.get_outputs()]
-        self._outputs = _output_map(spec.outputs, names, path)
+        types = {o.name: o.type for o in self._session.get_outputs()}
+        self._outputs = _output_map(spec.outputs, list(types), path)
+        self._wanted = list(self._outputs.values())
+        self._converters = _converters(self._wanted, types, path)
         self._run = self._session.run
         self.providers: list[str] = self._session.get_providers()
 
@@ -129,19 +148,42 @@ class OnnxEngine:
         return self._hash
 
     def infer(self, batch: npt.NDArray[np.float32]) -> Outputs:
-        wanted = list(self._outputs.values())
+        """Run the model once on the batch and convert each output once.
+
+        Raises EngineError when the run fails or an output cannot be converted.
+        """
         try:
-            values = self._run(wanted, {self._input: batch})
+            values = self._run(self._wanted, {self._input: batch})
         except Exception as exc:
             raise EngineError(f"model run failed on {len(batch)} rows: {exc}") from exc
-        return {field: np.asarray(v) for field, v in zip(self._outputs, values, strict=True)}
+        outputs: Outputs = {}
+        for field, convert, value in zip(self._outputs, self._converters, values, strict=True):
+            try:
+                outputs[field] = convert(value)
+            except (TypeError, ValueError, KeyError) as exc:
+                raise EngineError(
+                    f"cannot convert output {field!r} of {len(batch)} rows: {exc}"
+                ) from exc
+        return outputs
 
     def warm_up(self, batch_sizes: Iterable[int]) -> None:
+        """Run once per batch size (at least once) and check every output is publishable.
+
+        Raises EngineError naming the output when one is not an array of numbers, bools
+        or str with one row per input row, or when a row of it does not encode as JSON.
+        """
         width = self._n_features or 1
         sizes = list(batch_sizes)
         started = time.perf_counter()
-        for size in sizes:
-            self.infer(np.zeros((size, width), dtype=np.float32))
+        for size in sizes or [1]:
+            outputs = self.infer(np.zeros((size, width), dtype=np.float32))
+            for field, values in outputs.items():
+                why = _unpublishable(values, size)
+                if why is not None:
+                    raise EngineError(
+                        f"model {self._path}: output {field!r} ({self._outputs[field]}) "
+                        f"cannot be published: {why}"
+                    )
         log.info(
             "model %s warmed at batch sizes %s in %.0f ms",
             self._path.name,
@@ -163,6 +205,123 @@ def _output_map(
     if label and scores and len(names) == 2:
         return {"label": label, "scores": scores}
     return {name: name for name in names}
+
+
+def _as_array(value: Any) -> npt.NDArray[np.generic]:
+    return np.asarray(value)
+
+
+class _ZipMapScores:
+    """A ZipMap output as an (n_rows, n_classes) float array, columns in class order.
+
+    ONNX Runtime returns a ZipMap output as a list with one ``{class: probability}`` dict
+    per row, keyed by int or str class labels: orjson refuses int keys, and the pipeline
+    needs numbers to check for NaN. The model's class order is the ZipMap node's class
+    labels (skl2onnx writes sklearn's sorted ``classes_``); Runtime builds every row's
+    dict from the same sorted map, so all rows share the first row's key order and only
+    that one is compared with the class order, once per batch.
+    """
+
+    __slots__ = ("_classes", "_columns", "_dtype", "_seen")
+
+    def __init__(self, classes: Sequence[int | str] | None, dtype: type[np.floating[Any]]):
+        self._classes = list(classes) if classes is not None else None
+        self._dtype = dtype
+        self._seen: list[int | str] = []
+        self._columns: npt.NDArray[np.intp] = np.empty(0, dtype=np.intp)
+
+    def __call__(self, rows: Sequence[dict[int | str, float]]) -> npt.NDArray[np.generic]:
+        n = len(rows)
+        if not n:
+            return np.empty((0, len(self._classes or ())), dtype=self._dtype)
+        keys = list(rows[0])
+        k = len(keys)
+        flat = np.fromiter(
+            chain.from_iterable(map(dict.values, rows)), dtype=self._dtype, count=n * k
+        )
+        scores = flat.reshape(n, k)
+        if self._classes is None or keys == self._classes:
+            return scores
+        if keys != self._seen:
+            self._columns = self._reorder(keys)
+            self._seen = keys
+        return scores[:, self._columns]
+
+    def _reorder(self, keys: list[int | str]) -> npt.NDArray[np.intp]:
+        assert self._classes is not None
+        if len(keys) != len(self._classes) or set(keys) != set(self._classes):
+            raise ValueError(f"ZipMap gave classes {keys}, the model declares {self._classes}")
+        where = {key: i for i, key in enumerate(keys)}
+        return np.array([where[c] for c in self._classes], dtype=np.intp)
+
+
+def _converters(wanted: list[str], types: Mapping[str, str], path: Path) -> list[Converter]:
+    """How each wanted output becomes an array: ZipMap outputs by ``_ZipMapScores``, the
+    rest (tensors, which Runtime returns as arrays already) by ``np.asarray``."""
+    zipmaps = {name: m[1] for name in wanted if (m := _ZIPMAP_TYPE.fullmatch(types[name]))}
+    if not zipmaps:
+        return [_as_array] * len(wanted)
+    classes = _zipmap_classes(path)
+    return [
+        _ZipMapScores(classes.get(name), _ZIPMAP_DTYPES[zipmaps[name]])
+        if name in zipmaps
+        else _as_array
+        for name in wanted
+    ]
+
+
+def _zipmap_classes(path: Path) -> dict[str, list[int | str]]:
+    """Each ZipMap node's output name -> its class labels, in the model's order.
+
+    Runtime does not expose the graph, so it is read again with ``onnx`` (without
+    external weights), only for models that have a ZipMap output.
+    """
+    import onnx
+
+    try:
+        graph = onnx.load(str(path), load_external_data=False).graph
+    except Exception as exc:  # onnx raises protobuf's untyped errors
+        raise EngineError(f"cannot read the graph of model {path}: {exc}") from exc
+    found: dict[str, list[int | str]] = {}
+    for node in graph.node:
+        if node.op_type != "ZipMap":
+            continue
+        attrs = {a.name: a for a in node.attribute}
+        labels: list[int | str]
+        if "classlabels_int64s" in attrs:
+            labels = list(attrs["classlabels_int64s"].ints)
+        elif "classlabels_strings" in attrs:
+            labels = [s.decode("utf-8") for s in attrs["classlabels_strings"].strings]
+        else:
+            continue
+        for out in node.output:
+            found[out] = labels
+    return found
+
+
+def _unpublishable(values: object, rows: int) -> str | None:
+    """Why the pipeline could not publish ``values`` from a batch of ``rows`` rows (it
+    sends ``values.tolist()[i]`` through orjson for row ``i``), or None when it can."""
+    if not isinstance(values, np.ndarray):
+        return f"it is a {type(values).__name__}, not an array"
+    if values.ndim == 0 or len(values) != rows:
+        return f"it has shape {values.shape} for {rows} input rows, not one row per input row"
+    kind = values.dtype.kind
+    if kind == "O":
+        odd = next(((v,) for v in values.flat if not isinstance(v, str)), None)
+        if odd is not None:
+            return (
+                f"it holds {type(odd[0]).__name__} values such as {odd[0]!r:.80}, "
+                "not numbers or str"
+            )
+    elif kind not in _PUBLISHABLE_KINDS:
+        return f"its dtype {values.dtype} is not a number, bool or str"
+    for i, row in enumerate(values.tolist()):
+        try:
+            orjson.dumps(row)
+        except orjson.JSONEncodeError as exc:
+            return f"row {i} does not encode as JSON: {exc}"
+    return None
 
 
 ENGINES: dict[str, Callable[[ModelSpec], InferenceEngine]] = {"onnxruntime": OnnxEngine}

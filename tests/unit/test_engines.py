@@ -1,4 +1,6 @@
-"""The ONNX Runtime engine on the demo classifier (built once per session, ~3 s)."""
+"""The ONNX Runtime engine on the demo classifier (built once per session, ~3 s), and on
+models that scikit-learn trains and skl2onnx exports here with default options (ZipMap on),
+as users export theirs."""
 
 from __future__ import annotations
 
@@ -7,8 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
+import onnx
 import onnxruntime
+import orjson
 import pytest
+from onnx import TensorProto, helper
 
 from worker.config import ModelSpec
 from worker.engines import ENGINES, OnnxEngine, file_sha256, warm_up_sizes
@@ -147,3 +153,291 @@ def test_configured_unknown_output(make_spec: SpecFactory) -> None:
 
 def test_engine_registry() -> None:
     assert ENGINES["onnxruntime"] is OnnxEngine
+
+
+# Models exported with skl2onnx's defaults: ZipMap on, so Runtime returns the scores as
+# one {class: probability} dict per row.
+
+Data = tuple[npt.NDArray[np.float32], npt.NDArray[Any]]
+
+
+def _breast_cancer(labels: list[Any] | None = None) -> Data:
+    from sklearn.datasets import load_breast_cancer
+
+    data = load_breast_cancer()
+    x = data.data.astype(np.float32)
+    return x, data.target if labels is None else np.array(labels)[data.target]
+
+
+def _iris(labels: list[Any]) -> Data:
+    from sklearn.datasets import load_iris
+
+    data = load_iris()
+    return data.data.astype(np.float32), np.array(labels)[data.target]
+
+
+def _logistic() -> Any:
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    return make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))
+
+
+def _forest() -> Any:
+    from sklearn.ensemble import RandomForestClassifier
+
+    return RandomForestClassifier(n_estimators=8, max_depth=5, random_state=0, n_jobs=1)
+
+
+CLASSIFIERS: dict[str, tuple[Callable[[], Any], Callable[[], Data]]] = {
+    "binary-int": (_logistic, _breast_cancer),
+    "multiclass-int": (_logistic, lambda: _iris([9, 3, 7])),
+    "negative-int": (_logistic, lambda: _iris([10, -5, 2])),
+    "binary-str": (_logistic, lambda: _breast_cancer(["dog", "cat"])),
+    "multiclass-str": (_logistic, lambda: _iris(["zebra", "Ant", "\u00e9mu"])),
+    "forest": (_forest, _breast_cancer),
+    "forest-multiclass-str": (_forest, lambda: _iris(["b", "c", "a"])),
+}
+
+
+def _export(model: Any, x: npt.NDArray[np.float32], path: Path, **options: Any) -> Path:
+    from skl2onnx import to_onnx
+
+    onx = to_onnx(model, x[:1].astype(np.float32), **options)
+    path.write_bytes(onx.SerializeToString())
+    return path
+
+
+@pytest.fixture(scope="module")
+def exported(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Callable[[str], tuple[Any, Data, OnnxEngine]]:
+    """Factory: train a classifier of ``CLASSIFIERS``, export it with default options and
+    load it; each is built once per module."""
+    built: dict[str, tuple[Any, Data, OnnxEngine]] = {}
+
+    def get(case: str) -> tuple[Any, Data, OnnxEngine]:
+        if case not in built:
+            make_model, make_data = CLASSIFIERS[case]
+            x, y = make_data()
+            model = make_model().fit(x, y)
+            path = _export(model, x, tmp_path_factory.mktemp(case) / "m.onnx")
+            built[case] = (model, (x, y), OnnxEngine(ModelSpec(path=path, name=case)))
+        return built[case]
+
+    return get
+
+
+def _publish_rows(out: dict[str, Any]) -> list[bytes]:
+    """Each row's outputs encoded as the pipeline does: ``tolist`` then orjson."""
+    cols = {name: values.tolist() for name, values in out.items()}
+    n = len(next(iter(cols.values())))
+    return [orjson.dumps({name: col[i] for name, col in cols.items()}) for i in range(n)]
+
+
+@pytest.mark.parametrize("case", sorted(CLASSIFIERS))
+def test_default_export_gives_scores_in_class_order(
+    exported: Callable[[str], tuple[Any, Data, OnnxEngine]], case: str
+) -> None:
+    model, (x, _y), engine = exported(case)
+    assert [o.type for o in engine._session.get_outputs()][1].startswith("seq(map(")
+    out = engine.infer(x)
+    assert set(out) == {"label", "scores"}
+    labels, scores = out["label"], out["scores"]
+    n_classes = len(model.classes_)
+    assert scores.shape == (len(x), n_classes)
+    assert scores.dtype == np.float32
+    np.testing.assert_allclose(scores, model.predict_proba(x), atol=1e-5)
+    assert labels.shape == (len(x),)
+    assert labels.tolist() == model.predict(x).tolist()
+    assert all(type(v) is type(model.classes_[0].item()) for v in labels.tolist())
+    # the label is the class of the highest score, so columns follow classes_
+    assert (model.classes_[scores.argmax(axis=1)] == labels).mean() > 0.99
+
+
+@pytest.mark.parametrize("case", sorted(CLASSIFIERS))
+def test_default_export_rows_encode_as_json(
+    exported: Callable[[str], tuple[Any, Data, OnnxEngine]], case: str
+) -> None:
+    model, (x, _y), engine = exported(case)
+    engine.warm_up([1, 2, 64])
+    rows = _publish_rows(engine.infer(x[:50]))
+    assert len(rows) == 50
+    for row, expected in zip(rows, model.predict_proba(x[:50]), strict=True):
+        doc = orjson.loads(row)
+        np.testing.assert_allclose(doc["scores"], expected, atol=1e-5)
+        assert doc["label"] in model.classes_.tolist()
+
+
+def test_zipmap_off_and_on_give_the_same_outputs(
+    exported: Callable[[str], tuple[Any, Data, OnnxEngine]], tmp_path: Path
+) -> None:
+    model, (x, _y), zipmap_on = exported("multiclass-int")
+    path = _export(model, x, tmp_path / "off.onnx", options={"zipmap": False})
+    zipmap_off = OnnxEngine(ModelSpec(path=path, name="off"))
+    assert [o.name for o in zipmap_off._session.get_outputs()] == ["label", "probabilities"]
+    on, off = zipmap_on.infer(x), zipmap_off.infer(x)
+    assert set(on) == set(off) == {"label", "scores"}
+    np.testing.assert_array_equal(on["label"], off["label"])
+    np.testing.assert_allclose(on["scores"], off["scores"], atol=1e-6)
+    np.testing.assert_allclose(off["scores"], model.predict_proba(x), atol=1e-5)
+    zipmap_off.warm_up([1, 8])
+
+
+def test_configured_zipmap_output(
+    exported: Callable[[str], tuple[Any, Data, OnnxEngine]],
+) -> None:
+    model, (x, _y), engine = exported("binary-str")
+    spec = ModelSpec(path=engine._path, name="p", outputs={"p": "output_probability"})
+    only_scores = OnnxEngine(spec)
+    out = only_scores.infer(x[:5])
+    assert list(out) == ["p"]
+    np.testing.assert_allclose(out["p"], model.predict_proba(x[:5]), atol=1e-5)
+
+
+def test_regressor_default_export(tmp_path: Path) -> None:
+    from sklearn.linear_model import Ridge
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    x, y = _breast_cancer()
+    model = make_pipeline(StandardScaler(), Ridge()).fit(x, y.astype(np.float64))
+    engine = OnnxEngine(ModelSpec(path=_export(model, x, tmp_path / "r.onnx"), name="r"))
+    engine.warm_up([1, 4])
+    out = engine.infer(x)
+    assert list(out) == ["variable"]
+    assert out["variable"].shape == (len(x), 1)
+    assert out["variable"].dtype == np.float32
+    np.testing.assert_allclose(out["variable"][:, 0], model.predict(x), rtol=1e-4, atol=1e-4)
+    assert orjson.loads(_publish_rows(out)[0])["variable"] == [float(out["variable"][0, 0])]
+
+
+def _zipmap_model(path: Path, labels: list[int] | list[str]) -> Path:
+    """A model that hands its input to a ZipMap whose class labels are not sorted, as a
+    converter other than skl2onnx may write them: column i is class ``labels[i]``."""
+    attr = "classlabels_int64s" if isinstance(labels[0], int) else "classlabels_strings"
+    key = TensorProto.INT64 if isinstance(labels[0], int) else TensorProto.STRING
+    node = helper.make_node("ZipMap", ["X"], ["probs"], domain="ai.onnx.ml", **{attr: labels})
+    graph = helper.make_graph(
+        [node],
+        "zipmap",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, len(labels)])],
+        [
+            helper.make_value_info(
+                "probs",
+                helper.make_sequence_type_proto(
+                    helper.make_map_type_proto(
+                        key, helper.make_tensor_type_proto(TensorProto.FLOAT, [])
+                    )
+                ),
+            )
+        ],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)],
+    )
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+@pytest.mark.parametrize("labels", [[9, 3, 7], ["dog", "cat", "ant"]], ids=["int", "str"])
+def test_zipmap_columns_follow_the_models_class_order(
+    tmp_path: Path, labels: list[int] | list[str]
+) -> None:
+    engine = OnnxEngine(ModelSpec(path=_zipmap_model(tmp_path / "z.onnx", labels), name="z"))
+    rng = np.random.default_rng(0)
+    for rows in (5, 3):  # the second batch reuses the column order found for the first
+        x = rng.random((rows, 3), dtype=np.float32)
+        out = engine.infer(x)
+        assert list(out) == ["probs"]
+        np.testing.assert_array_equal(out["probs"], x)
+    engine.warm_up([1, 2])
+
+
+def test_zipmap_with_other_classes_than_declared_is_engine_error(
+    exported: Callable[[str], tuple[Any, Data, OnnxEngine]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _model, (x, _y), engine = exported("multiclass-int")
+    labels, _ = engine._run(None, {engine._input: x[:2]})
+    odd = [{3: 0.5, 7: 0.5, 8: 0.0}] * 2
+    monkeypatch.setattr(engine, "_run", lambda names, feeds: [labels, odd])
+    with pytest.raises(EngineError, match="cannot convert output 'scores' of 2 rows") as info:
+        engine.infer(x[:2])
+    assert "[3, 7, 8]" in str(info.value)
+
+
+def test_warm_up_refuses_what_the_pipeline_could_not_publish(
+    exported: Callable[[str], tuple[Any, Data, OnnxEngine]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the engine gave before ZipMap outputs were converted: dicts with int keys,
+    which orjson refuses. Warm-up must fail, naming the output, not the first batch."""
+    _model, _data, engine = exported("binary-int")
+    monkeypatch.setattr(engine, "_converters", [np.asarray, np.asarray])
+    with pytest.raises(EngineError, match=r"output 'scores' \(output_probability\)") as info:
+        engine.warm_up([1, 4])
+    assert "cannot be published: it holds dict values" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        (np.ones((4, 2), dtype=np.complex64), "its dtype complex64 is not a number"),
+        (np.array([b"a"] * 4), "its dtype |S1 is not a number"),
+        (np.array([{"a": 1.0}] * 4, dtype=object), "it holds dict values"),
+        (np.array(["a", "b", "c", None], dtype=object), "it holds NoneType values"),
+        (np.ones(3, dtype=np.float32), r"shape \(3,\) for 4 input rows"),
+        (np.array(1.0, dtype=np.float32), r"shape \(\) for 4 input rows"),
+        ([1.0, 2.0, 3.0, 4.0], "it is a list, not an array"),
+    ],
+    ids=["complex", "bytes", "dicts", "none", "rows", "scalar", "list"],
+)
+def test_warm_up_names_what_is_wrong(
+    make_spec: SpecFactory, monkeypatch: pytest.MonkeyPatch, value: Any, why: str
+) -> None:
+    engine = OnnxEngine(make_spec(outputs={"odd": "probabilities"}))
+    monkeypatch.setattr(engine, "_converters", [lambda _v: value])
+    with pytest.raises(EngineError, match="output 'odd' \\(probabilities\\) cannot be "):
+        engine.warm_up([4])
+    with pytest.raises(EngineError, match=why):
+        engine.warm_up([4])
+
+
+def test_warm_up_refuses_an_output_without_a_row_per_input(tmp_path: Path) -> None:
+    """A real model whose second output sums over the whole batch: one value, not a row
+    per request."""
+    nodes = [
+        helper.make_node("Identity", ["X"], ["Y"]),
+        helper.make_node("ReduceSum", ["X"], ["total"], keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "sum",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 3])],
+        [
+            helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 3]),
+            helper.make_tensor_value_info("total", TensorProto.FLOAT, []),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "sum.onnx"
+    path.write_bytes(model.SerializeToString())
+    engine = OnnxEngine(ModelSpec(path=path, name="sum"))
+    assert engine.infer(np.ones((2, 3), dtype=np.float32))["total"].shape == ()
+    with pytest.raises(EngineError, match=r"output 'total' \(total\) cannot be published: it"):
+        engine.warm_up([1, 2])
+
+
+def test_warm_up_runs_at_least_once(
+    make_spec: SpecFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = OnnxEngine(make_spec())
+    monkeypatch.setattr(engine, "_converters", [np.asarray, lambda _v: np.float32(0)])
+    with pytest.raises(EngineError, match="output 'scores'"):
+        engine.warm_up([])
