@@ -148,15 +148,12 @@ class Worker:
         health = HealthState(liveness_timeout_s=config.liveness_timeout_s)
         abort = threading.Event()
 
-        def feature_store_ok(ok: bool) -> None:
-            health.feature_store_ok = ok
-
         pipelines = []
         for p in config.pipelines:
             engine = OnnxEngine(p.model)
             engine.warm_up(warm_up_sizes(p.batch.max_batch_size))
             store = connect_store(config.redis, p.features)
-            store.ping()
+            store.probe()
             metrics.model_info.labels(
                 p.name, p.model.name, p.model.version, engine.model_hash, engine.providers[0]
             ).set(1)
@@ -168,15 +165,17 @@ class Worker:
                     metrics=metrics.for_pipeline(p.name),
                     retry_feature_store_s=config.feature_store_retry_s,
                     abort=abort,
-                    on_feature_store=feature_store_ok,
+                    on_feature_store=health.feature_store,
                 )
             )
+        outputs = [t for p in config.pipelines for t in (p.result_topic, p.dead_letter_topic)]
+        limits = RecordLimits.read(config.kafka, outputs)
         if config.delivery == "exactly-once":
             verify_isolation(config.kafka)
-            sink = Sink(transactional_producer(config.kafka))
+            sink = Sink(transactional_producer(config.kafka, limits), limits)
         else:
-            sink = Sink.from_settings(config.kafka)
-        sink.warm_up([t for p in config.pipelines for t in (p.result_topic, p.dead_letter_topic)])
+            sink = Sink.from_settings(config.kafka, limits)
+        sink.warm_up(outputs)
         built: list[Worker] = []
         consumer = Consumer(
             consumer_config(

@@ -276,7 +276,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         for p in config.pipelines:
             engine = OnnxEngine(p.model)
             store = connect_store(config.redis, p.features)
-            store.ping()
+            store.probe()
             print(
                 f"ok: pipeline {p.name}: model {p.model.name} ({engine.model_hash[:12]}), "
                 f"{len(p.features.fields)} features"

@@ -4,21 +4,33 @@ Decoding never raises for a bad record: it returns the good requests column by c
 and a ``Rejection`` for each bad one, naming the check that failed. The checks mirror
 ``schemas/request.schema.json``; size is checked before parsing, and orjson itself
 refuses NaN, Infinity, numbers that overflow a double and invalid UTF-8.
+
+An ``entity`` id becomes part of a Redis key (``features.key_template``), so it may hold
+only what cannot change which key it names or how Redis reads it: 1 to
+``MAX_ENTITY_LENGTH`` ASCII letters, digits and ``. _ - @ +`` (``ENTITY_PATTERN``).
+UUIDs, numeric ids and most e-mail addresses pass; ``:`` (a key namespace separator),
+``{ }`` (cluster hash tags), glob characters, whitespace, control and non-ASCII
+characters do not.
 """
 
 from __future__ import annotations
 
 import base64
 import math
+import re
 from collections.abc import Collection, Sequence
 from typing import Any
 
 import orjson
 
+from worker.limits import DEFAULT_MESSAGE_MAX_BYTES, RECORD_OVERHEAD
 from worker.types import DecodedRequests, Rejection
 
 __all__ = [
     "DEAD_LETTER_HEADERS",
+    "DEAD_LETTER_MAX_BYTES",
+    "ENTITY_PATTERN",
+    "MAX_ENTITY_LENGTH",
     "MAX_ID_LENGTH",
     "MAX_REASON_LENGTH",
     "RESULT_HEADERS",
@@ -28,7 +40,12 @@ __all__ = [
 ]
 
 MAX_ID_LENGTH = 256
+MAX_ENTITY_LENGTH = 256
+ENTITY_PATTERN = rf"[A-Za-z0-9._@+-]{{1,{MAX_ENTITY_LENGTH}}}"
+"""What a whole entity id must match; ``schemas/request.schema.json`` says the same."""
 MAX_REASON_LENGTH = 512
+DEAD_LETTER_MAX_BYTES = DEFAULT_MESSAGE_MAX_BYTES - RECORD_OVERHEAD
+"""A dead letter's body and key together, when the sink's limits are not known."""
 
 RESULT_HEADERS = (
     "streamfer.request_id",
@@ -44,6 +61,7 @@ DEAD_LETTER_HEADERS = (
 )
 
 _NUMBER = (int, float)
+_entity_ok = re.compile(ENTITY_PATTERN).fullmatch
 
 
 def decode_requests(
@@ -110,8 +128,14 @@ def _check(doc: dict[str, Any], known: Collection[str], n_fields: int) -> tuple[
     if not rid or len(rid) > MAX_ID_LENGTH:
         return "invalid_id", f"field 'id' must be 1 to {MAX_ID_LENGTH} characters"
     entity = doc.get("entity")
-    if entity is not None and (type(entity) is not str or not entity):
-        return "wrong_type", f"field 'entity' must be a non-empty string, got {_json_type(entity)}"
+    if entity is not None:
+        if type(entity) is not str:
+            return "wrong_type", f"field 'entity' must be a string, got {_json_type(entity)}"
+        if _entity_ok(entity) is None:
+            return "invalid_entity", (
+                f"field 'entity' must be 1 to {MAX_ENTITY_LENGTH} of A-Z a-z 0-9 . _ - @ +, "
+                f"got {safe_text(entity[:80], 64)!r}"
+            )
     feats = doc.get("features")
     if feats is not None:
         if type(feats) is not dict:

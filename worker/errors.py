@@ -5,6 +5,7 @@ type alone: retry, dead-letter the record, or stop without committing.
 
     StreamferError
     ├── ConfigError            bad configuration, found at start-up; names the field
+    │   └── FeatureStoreConfigError  Redis refuses how it is used (ACL, AUTH, cluster)
     ├── SourceError            the consumer failed (fatal Kafka error)
     ├── FeatureStoreError      the feature store is unreachable or answered nonsense
     ├── EngineError            the model could not be loaded or run
@@ -24,6 +25,7 @@ __all__ = [
     "CommitError",
     "ConfigError",
     "EngineError",
+    "FeatureStoreConfigError",
     "FeatureStoreError",
     "RecordError",
     "Retryable",
@@ -48,6 +50,18 @@ class Backpressure(StreamferError, Retryable):
 
 class ConfigError(StreamferError):
     """Configuration is invalid; the message names the field and what is allowed."""
+
+
+class FeatureStoreConfigError(ConfigError):
+    """Redis refuses the worker's commands for a reason only an operator can fix: the ACL
+    user lacks a command or key pattern, the credentials are wrong, or the URL names a
+    cluster node. The message says what to change.
+
+    At start-up it stops the worker (exit code 2). At run time it is no fault of any
+    record, so the batch waits and is retried, with readiness false and this message as
+    the reason, rather than being dead-lettered or stopping the worker (the next worker
+    would meet the same refusal).
+    """
 
 
 class SourceError(StreamferError):

@@ -13,35 +13,78 @@ unusable. Two Redis layouts, chosen per pipeline (``features.layout``):
 ``assemble`` combines those with features a request carried inline into one
 preallocated matrix, applying the spec's policy for a missing entity or field; rows it
 cannot fill are returned as rejections rather than raised.
+
+Redis errors are sorted by what they mean (``classify_redis_error``), because retrying
+the wrong kind stalls the worker forever: a reply about one key (WRONGTYPE) refuses only
+that entity's requests (dead letters, code ``feature_store_error``); an outage (no
+connection, a timeout, LOADING, BUSY ...) makes the batch wait and retry; a refusal only
+an operator can fix (NOPERM, credentials, a cluster node) raises
+``FeatureStoreConfigError``, which stops start-up (``probe``) and at run time makes the
+batch wait with readiness false.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
 import redis
 
 from worker.config import FeatureSpec, RedisSettings
-from worker.errors import FeatureStoreError
+from worker.errors import FeatureStoreConfigError, FeatureStoreError
 
 __all__ = [
+    "PROBE_ENTITY",
+    "REDIS_ERROR_KINDS",
     "STORES",
     "Assembled",
     "FeatureStore",
     "Fetched",
     "RedisHashStore",
     "RedisPackedStore",
+    "RedisTrouble",
     "RowStore",
     "assemble",
+    "classify_redis_error",
     "connect_store",
     "pack_vector",
 ]
 
 RawRow = Sequence[bytes | str | None]
+
+PROBE_ENTITY = "streamfer-probe"
+"""The entity whose key ``probe`` reads at start-up; a valid entity id, absent in practice."""
+
+RedisTrouble = Literal["record", "outage", "config"]
+"""What a Redis error means for a batch: ``record``, the requests of that one entity are
+dead letters; ``outage``, the batch waits and retries; ``config``, an operator must act."""
+
+REDIS_ERROR_KINDS: dict[str, RedisTrouble] = {
+    # about the one key the command names
+    "WRONGTYPE": "record",
+    # the server is there but cannot answer now
+    "LOADING": "outage",
+    "BUSY": "outage",
+    "MASTERDOWN": "outage",
+    "TRYAGAIN": "outage",
+    "CLUSTERDOWN": "outage",
+    # how this worker is set up against this server
+    "NOPERM": "config",
+    "NOAUTH": "config",
+    "WRONGPASS": "config",
+    "CROSSSLOT": "config",
+    "MOVED": "config",
+    "ASK": "config",
+}
+"""Error reply codes (the reply's first word) by kind. Any other code, ``ERR`` included
+(an unknown or renamed command, wrong arguments), counts as ``config``: a reply nobody
+here can explain must not cost records, and readiness shows it word for word."""
+
+Problem = tuple[str, str]
+"""(dead-letter code, reason) for an entity whose requests cannot be served."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,16 +93,23 @@ class Fetched:
 
     values: npt.NDArray[np.float32]
     absent: npt.NDArray[np.bool_]
-    bad: list[str | None]
-    """Per entity: why its stored values are unusable, or None."""
+    bad: list[Problem | None]
+    """Per entity: (code, reason) when its requests must be dead letters, or None: a stored
+    value that does not parse (``bad_feature_value``), a key Redis refused to read
+    (``feature_store_error``)."""
 
     @classmethod
-    def from_raw(cls, raw: list[RawRow], width: int) -> Fetched:
-        """Parse raw per-field values (None where absent). Raises FeatureStoreError when
-        the store answered the wrong number of rows or values."""
+    def from_raw(
+        cls, raw: list[RawRow], width: int, refused: dict[int, str] | None = None
+    ) -> Fetched:
+        """Parse raw per-field values (None where absent); ``refused`` gives, by row, why
+        Redis refused that entity's key (its row is all None). Raises FeatureStoreError
+        when the store answered the wrong number of rows or values."""
         if any(len(row) != width for row in raw):
             raise FeatureStoreError(f"feature store answered rows without {width} values each")
         values, absent, bad = _parse_rows(raw, width)
+        for i, reason in (refused or {}).items():
+            bad[i] = ("feature_store_error", reason)
         return cls(values, absent, bad)
 
 
@@ -67,7 +117,8 @@ class FeatureStore(Protocol):
     """Fetches the features of many entities in one round trip."""
 
     def fetch(self, entities: Sequence[str]) -> Fetched:
-        """Rows aligned with ``entities``. Raises FeatureStoreError."""
+        """Rows aligned with ``entities``; a problem with one entity is in ``bad``.
+        Raises FeatureStoreError (an outage) or FeatureStoreConfigError."""
         ...
 
 
@@ -99,6 +150,7 @@ class RedisHashStore(RowStore):
         encoded = [f.encode() for f in spec.fields]
         self._head = b"*%d\r\n$5\r\nHMGET\r\n" % (2 + len(encoded))
         self._tail = b"".join(b"$%d\r\n%s\r\n" % (len(f), f) for f in encoded)
+        self._command = _Command.of("HMGET", client, spec)
 
     @classmethod
     def connect(cls, settings: RedisSettings, spec: FeatureSpec) -> RedisHashStore:
@@ -107,9 +159,25 @@ class RedisHashStore(RowStore):
     def ping(self) -> None:
         _ping(self._client)
 
+    def probe(self) -> None:
+        """Start-up check with the command a batch sends: HMGET of ``PROBE_ENTITY``'s key,
+        so an ACL user not allowed HMGET on the key pattern fails start-up, not the first
+        batch. Raises FeatureStoreConfigError (what to fix) or FeatureStoreError."""
+        self.fetch([PROBE_ENTITY])
+
     def get_many(self, entities: Sequence[str]) -> list[RawRow]:
+        """Raw values per entity; one whose key Redis refused reads as absent (``fetch``
+        names it)."""
+        return self._hmget(entities)[0]
+
+    def fetch(self, entities: Sequence[str]) -> Fetched:
+        rows, refused = self._hmget(entities)
+        return Fetched.from_raw(rows, len(self.fields), refused)
+
+    def _hmget(self, entities: Sequence[str]) -> tuple[list[RawRow], dict[int, str]]:
+        """Rows, and why Redis refused an entity's key (by position)."""
         if not entities:
-            return []
+            return [], {}
         prefix, suffix, head, tail = self._prefix, self._suffix, self._head, self._tail
         parts: list[bytes] = []
         append = parts.append
@@ -118,8 +186,15 @@ class RedisHashStore(RowStore):
             append(head)
             append(b"$%d\r\n%s\r\n" % (len(key), key))
             append(tail)
-        rows: list[RawRow] = _round_trip(self._client, b"".join(parts), len(entities), "HMGET")
-        return rows
+        rows: list[RawRow]
+        rows, errors = _round_trip(self._client, b"".join(parts), len(entities), self._command)
+        if not errors:
+            return rows, {}
+        refused = _settle(self._command, errors, lambda i: f"{prefix}{entities[i]}{suffix}")
+        blank = [None] * len(self.fields)
+        for i in refused:
+            rows[i] = blank
+        return rows, refused
 
     def close(self) -> None:
         self._client.close()
@@ -137,6 +212,7 @@ class RedisPackedStore:
         self._prefix, self._suffix = spec.key_template.split("{entity}", 1)
         self.fields = list(spec.fields)
         self._row_bytes = 4 * len(spec.fields)
+        self._command = _Command.of("MGET", client, spec)
 
     @classmethod
     def connect(cls, settings: RedisSettings, spec: FeatureSpec) -> RedisPackedStore:
@@ -144,6 +220,12 @@ class RedisPackedStore:
 
     def ping(self) -> None:
         _ping(self._client)
+
+    def probe(self) -> None:
+        """Start-up check with the command a batch sends: MGET of ``PROBE_ENTITY``'s key,
+        so an ACL user not allowed MGET on the key pattern fails start-up, not the first
+        batch. Raises FeatureStoreConfigError (what to fix) or FeatureStoreError."""
+        self.fetch([PROBE_ENTITY])
 
     def fetch(self, entities: Sequence[str]) -> Fetched:
         m, width, size = len(entities), len(self.fields), self._row_bytes
@@ -153,8 +235,10 @@ class RedisPackedStore:
         keys = [f"{prefix}{e}{suffix}".encode() for e in entities]
         parts = [b"*%d\r\n$4\r\nMGET\r\n" % (m + 1)]
         parts += [b"$%d\r\n%s\r\n" % (len(k), k) for k in keys]
-        (blobs,) = _round_trip(self._client, b"".join(parts), 1, "MGET")
-        bad: list[str | None] = [None] * m
+        (blobs,), errors = _round_trip(self._client, b"".join(parts), 1, self._command)
+        if errors:
+            _settle(self._command, errors, None)  # one reply for all keys: names none of them
+        bad: list[Problem | None] = [None] * m
         absent = np.zeros((m, width), dtype=np.bool_)
         if all(b is not None and len(b) == size for b in blobs):
             values = np.frombuffer(b"".join(blobs), dtype="<f4").reshape(m, width)
@@ -166,7 +250,10 @@ class RedisPackedStore:
                 absent[i] = True
                 joined.append(filler)
             elif len(blob) != size:
-                bad[i] = f"packed vector has {len(blob)} bytes, expected {size}"
+                bad[i] = (
+                    "bad_feature_value",
+                    f"packed vector has {len(blob)} bytes, expected {size}",
+                )
                 joined.append(filler)
             else:
                 joined.append(blob)
@@ -221,27 +308,165 @@ def _ping(client: redis.Redis) -> None:
         raise FeatureStoreError(f"Redis is not reachable: {exc}") from exc
 
 
-def _round_trip(client: redis.Redis, payload: bytes, replies: int, command: str) -> list[Any]:
+def classify_redis_error(exc: redis.RedisError) -> tuple[RedisTrouble, str]:
+    """What ``exc`` means for a batch, and its error code (``ERR`` when it names none).
+
+    Refused credentials are ``config``; any other failure to connect, send or read (a
+    timeout, LOADING, a garbled reply) is an ``outage``; an error reply is judged by its
+    code, ``REDIS_ERROR_KINDS``.
+    """
+    code = _error_code(exc)
+    if isinstance(exc, _CREDENTIAL_ERRORS):
+        return "config", code
+    if not isinstance(exc, redis.ResponseError):
+        return "outage", code
+    return REDIS_ERROR_KINDS.get(code, "config"), code
+
+
+_CREDENTIAL_ERRORS = (
+    redis.exceptions.AuthenticationError,
+    redis.exceptions.AuthenticationWrongNumberOfArgsError,
+)
+
+# For redis-py releases whose errors carry no ``status_code``: the classes it parses
+# replies into, most specific first (MovedError is an AskError, MasterDownError a
+# ClusterDownError).
+_CODE_OF_CLASS: tuple[tuple[type[redis.RedisError], str], ...] = (
+    (redis.exceptions.NoPermissionError, "NOPERM"),
+    (redis.exceptions.BusyLoadingError, "LOADING"),
+    (redis.exceptions.MovedError, "MOVED"),
+    (redis.exceptions.AskError, "ASK"),
+    (redis.exceptions.TryAgainError, "TRYAGAIN"),
+    (redis.exceptions.MasterDownError, "MASTERDOWN"),
+    (redis.exceptions.ClusterDownError, "CLUSTERDOWN"),
+    (redis.exceptions.ClusterCrossSlotError, "CROSSSLOT"),
+)
+
+
+def _error_code(exc: redis.RedisError) -> str:
+    """The reply's code: redis-py keeps it aside for the codes it knows (and strips it
+    from the text), leaves it in the text for the others."""
+    code = getattr(exc, "status_code", None)
+    if isinstance(code, str) and code:
+        return code
+    for cls, name in _CODE_OF_CLASS:
+        if isinstance(exc, cls):
+            return name
+    head = str(exc).split(" ", 1)[0]
+    return head if head.isalpha() and head.isupper() else "ERR"
+
+
+def _reply_text(exc: redis.RedisError, code: str) -> str:
+    """The error as Redis sent it, code first."""
+    text = str(exc)
+    return text if text.startswith(code) else f"{code} {text}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Command:
+    """The command a store sends per batch, to name it, and what to grant, in errors."""
+
+    name: str
+    pattern: str
+    """The ACL key pattern the store's keys fall under, e.g. ``features:*``."""
+    user: str
+    """The ACL user the client logs in as."""
+
+    @classmethod
+    def of(cls, name: str, client: redis.Redis, spec: FeatureSpec) -> _Command:
+        user = client.connection_pool.connection_kwargs.get("username") or "default"
+        return cls(name, spec.key_template.replace("{entity}", "*"), str(user))
+
+    def failed(
+        self, exc: redis.RedisError, *, key: str | None = None, outage: str | None = None
+    ) -> FeatureStoreError | FeatureStoreConfigError:
+        """The error to raise for ``exc``, which concerns the whole batch: ``outage`` (a
+        message prefix) when it is one, else what an operator has to change."""
+        kind, code = classify_redis_error(exc)
+        replied = isinstance(exc, redis.ResponseError) or code != "ERR"  # LOADING, WRONGPASS
+        text = _reply_text(exc, code) if replied else str(exc)
+        if kind == "outage":
+            return FeatureStoreError(f"{outage or f'Redis cannot answer {self.name} now'}: {text}")
+        where = f" of key {key!r}" if key is not None else ""
+        return FeatureStoreConfigError(
+            f"Redis refused {self.name}{where}: {text.rstrip('.')}; {self._advice(exc, code)}"
+        )
+
+    def _advice(self, exc: redis.RedisError, code: str) -> str:
+        if code == "NOPERM":
+            return (
+                f"the ACL user {self.user!r} needs {self.name} on keys {self.pattern!r}: "
+                f"ACL SETUSER {self.user} +{self.name.lower()} ~{self.pattern}"
+            )
+        if isinstance(exc, _CREDENTIAL_ERRORS) or code in ("NOAUTH", "WRONGPASS"):
+            return (
+                "set redis.username and redis.password (or the user and password in "
+                "redis.url) to credentials this server accepts"
+            )
+        if code in ("MOVED", "ASK", "CROSSSLOT"):
+            return (
+                "redis.url names a Redis Cluster node, and streamfer sends each batch to one "
+                "node: point redis.url at a standalone Redis or a proxy that routes keys"
+            )
+        if "unknown command" in str(exc).lower():
+            return f"this server does not accept {self.name} (renamed or disabled?): enable it"
+        return "fix the Redis server or the [redis] settings; the worker retries until then"
+
+
+def _round_trip(
+    client: redis.Redis, payload: bytes, replies: int, command: _Command
+) -> tuple[list[Any], dict[int, redis.ResponseError]]:
     """Send pre-encoded RESP commands in one write and read ``replies`` answers (parsed by
-    hiredis when installed). Raises FeatureStoreError."""
+    hiredis when installed); an error reply leaves None in its place and is returned by
+    position, for the caller to judge. Raises FeatureStoreError when Redis cannot be
+    reached or the connection fails, FeatureStoreConfigError when it refuses the login."""
     pool = client.connection_pool
     try:
         conn: Any = pool.get_connection()
     except redis.RedisError as exc:
-        raise FeatureStoreError(f"Redis is not reachable: {exc}") from exc
+        raise command.failed(exc, outage="Redis is not reachable") from exc
+    answers: list[Any] = []
+    errors: dict[int, redis.ResponseError] = {}
     try:
         conn.send_packed_command([payload])
-        read = conn.read_response
-        answers = [read() for _ in range(replies)]
+        read, append = conn.read_response, answers.append
+        for i in range(replies):
+            try:
+                append(read())
+            except redis.ResponseError as exc:  # one whole reply was read: still in step
+                errors[i] = exc
+                append(None)
     except redis.RedisError as exc:
         conn.disconnect()
-        raise FeatureStoreError(f"Redis round trip of {replies} {command}s failed: {exc}") from exc
+        outage = f"Redis round trip of {replies} {command.name}s failed"
+        raise command.failed(exc, outage=outage) from exc
     finally:
         pool.release(conn)
-    for answer in answers:
-        if isinstance(answer, redis.ResponseError):
-            raise FeatureStoreError(f"Redis refused {command}: {answer}")
-    return answers
+    return answers, errors
+
+
+def _settle(
+    command: _Command,
+    errors: dict[int, redis.ResponseError],
+    key_of: Callable[[int], str] | None,
+) -> dict[int, str]:
+    """Dead-letter reasons, by position, for the replies Redis refused about their own
+    key (``key_of`` names it; None when a reply covers several keys). Raises when any
+    refusal concerns the whole batch: FeatureStoreConfigError before FeatureStoreError."""
+    refused: dict[int, str] = {}
+    worst: tuple[RedisTrouble, int] | None = None
+    for i, exc in errors.items():
+        kind, code = classify_redis_error(exc)
+        if kind == "record" and key_of is not None:
+            refused[i] = (
+                f"Redis refused {command.name} of key {key_of(i)!r}: {_reply_text(exc, code)}"
+            )
+        elif worst is None or worst[0] == "outage":
+            worst = (kind, i)
+    if worst is not None:
+        i = worst[1]
+        raise command.failed(errors[i], key=key_of(i) if key_of is not None else None)
+    return refused
 
 
 STORES: dict[str, type[RedisHashStore] | type[RedisPackedStore]] = {
@@ -274,7 +499,8 @@ def assemble(
     inline: Sequence[dict[str, float] | None],
     store: FeatureStore,
 ) -> Assembled:
-    """Build the (rows x fields) float32 matrix with one store call. Raises FeatureStoreError."""
+    """Build the (rows x fields) float32 matrix with one store call. Raises FeatureStoreError
+    (an outage) or FeatureStoreConfigError; a problem of one entity is a rejection."""
     n, width = len(entities), len(spec.fields)
     matrix = np.full((n, width), spec.default_value, dtype=np.float32)
     rejected: list[tuple[int, str, str]] = []
@@ -309,7 +535,8 @@ def assemble(
                 e = int(idx[j])
                 problem = bad[e]
                 if problem is not None:
-                    rejected.append((r, "bad_feature_value", problem))
+                    code, why = problem
+                    rejected.append((r, code, why))
                     continue
                 missing = _missing_names(inline[r], absent[e], spec)
                 if not missing:
@@ -345,7 +572,7 @@ def assemble(
 
 def _parse_rows(
     raw: list[RawRow], width: int
-) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_], list[str | None]]:
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_], list[Problem | None]]:
     """Convert raw values in one numpy call; fall back per entity only to name a bad one."""
     m = len(raw)
     flat: list[Any] = [v for row in raw for v in row]
@@ -354,7 +581,7 @@ def _parse_rows(
         flat = [b"0" if v is None else v for v in flat]
     else:
         absent = np.zeros((m, width), dtype=np.bool_)
-    bad: list[str | None] = [None] * m
+    bad: list[Problem | None] = [None] * m
     try:
         values = np.fromiter(map(float, flat), np.float64, len(flat)).reshape(m, width)
     except (ValueError, TypeError):
@@ -366,7 +593,10 @@ def _parse_rows(
                 try:
                     values[i, j] = float(v)
                 except ValueError:
-                    bad[i] = f"stored feature {j} is not a number: {v[:32]!r}"
+                    bad[i] = (
+                        "bad_feature_value",
+                        f"stored feature {j} is not a number: {v[:32]!r}",
+                    )
                     break
     with np.errstate(over="ignore"):  # beyond float32 range becomes inf, refused later
         return values.astype(np.float32), absent, bad

@@ -60,10 +60,18 @@ class HealthState:
     joined: bool = False
     broker_ok: bool = True
     feature_store_ok: bool = True
+    feature_store_problem: str | None = None
+    """Why the feature store is not usable, when something more specific than unreachable
+    is known (Redis refuses this worker's user, say); shown by /readyz."""
     stopping: bool = False
 
     def turned(self) -> None:
         self.loop_turned_at = time.monotonic()
+
+    def feature_store(self, ok: bool, problem: str | None = None) -> None:
+        """The pipelines' ``on_feature_store`` callback: the store answers, or why not."""
+        self.feature_store_problem = None if ok else problem
+        self.feature_store_ok = ok
 
     def live(self) -> bool:
         return time.monotonic() - self.loop_turned_at < self.liveness_timeout_s
@@ -77,7 +85,7 @@ class HealthState:
         if not self.broker_ok:
             reasons.append("Kafka brokers unreachable")
         if not self.feature_store_ok:
-            reasons.append("feature store unreachable")
+            reasons.append(self.feature_store_problem or "feature store unreachable")
         if self.stopping:
             reasons.append("stopping")
         if not self.live():

@@ -27,14 +27,15 @@ from worker.codec import decode_requests, encode_dead_letter, safe_text
 from worker.commit import PartitionKey
 from worker.config import FeatureSpec, PipelineConfig
 from worker.engines import InferenceEngine, Outputs
-from worker.errors import EngineError, FeatureStoreError
+from worker.errors import EngineError, FeatureStoreConfigError, FeatureStoreError
 from worker.features import Assembled, FeatureStore, assemble
+from worker.limits import headers_size, record_size
 from worker.metrics import PipelineMetrics
 from worker.sink import DeliveryTracker, Headers, Sink
 from worker.source import position
 from worker.types import DecodedRequests, StageTimings
 
-__all__ = ["Pipeline", "Prepared", "next_offsets"]
+__all__ = ["Pipeline", "Prepared", "next_offsets", "partition_counts"]
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ class Pipeline:
         metrics: PipelineMetrics,
         retry_feature_store_s: float | None = 30.0,
         abort: threading.Event | None = None,
-        on_feature_store: Callable[[bool], None] | None = None,
+        on_feature_store: Callable[[bool, str | None], None] | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -112,7 +113,9 @@ class Pipeline:
         self.metrics = metrics
         self._retry_s = retry_feature_store_s
         self._abort = abort or threading.Event()
-        self._on_feature_store = on_feature_store or (lambda _ok: None)
+        self._on_feature_store = on_feature_store or (lambda _ok, _why: None)
+        """Hears (False, why) when enrichment starts failing or its reason changes, and
+        (True, None) once the store answers again: readiness follows it."""
         self._model_meta = {
             "name": config.model.name,
             "version": config.model.version,
@@ -208,36 +211,68 @@ class Pipeline:
             )
         if len(prepared.good):
             self._publish(sink, tracker, prepared)
+        tracker.context = prepared  # to dead-letter what the broker refuses after this
         m = self.metrics
         m.records.inc(len(batch))
         m.batches.inc()
         m.batch_size.observe(len(batch))
         tracker.seal()
 
+    _CONFIG_RETRY_S = (1.0, 30.0)
+    """First and longest wait between tries while Redis refuses the configuration."""
+    _REPEAT_LOG_S = 60.0
+    """How often an unchanged configuration refusal is logged again."""
+
     def _assemble(
         self, entities: list[str | None], inline: list[dict[str, float] | None]
     ) -> Assembled:
+        """``assemble``, waiting while the batch as a whole cannot be enriched.
+
+        An outage (FeatureStoreError) is retried with backoff, 0.1 s to 5 s, until
+        ``retry_feature_store_s`` passes; then it is raised. A refusal only an operator can
+        fix (FeatureStoreConfigError: NOPERM, credentials ...) is retried with backoff up to
+        30 s and no deadline, logged when it changes and once a minute: no record is at
+        fault, so none is dead-lettered, and stopping would only hand the batch to a worker
+        that meets the same refusal. ``on_feature_store`` hears (False, reason) whenever the
+        reason changes and (True, None) once the store answers; ``abort`` ends the wait by
+        raising the last error. Problems of one entity come back as rejections instead.
+        """
         deadline = None if self._retry_s is None else time.monotonic() + self._retry_s
-        delay = 0.1
-        failing = False
+        delay = 0.0
+        problem: str | None = None
+        logged: tuple[str, float] | None = None
         while True:
             try:
                 assembled = assemble(self._spec, entities, inline, self._store)
-            except FeatureStoreError as exc:
+            except (FeatureStoreError, FeatureStoreConfigError) as exc:
                 self.metrics.feature_store_errors.inc()
-                if not failing:
-                    failing = True
-                    self._on_feature_store(False)
-                out_of_time = deadline is not None and time.monotonic() + delay > deadline
+                config = isinstance(exc, FeatureStoreConfigError)
+                first, longest = self._CONFIG_RETRY_S if config else (0.1, 5.0)
+                delay = min(delay * 2, longest) if delay else first
+                reason = str(exc)
+                if reason != problem:
+                    problem = reason
+                    self._on_feature_store(False, reason)
+                now = time.monotonic()
+                out_of_time = not config and deadline is not None and now + delay > deadline
                 if out_of_time or self._abort.is_set():
                     raise
-                log.warning("pipeline %s: %s; retrying in %.1fs", self.name, exc, delay)
+                if not config:
+                    log.warning("pipeline %s: %s; retrying in %.1fs", self.name, exc, delay)
+                elif logged is None or logged[0] != reason or now - logged[1] >= self._REPEAT_LOG_S:
+                    logged = (reason, now)
+                    log.error(
+                        "pipeline %s: %s; the batch waits (no record is dead-lettered), "
+                        "retrying in %.1fs",
+                        self.name,
+                        exc,
+                        delay,
+                    )
                 self._abort.wait(delay)
-                delay = min(delay * 2, 5.0)
                 continue
-            if failing:
-                log.info("pipeline %s: feature store reachable again", self.name)
-                self._on_feature_store(True)
+            if problem is not None:
+                log.info("pipeline %s: feature store answers again", self.name)
+                self._on_feature_store(True, None)
             return assembled
 
     def _infer(self, matrix: npt.NDArray[np.float32]) -> tuple[Outputs, dict[int, str]]:

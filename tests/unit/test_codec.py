@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -12,14 +14,20 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from worker.codec import (
+    DEAD_LETTER_MAX_BYTES,
+    ENTITY_PATTERN,
+    MAX_ENTITY_LENGTH,
     MAX_ID_LENGTH,
     MAX_REASON_LENGTH,
     decode_requests,
     encode_dead_letter,
     safe_text,
 )
+from worker.limits import DEFAULT_MESSAGE_MAX_BYTES
 from worker.types import DecodedRequests, Rejection
 
 FIELDS = ("a", "b", "c")
@@ -207,7 +215,7 @@ def test_not_an_object(decode: Decode, value: bytes, json_type: str) -> None:
             id="id-too-long",
         ),
         pytest.param({"id": "r", "entity": 5}, "wrong_type", "'entity'", id="entity-number"),
-        pytest.param({"id": "r", "entity": ""}, "wrong_type", "'entity'", id="entity-empty"),
+        pytest.param({"id": "r", "entity": ""}, "invalid_entity", "'entity'", id="entity-empty"),
         pytest.param({"id": "r", "entity": {}}, "wrong_type", "object", id="entity-object"),
         pytest.param({"id": "r", "entity": "e", "features": [1]}, "wrong_type", "array"),
         pytest.param({"id": "r", "entity": "e", "features": "a=1"}, "wrong_type", "string"),
@@ -260,6 +268,89 @@ def test_schema_rejections(decode: Decode, doc: dict[str, Any], code: str, menti
     rej = only_rejection(decode([js(doc)]))
     assert (rej.index, rej.stage, rej.code) == (0, "schema", code)
     assert mentions in rej.reason
+
+
+# --- entity ids: what may go into a Redis key -------------------------------------
+
+GOOD_ENTITIES = [
+    "e",  # one character: the shortest
+    "7",
+    "1234567890",
+    "it-1",
+    "c12",
+    "123e4567-e89b-12d3-a456-426614174000",  # a UUID
+    "ada.lovelace+ml@example.co.uk",  # an e-mail address
+    "under_score",
+    "x" * MAX_ENTITY_LENGTH,  # the longest
+]
+
+BAD_ENTITIES = [
+    pytest.param("", id="empty"),
+    pytest.param("x" * (MAX_ENTITY_LENGTH + 1), id="one-too-long"),
+    pytest.param("tenant:42", id="namespace-separator"),
+    pytest.param("{tag}", id="hash-tag-open-close"),
+    pytest.param("a{b", id="brace-open"),
+    pytest.param("a}b", id="brace-close"),
+    pytest.param("a*", id="glob-star"),
+    pytest.param("a?", id="glob-question"),
+    pytest.param("a[b]", id="glob-bracket"),
+    pytest.param("a\\b", id="backslash"),
+    pytest.param("a b", id="space"),
+    pytest.param("a\tb", id="tab"),
+    pytest.param("e1\n", id="trailing-newline"),
+    pytest.param("e\x00", id="nul"),
+    pytest.param("e\x7f", id="del"),
+    pytest.param("caf\u00e9", id="non-ascii"),
+    pytest.param("\uff45", id="fullwidth-e"),
+    pytest.param("a/b", id="slash"),
+    pytest.param("a%b", id="percent"),
+]
+
+
+@pytest.mark.parametrize("entity", GOOD_ENTITIES)
+def test_valid_entity_ids(decode: Decode, entity: str) -> None:
+    out = decode([js({"id": "r", "entity": entity})])
+    assert out.rejections == []
+    assert out.entities == [entity]
+
+
+@pytest.mark.parametrize("entity", BAD_ENTITIES)
+def test_invalid_entity_ids(decode: Decode, entity: str) -> None:
+    rej = only_rejection(decode([js({"id": "r", "entity": entity})]))
+    assert (rej.stage, rej.code) == ("schema", "invalid_entity")
+    assert f"1 to {MAX_ENTITY_LENGTH}" in rej.reason
+    assert all(32 <= ord(c) < 127 for c in rej.reason)  # printable, whatever the entity
+    assert len(rej.reason) < 200  # a long entity is cut, not copied
+
+
+def test_invalid_entity_beside_good_ones_refuses_only_its_record(decode: Decode) -> None:
+    out = decode([js({"id": "r0", "entity": "a:b"}), js({"id": "r1", "entity": "e1"})])
+    assert out.rows == [1]
+    assert out.entities == ["e1"]
+    assert [(r.index, r.code) for r in out.rejections] == [(0, "invalid_entity")]
+
+
+def _request_schema_entity() -> dict[str, Any]:
+    schema = json.loads(
+        (Path(__file__).resolve().parents[2] / "schemas/request.schema.json").read_text()
+    )
+    entity: dict[str, Any] = schema["properties"]["entity"]
+    return entity
+
+
+@pytest.mark.parametrize("entity", [*GOOD_ENTITIES, *BAD_ENTITIES])
+def test_request_schema_states_the_same_entity_rule(entity: str) -> None:
+    # The schema is what producers validate against: it must accept and refuse the same
+    # ids as the worker (pattern, plus a length the pattern itself does not bound).
+    rule = _request_schema_entity()
+    # JSON Schema patterns are ECMA-262, whose "$" (unlike Python's) never matches before
+    # a final newline: Python's "\Z" is the same anchor.
+    ecma = rule["pattern"].replace("$", r"\Z")
+    by_schema = (
+        re.search(ecma, entity) is not None
+        and rule["minLength"] <= len(entity) <= rule["maxLength"]
+    )
+    assert by_schema == (re.fullmatch(ENTITY_PATTERN, entity) is not None)
 
 
 def test_unknown_feature_name_is_escaped_in_reason(decode: Decode) -> None:

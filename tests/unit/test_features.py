@@ -1,16 +1,38 @@
-"""Feature assembly: one store call per batch, float32 matrix, per-row rejections."""
+"""Feature assembly: one store call per batch, float32 matrix, per-row rejections; how
+Redis errors are sorted into a record's, an outage and a configuration problem."""
 
 from __future__ import annotations
 
+import logging
+import re
+import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pytest
+import redis
+from prometheus_client import CollectorRegistry
+from redis._parsers import BaseParser
 
-from worker.config import FeatureSpec
-from worker.errors import FeatureStoreError
-from worker.features import RowStore, assemble
+from worker.codec import ENTITY_PATTERN
+from worker.config import FeatureSpec, ModelSpec, PipelineConfig
+from worker.errors import FeatureStoreConfigError, FeatureStoreError
+from worker.features import (
+    PROBE_ENTITY,
+    REDIS_ERROR_KINDS,
+    RedisHashStore,
+    RedisPackedStore,
+    RedisTrouble,
+    RowStore,
+    assemble,
+    classify_redis_error,
+    pack_vector,
+)
+from worker.health import HealthState
+from worker.metrics import Metrics
+from worker.pipeline import Pipeline
 
 if TYPE_CHECKING:
     from conftest import MemoryStore, StoreFactory
@@ -247,3 +269,394 @@ def test_store_answering_too_few_rows_is_a_store_error(make_spec: SpecFactory) -
 
     with pytest.raises(FeatureStoreError):
         assemble(make_spec(), ["e1", "e2"], [None, None], ShortStore())
+
+
+# --- Redis errors: whose problem is it? ------------------------------------------------
+#
+# The stores below talk to a fake connection that answers scripted replies; the error
+# replies are parsed by redis-py's own parser, so they carry what a real one would.
+
+
+def reply_error(text: str) -> redis.RedisError:
+    """The exception redis-py makes of the error reply ``-<text>``."""
+    error: redis.RedisError = BaseParser.parse_error(text)
+    return error
+
+
+class FakeConnection:
+    """Answers scripted replies in order; an exception instance is raised instead.
+
+    Like redis-py's connection, an error *reply* (ResponseError) is raised after the whole
+    reply was read, so the connection stays in step; a connection-level error (LOADING,
+    NOAUTH ...) is raised by the parser itself.
+    """
+
+    def __init__(self, replies: Sequence[object]) -> None:
+        self.replies = list(replies)
+        self.sent: list[bytes] = []
+        self.disconnected = False
+
+    def send_packed_command(self, parts: Sequence[bytes]) -> None:
+        self.sent.append(b"".join(parts))
+
+    def read_response(self) -> object:
+        reply = self.replies.pop(0)
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
+    def disconnect(self) -> None:
+        self.disconnected = True
+
+
+class FakePool:
+    def __init__(
+        self, conn: FakeConnection, username: str | None, refuse: BaseException | None
+    ) -> None:
+        self.conn, self.refuse = conn, refuse
+        self.connection_kwargs: dict[str, Any] = {"username": username}
+        self.released: list[FakeConnection] = []
+
+    def get_connection(self) -> FakeConnection:
+        if self.refuse is not None:
+            raise self.refuse
+        return self.conn
+
+    def release(self, conn: FakeConnection) -> None:
+        self.released.append(conn)
+
+
+class FakeRedis:
+    def __init__(
+        self,
+        replies: Sequence[object] = (),
+        *,
+        username: str | None = None,
+        refuse: BaseException | None = None,
+    ) -> None:
+        self.conn = FakeConnection(replies)
+        self.connection_pool = FakePool(self.conn, username, refuse)
+
+
+def hash_store(client: FakeRedis) -> RedisHashStore:
+    return RedisHashStore(cast(redis.Redis, client), FeatureSpec(fields=FIELDS))
+
+
+def packed_store(client: FakeRedis) -> RedisPackedStore:
+    spec = FeatureSpec(fields=FIELDS, layout="packed")
+    return RedisPackedStore(cast(redis.Redis, client), spec)
+
+
+WRONGTYPE = "WRONGTYPE Operation against a key holding the wrong kind of value"
+NOPERM_COMMAND = "NOPERM this user has no permissions to run the 'hmget' command"
+NOPERM_KEY = "NOPERM this user has no permissions to access one of the keys used as arguments"
+
+
+@pytest.mark.parametrize(
+    ("reply", "kind"),
+    [
+        pytest.param(WRONGTYPE, "record", id="WRONGTYPE"),
+        pytest.param("LOADING Redis is loading the dataset in memory", "outage", id="LOADING"),
+        pytest.param("BUSY Redis is busy running a script.", "outage", id="BUSY"),
+        pytest.param("MASTERDOWN Link with MASTER is down", "outage", id="MASTERDOWN"),
+        pytest.param("TRYAGAIN Multiple keys request during rehashing", "outage", id="TRYAGAIN"),
+        pytest.param("CLUSTERDOWN The cluster is down", "outage", id="CLUSTERDOWN"),
+        pytest.param("ERR max number of clients reached", "outage", id="max-clients"),
+        pytest.param(NOPERM_COMMAND, "config", id="NOPERM-command"),
+        pytest.param(NOPERM_KEY, "config", id="NOPERM-key"),
+        pytest.param("NOAUTH Authentication required.", "config", id="NOAUTH"),
+        pytest.param("WRONGPASS invalid username-password pair", "config", id="WRONGPASS"),
+        pytest.param("ERR invalid password", "config", id="invalid-password"),
+        pytest.param("CROSSSLOT Keys in request don't hash to the same slot", "config"),
+        pytest.param("MOVED 3999 127.0.0.1:6381", "config", id="MOVED"),
+        pytest.param("ASK 3999 127.0.0.1:6381", "config", id="ASK"),
+        pytest.param("ERR unknown command 'HMGET', with args beginning with: ", "config"),
+        pytest.param("ERR wrong number of arguments for 'hmget' command", "config"),
+        pytest.param("SOMETHINGNEW nobody has seen this", "config", id="unknown-code"),
+    ],
+)
+def test_redis_error_replies_are_classified(reply: str, kind: RedisTrouble) -> None:
+    got, code = classify_redis_error(reply_error(reply))
+    assert got == kind
+    assert code == reply.split(" ", 1)[0]
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused."),
+        redis.TimeoutError("Timeout reading from 127.0.0.1:6379"),
+        redis.exceptions.InvalidResponse("Protocol Error: b'?'"),
+    ],
+    ids=["refused", "timeout", "garbled"],
+)
+def test_connection_failures_are_outages(exc: redis.RedisError) -> None:
+    assert classify_redis_error(exc)[0] == "outage"
+
+
+def test_every_listed_code_has_a_kind_and_the_required_ones_are_there() -> None:
+    assert set(REDIS_ERROR_KINDS.values()) <= {"record", "outage", "config"}
+    assert {c for c, k in REDIS_ERROR_KINDS.items() if k == "record"} == {"WRONGTYPE"}
+    for code in ("LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN"):
+        assert REDIS_ERROR_KINDS[code] == "outage"
+    for code in ("NOPERM", "NOAUTH", "WRONGPASS", "CROSSSLOT", "MOVED", "ASK"):
+        assert REDIS_ERROR_KINDS[code] == "config"
+
+
+def test_wrongtype_refuses_that_entity_only_in_one_round_trip() -> None:
+    client = FakeRedis([[b"1", b"2", b"3"], reply_error(WRONGTYPE), [b"4", None, b"6"]])
+    fetched = hash_store(client).fetch(["e1", "str", "e3"])
+    assert len(client.conn.sent) == 1  # one pipelined write for the batch
+    assert client.conn.sent[0].count(b"HMGET") == 3
+    assert client.conn.replies == []  # every reply read: the connection stays in step
+    assert not client.conn.disconnected
+    assert client.connection_pool.released == [client.conn]
+    assert fetched.bad[0] is None and fetched.bad[2] is None
+    assert fetched.bad[1] is not None
+    code, reason = fetched.bad[1]
+    assert code == "feature_store_error"
+    assert "WRONGTYPE" in reason and "'features:str'" in reason
+    np.testing.assert_array_equal(fetched.values[[0, 2]], [[1, 2, 3], [4, 0, 6]])
+    assert fetched.absent[2].tolist() == [False, True, False]
+
+
+def test_wrongtype_becomes_a_dead_letter_code_in_assemble(make_spec: SpecFactory) -> None:
+    client = FakeRedis([[b"1", b"2", b"3"], reply_error(WRONGTYPE)])
+    entities: list[str | None] = ["e1", "str", "e1", "str"]
+    out = assemble(make_spec(), entities, [None] * 4, hash_store(client))
+    assert rows_of(out.rejected) == {1: "feature_store_error", 3: "feature_store_error"}
+    assert all("WRONGTYPE" in why for _, _, why in out.rejected)
+    np.testing.assert_array_equal(out.matrix[[0, 2]], [[1, 2, 3], [1, 2, 3]])
+
+
+def test_unparsable_value_keeps_its_own_code_beside_a_refused_key(
+    make_spec: SpecFactory,
+) -> None:
+    client = FakeRedis([[b"1", b"x", b"3"], reply_error(WRONGTYPE)])
+    out = assemble(make_spec(), ["bad", "str"], [None, None], hash_store(client))
+    assert rows_of(out.rejected) == {0: "bad_feature_value", 1: "feature_store_error"}
+
+
+@pytest.mark.parametrize("reply", [NOPERM_COMMAND, NOPERM_KEY])
+def test_noperm_is_a_config_error_saying_what_to_grant(reply: str) -> None:
+    client = FakeRedis([[b"1", b"2", b"3"], reply_error(reply)], username="svc")
+    with pytest.raises(FeatureStoreConfigError) as caught:
+        hash_store(client).fetch(["e1", "e2"])
+    message = str(caught.value)
+    assert "NOPERM" in message
+    assert "ACL SETUSER svc +hmget ~features:*" in message
+    assert not client.conn.disconnected  # a refusal is a whole reply: no need to reconnect
+
+
+def test_noperm_without_a_username_names_the_default_user() -> None:
+    client = FakeRedis([reply_error(NOPERM_COMMAND)])
+    with pytest.raises(FeatureStoreConfigError, match=r"ACL SETUSER default \+hmget"):
+        hash_store(client).fetch(["e1"])
+
+
+def test_config_refusal_outranks_an_outage_and_a_record_problem_in_the_same_batch() -> None:
+    client = FakeRedis(
+        [reply_error(WRONGTYPE), reply_error("BUSY Redis is busy"), reply_error(NOPERM_KEY)]
+    )
+    with pytest.raises(FeatureStoreConfigError, match="NOPERM"):
+        hash_store(client).fetch(["a", "b", "c"])
+
+
+def test_transient_reply_is_an_outage_not_a_config_error() -> None:
+    client = FakeRedis([reply_error(WRONGTYPE), reply_error("BUSY Redis is busy")])
+    with pytest.raises(FeatureStoreError, match="BUSY") as caught:
+        hash_store(client).fetch(["a", "b"])
+    assert not isinstance(caught.value, FeatureStoreConfigError)
+
+
+def test_loading_raised_mid_read_is_an_outage_and_drops_the_connection() -> None:
+    client = FakeRedis([[b"1", b"2", b"3"], reply_error("LOADING Redis is loading")])
+    with pytest.raises(FeatureStoreError, match="LOADING") as caught:
+        hash_store(client).fetch(["e1", "e2", "e3"])
+    assert not isinstance(caught.value, FeatureStoreConfigError)
+    assert client.conn.disconnected  # replies were left unread: never reuse it
+
+
+def test_refused_credentials_at_connect_are_a_config_error() -> None:
+    client = FakeRedis(refuse=reply_error("WRONGPASS invalid username-password pair"))
+    with pytest.raises(FeatureStoreConfigError, match=r"redis\.password"):
+        hash_store(client).fetch(["e1"])
+
+
+def test_unreachable_at_connect_is_an_outage() -> None:
+    client = FakeRedis(refuse=redis.ConnectionError("Error 111 connecting"))
+    with pytest.raises(FeatureStoreError, match="not reachable") as caught:
+        hash_store(client).fetch(["e1"])
+    assert not isinstance(caught.value, FeatureStoreConfigError)
+
+
+def test_cluster_redirect_is_a_config_error() -> None:
+    client = FakeRedis([reply_error("MOVED 3999 10.0.0.2:6381")])
+    with pytest.raises(FeatureStoreConfigError, match="Cluster"):
+        hash_store(client).fetch(["e1"])
+
+
+def test_packed_mget_refusal_is_a_config_error_naming_mget() -> None:
+    client = FakeRedis([reply_error(NOPERM_COMMAND.replace("hmget", "mget"))])
+    with pytest.raises(FeatureStoreConfigError, match=r"ACL SETUSER default \+mget ~features:\*"):
+        packed_store(client).fetch(["e1", "e2"])
+
+
+def test_packed_mget_error_about_some_key_cannot_be_pinned_on_one_record() -> None:
+    # MGET answers one reply for every key: an error in it is the batch's, never one
+    # record's; it must not dead-letter the whole batch.
+    client = FakeRedis([reply_error(WRONGTYPE)])
+    with pytest.raises(FeatureStoreConfigError, match="WRONGTYPE"):
+        packed_store(client).fetch(["e1", "e2"])
+
+
+def test_packed_wrong_length_is_a_bad_value_of_that_entity() -> None:
+    client = FakeRedis([[pack_vector([1, 2, 3]), b"\x00" * 5]])
+    fetched = packed_store(client).fetch(["e1", "e2"])
+    assert fetched.bad[0] is None
+    assert fetched.bad[1] is not None and fetched.bad[1][0] == "bad_feature_value"
+
+
+@pytest.mark.parametrize(
+    ("make", "command"),
+    [(hash_store, b"HMGET"), (packed_store, b"MGET")],
+    ids=["hash", "packed"],
+)
+def test_probe_sends_the_batch_command_for_a_valid_probe_key(
+    make: Callable[[FakeRedis], RedisHashStore | RedisPackedStore], command: bytes
+) -> None:
+    client = FakeRedis([[None, None, None] if command == b"HMGET" else [None]])
+    make(client).probe()
+    (sent,) = client.conn.sent
+    assert command in sent
+    assert f"features:{PROBE_ENTITY}".encode() in sent
+    assert re.fullmatch(ENTITY_PATTERN, PROBE_ENTITY)
+
+
+def test_probe_fails_on_noperm() -> None:
+    client = FakeRedis([reply_error(NOPERM_KEY)])
+    with pytest.raises(FeatureStoreConfigError, match="NOPERM"):
+        hash_store(client).probe()
+
+
+def test_probe_passes_when_the_probe_key_itself_has_the_wrong_type() -> None:
+    hash_store(FakeRedis([reply_error(WRONGTYPE)])).probe()  # allowed, just odd data
+
+
+# --- the pipeline waits out a configuration refusal, without dead letters ---------------
+
+
+class _Msg:
+    def __init__(self, value: bytes) -> None:
+        self._value = value
+
+    def value(self) -> bytes:
+        return self._value
+
+    def timestamp(self) -> tuple[int, int]:
+        return (0, 0)
+
+
+class _Engine:
+    n_features = None
+    model_hash = "0" * 64
+
+    def infer(self, batch: Any) -> dict[str, Any]:
+        return {}
+
+    def warm_up(self, batch_sizes: Any) -> None:
+        return None
+
+
+class RefusingStore(RowStore):
+    """Refuses the first ``times`` fetches with ``error``, then answers from memory."""
+
+    fields = FIELDS
+
+    def __init__(self, times: int, error: Exception) -> None:
+        self.times, self.error, self.calls = times, error, 0
+
+    def get_many(self, entities: Sequence[str]) -> list[list[bytes | None]]:
+        self.calls += 1
+        if self.calls <= self.times:
+            raise self.error
+        return [[b"1", b"2", b"3"] for _ in entities]
+
+
+def make_pipeline(store: RowStore, **kw: Any) -> Pipeline:
+    config = PipelineConfig(
+        name="p",
+        request_topics=["req"],
+        result_topic="res",
+        dead_letter_topic="dlq",
+        features=FeatureSpec(fields=FIELDS),
+        model=ModelSpec(path=Path("unused.onnx"), name="m"),
+    )
+    metrics = Metrics(CollectorRegistry()).for_pipeline("p")
+    return Pipeline(config, store=store, engine=_Engine(), metrics=metrics, **kw)
+
+
+BATCH = [_Msg(b'{"id": "r1", "entity": "e1"}'), _Msg(b'{"id": "r2", "entity": "e2"}')]
+REFUSED = "Redis refused HMGET: NOPERM this user has no permissions; grant it"
+
+
+@pytest.fixture
+def quick_config_retry(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Pipeline, "_CONFIG_RETRY_S", (0.001, 0.002))
+
+
+@pytest.mark.usefixtures("quick_config_retry")
+def test_config_refusal_waits_with_a_reason_and_never_dead_letters(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = RefusingStore(3, FeatureStoreConfigError(REFUSED))
+    heard: list[tuple[bool, str | None]] = []
+    # No time at all for outages: a configuration refusal is not bound by it.
+    pipeline = make_pipeline(
+        store, retry_feature_store_s=0.0, on_feature_store=lambda ok, why: heard.append((ok, why))
+    )
+    with caplog.at_level(logging.INFO, logger="worker.pipeline"):
+        prepared = pipeline.prepare(BATCH)  # type: ignore[arg-type]
+    assert store.calls == 4
+    assert prepared.feature_rejects == []
+    assert prepared.good.tolist() == [0, 1]
+    assert heard == [(False, REFUSED), (True, None)]
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1  # the same refusal three times is logged once
+    assert "NOPERM" in errors[0].getMessage()
+
+
+@pytest.mark.usefixtures("quick_config_retry")
+def test_readiness_carries_the_refusal_until_the_store_answers() -> None:
+    health = HealthState()
+    health.models_loaded = health.joined = True
+    seen: list[list[str]] = []
+
+    class Watching(RefusingStore):
+        def get_many(self, entities: Sequence[str]) -> list[list[bytes | None]]:
+            seen.append(health.not_ready_reasons())
+            return super().get_many(entities)
+
+    pipeline = make_pipeline(
+        Watching(1, FeatureStoreConfigError(REFUSED)), on_feature_store=health.feature_store
+    )
+    pipeline.prepare(BATCH)  # type: ignore[arg-type]
+    assert seen == [[], [REFUSED]]
+    assert health.not_ready_reasons() == []
+
+
+def test_abort_ends_the_wait_on_a_config_refusal() -> None:
+    abort = threading.Event()
+    abort.set()
+    store = RefusingStore(10, FeatureStoreConfigError(REFUSED))
+    pipeline = make_pipeline(store, abort=abort)
+    with pytest.raises(FeatureStoreConfigError):
+        pipeline.prepare(BATCH)  # type: ignore[arg-type]
+    assert store.calls == 1
+
+
+def test_outage_still_gives_up_after_its_deadline() -> None:
+    store = RefusingStore(10, FeatureStoreError("Redis is not reachable"))
+    with pytest.raises(FeatureStoreError):
+        make_pipeline(store, retry_feature_store_s=0.0).prepare(BATCH)  # type: ignore[arg-type]
+    assert store.calls == 1
