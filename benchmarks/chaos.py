@@ -7,7 +7,11 @@ worker processes while it kills, stops, restarts or slows things down, then read
 result and dead letter back and prints one row per scenario (with ``--json``, one JSON
 object per line): records, faults injected, lost, duplicates, the most duplicates one
 fault caused, per-partition order inversions, and whether the committed offsets reached
-the log end. Tests import ``run_scenario`` and run small variants.
+the log end. A partition whose committed offset sits short of its log end for longer
+than a session timeout plus ten seconds is a stall: the run stops there and names the
+partitions, their committed offsets and log ends. ``--repeat N`` runs each scenario N
+times on one stack and exits non-zero if any run was incomplete. Tests import
+``run_scenario`` and run small variants.
 """
 
 from __future__ import annotations
@@ -45,9 +49,13 @@ from worker.modelgen import DemoModel, make_classifier, seed_entities
 from worker.stack import Service, start_kafka, start_redis
 from worker.topics import ensure_topics
 
-__all__ = ["SCENARIOS", "Env", "run_scenario"]
+__all__ = ["SCENARIOS", "Env", "complete", "run_scenario"]
 
 PARTITIONS = 4
+SESSION_TIMEOUT_MS = 6000
+STALL_S = SESSION_TIMEOUT_MS / 1000 + 10
+"""After any fault, every owned partition must move within a session timeout (a dead
+member's partitions wait that long) plus a few seconds; longer is a stall."""
 
 
 @dataclass
@@ -211,6 +219,43 @@ class Readout:
     dead_letters: Counter[str] = field(default_factory=Counter)
     dead_letter_codes: Counter[str] = field(default_factory=Counter)
     order_inversions: int = 0
+    stalled: dict[int, dict[str, float]] = field(default_factory=dict)
+    """Partitions whose committed offset stopped short of the log end (``ProgressWatch``)."""
+
+
+@dataclass
+class ProgressWatch:
+    """Says which partitions of a group stopped making progress: committed offset below
+    the log end and unchanged for ``stall_s``. A stall is a liveness failure, not a slow
+    run, so the reader gives up at once and names the partitions."""
+
+    bootstrap: str
+    group: str
+    topic: str
+    stall_s: float
+    every_s: float = 2.0
+    _seen: dict[int, tuple[int, float]] = field(default_factory=dict)
+    _checked_at: float = 0.0
+
+    def stalled(self) -> dict[int, dict[str, float]]:
+        now = time.monotonic()
+        if now - self._checked_at < self.every_s:
+            return {}
+        self._checked_at = now
+        committed = committed_offsets(self.bootstrap, self.group, self.topic)
+        ends = end_offsets(self.bootstrap, self.topic)
+        out: dict[int, dict[str, float]] = {}
+        for p, end in ends.items():
+            offset = committed.get(p, -1)
+            last, since = self._seen.get(p, (None, now))
+            if offset != last:
+                self._seen[p] = (offset, now)
+                continue
+            behind = end > max(offset, 0)
+            if behind and now - since >= self.stall_s:
+                idle = round(now - since, 1)
+                out[p] = {"committed": offset, "log_end": end, "idle_s": idle}
+        return out
 
 
 def read_outcomes(
@@ -222,8 +267,10 @@ def read_outcomes(
     *,
     read_committed: bool,
     timeout: float = 180.0,
+    watch: ProgressWatch | None = None,
 ) -> Readout:
-    """Read results (with their source headers) and dead letters until all are in."""
+    """Read results (with their source headers) and dead letters until all are in, or
+    until ``watch`` finds a partition that stopped making progress."""
     conf: dict[str, Any] = {
         "bootstrap.servers": env.bootstrap,
         "group.id": f"chaos-reader-{uuid.uuid4().hex[:8]}",
@@ -266,6 +313,10 @@ def read_outcomes(
                     missing_bad.discard(pos)
                     if doc.get("request_id"):
                         missing.discard(doc["request_id"])
+            if watch is not None and (missing or missing_bad):
+                out.stalled = watch.stalled()
+                if out.stalled:
+                    break
             if not missing and not missing_bad:
                 # everything is in; linger briefly so late duplicates are counted too
                 quiet_until = quiet_until or time.monotonic() + 3.0
@@ -296,6 +347,9 @@ class Run:
     """Wall-clock milliseconds of each injected fault."""
     started: float = 0.0
     """Monotonic time the scenario's workers were started."""
+    stall_s: float | None = STALL_S
+    """How long a partition may sit short of its log end; None: no liveness check (a
+    scenario that holds partitions still on purpose)."""
 
     def __post_init__(self) -> None:
         tag = f"{self.name}-{uuid.uuid4().hex[:6]}"
@@ -334,7 +388,7 @@ class Run:
                 fields=self.env.model.fields,
                 max_batch_size=max_batch_size,
                 max_wait_ms=10,
-                session_timeout_ms=6000,
+                session_timeout_ms=SESSION_TIMEOUT_MS,
                 top=top + "shutdown_timeout_s = 60\n" + extra_top,
                 kafka_extra=f"max_poll_interval_ms = {max_poll_interval_ms}",
             )
@@ -383,6 +437,11 @@ class Run:
     ) -> dict[str, Any]:
         """Read every outcome while the workers still run, then stop them and check the
         committed offsets."""
+        watch = (
+            None
+            if self.stall_s is None
+            else ProgressWatch(self.env.bootstrap, self.group, self.requests_topic, self.stall_s)
+        )
         readout = read_outcomes(
             self.env,
             self.results_topic,
@@ -390,6 +449,7 @@ class Run:
             good,
             bad_positions,
             read_committed=self.exactly_once,
+            watch=watch,
         )
         fleet_codes = [*earlier_codes, *fleet.stop_all()]
         lost = [i for i in good if i not in readout.results] + [
@@ -405,9 +465,11 @@ class Run:
                 per_fault[before[-1] if before else 0] += 1
         committed = committed_offsets(self.env.bootstrap, self.group, self.requests_topic)
         ends = end_offsets(self.env.bootstrap, self.requests_topic)
-        committed_at_end = all(
-            committed[p] == ends[p] or (committed[p] < 0 and ends[p] == 0) for p in ends
-        )
+        short = {
+            str(p): {"committed": committed[p], "log_end": ends[p]}
+            for p in ends
+            if not (committed[p] == ends[p] or (committed[p] < 0 and ends[p] == 0))
+        }
         return {
             "scenario": self.name,
             "records": self.records,
@@ -416,7 +478,9 @@ class Run:
             "duplicates": duplicates,
             "max_duplicates_per_fault": max(per_fault.values(), default=0),
             "order_inversions": readout.order_inversions,
-            "committed_at_end": committed_at_end,
+            "committed_at_end": not short,
+            "short_of_log_end": short,
+            "stalled_partitions": {str(p): v for p, v in readout.stalled.items()},
             "dead_letters": sum(readout.dead_letters.values()),
             "dead_letter_codes": dict(readout.dead_letter_codes),
             "clean_exits": all(code == 0 for code in fleet_codes),
@@ -522,9 +586,12 @@ def slow_model_scenario(env: Env, records: int) -> dict[str, Any]:
     run = Run(env, "slow-model", records)
     interval_ms = 6000
     batch = 8
+    seconds_per_batch = interval_ms / 1000.0 * 1.5
     slow = make_slow_model(
-        run.dir / "slow.onnx", seconds_per_batch=interval_ms / 1000.0 * 1.5, batch_size=batch
+        run.dir / "slow.onnx", seconds_per_batch=seconds_per_batch, batch_size=batch
     )
+    # a partition waits while its worker's one-batch bound serves the other's batches
+    run.stall_s = STALL_S + 4 * seconds_per_batch
     fleet = run.fleet(
         model_path=slow,
         max_batch_size=batch,
@@ -561,6 +628,11 @@ Scenario = Callable[[Env, int], dict[str, Any]]
 
 SCENARIOS: dict[str, tuple[Scenario, int, str]] = {
     "kill": (kill_scenario, 20_000, "SIGKILL one of 3 workers mid-batch, 5 times"),
+    "kill-twice": (
+        lambda env, n: kill_scenario(env, n, kills=2, name="kill-twice"),
+        3_000,
+        "SIGKILL twice in 3,000 records: the variant the test suite runs",
+    ),
     "kill-exactly-once": (
         lambda env, n: kill_scenario(env, n, exactly_once=True, name="kill-exactly-once"),
         10_000,
@@ -610,6 +682,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=None, help="records per scenario")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--list", action="store_true", help="list the scenarios")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="run each scenario this many times on one stack"
+    )
     args = parser.parse_args(argv)
     if args.list:
         for name, (_, records, text) in SCENARIOS.items():
@@ -618,16 +693,32 @@ def main(argv: list[str] | None = None) -> int:
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     if not args.json:
         print(" | ".join(COLUMNS))
-    failed = False
+    failures = 0
     with Env.start() as env:
         for name in names:
-            report = run_scenario(name, args.records, env)
-            failed |= report["lost"] > 0
-            if args.json:
-                print(orjson.dumps(report).decode(), flush=True)
-            else:
-                print(" | ".join(str(report[c]) for c in COLUMNS), flush=True)
-    return 1 if failed else 0
+            for _ in range(args.repeat):
+                report = run_scenario(name, args.records, env)
+                failures += not complete(report)
+                if args.json:
+                    print(orjson.dumps(report).decode(), flush=True)
+                else:
+                    print(" | ".join(str(report[c]) for c in COLUMNS), flush=True)
+                    for key in ("stalled_partitions", "short_of_log_end"):
+                        if report[key]:
+                            print(f"  {key}: {report[key]}", flush=True)
+    runs = len(names) * args.repeat
+    print(f"{runs - failures} of {runs} runs complete", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def complete(report: dict[str, Any]) -> bool:
+    """Nothing lost, no partition stalled, every committed offset at the log end."""
+    return (
+        report["lost"] == 0
+        and report["committed_at_end"]
+        and not report["stalled_partitions"]
+        and report["order_inversions"] == 0
+    )
 
 
 if __name__ == "__main__":

@@ -53,8 +53,9 @@ from worker.engines import OnnxEngine, warm_up_sizes
 from worker.errors import CommitError, SinkError
 from worker.features import connect_store
 from worker.health import HealthState
+from worker.limits import RecordLimits
 from worker.metrics import Metrics
-from worker.pipeline import Pipeline, next_offsets
+from worker.pipeline import Pipeline, next_offsets, partition_counts
 from worker.processor import Job, Processor, Step
 from worker.sink import DeliveryTracker, Sink
 from worker.source import Source, consumer_config, position
@@ -129,7 +130,11 @@ class Worker:
         self._txn = _Transaction()
         self._rewinds = 0
         """Exactly-once rewinds so far; a job from before the latest one is never produced."""
+        self._undeliverable: deque[DeliveryTracker] = deque()
+        """Batches holding records the broker refused for themselves, to dead-letter."""
         self._paused: set[PartitionKey] = set()
+        self._fresh: set[PartitionKey] = set()
+        """Assigned since the last turn: paused or resumed explicitly on the next one."""
         self._to_check: set[PartitionKey] = set()
         self._consumed = 0
         self._rate = 0.0
@@ -385,6 +390,16 @@ class Worker:
         """
         bound = self._record_bound
         committer = self._committer
+        fresh, self._fresh = self._fresh & self.assigned, set()
+        if fresh:
+            # librdkafka keeps a partition's pause through a revoke and a later
+            # re-assignment, so a partition paused by an earlier ownership would never
+            # be fetched again: every new one gets the state the worker is in now.
+            if self._paused:
+                self._source.pause(fresh)
+                self._paused |= fresh
+            else:
+                self._source.resume(fresh)
         if committer.records >= bound and not self._paused:
             grace = min(1.0, self.config.kafka.max_poll_interval_ms / 4000.0)
             deadline = time.monotonic() + grace
@@ -397,16 +412,21 @@ class Worker:
         if committer.records >= bound:
             newly = self.assigned - self._paused
             if newly:
-                if not self._paused:
-                    log.info(
-                        "backpressure: %d records in %d batches in flight, pausing %d partitions",
-                        committer.records,
-                        len(committer),
-                        len(newly),
-                    )
+                log.info(
+                    "backpressure: %d records in %d batches in flight (bound %d), pausing %s",
+                    committer.records,
+                    len(committer),
+                    bound,
+                    _describe_keys(newly),
+                )
                 self._source.pause(newly)
                 self._paused |= newly
         elif self._paused and committer.records <= bound // 2:
+            log.info(
+                "backpressure over: %d records in flight, resuming %s",
+                committer.records,
+                _describe_keys(self._paused & self.assigned),
+            )
             self._source.resume(self._paused & self.assigned)
             self._paused.clear()
         self.metrics.paused_partitions.set(len(self._paused))
@@ -446,8 +466,11 @@ class Worker:
 
     def _submit(self, name: str, batch: list[Message]) -> None:
         ts = batch[0].timestamp()[1]
-        tracker = DeliveryTracker(name, ts if ts > 0 else 0)
-        self._enqueue(Job(name, batch, tracker, next_offsets(batch), self._rewinds))
+        # exactly-once: a refused record aborts its transaction instead
+        reroute = None if self._transactional else self._undeliverable
+        tracker = DeliveryTracker(name, ts if ts > 0 else 0, reroute)
+        offsets, counts = next_offsets(batch), partition_counts(batch)
+        self._enqueue(Job(name, batch, tracker, offsets, self._rewinds, counts))
 
     def _enqueue(self, job: Job) -> None:
         if self._transactional:
@@ -459,7 +482,7 @@ class Worker:
                 self._sink.producer.begin_transaction()
                 txn.started = time.monotonic()
             txn.jobs.append(job)
-        self._committer.track(job.tracker, job.offsets, len(job.batch))
+        self._committer.track(job.tracker, job.offsets, job.counts)
         self._processor.submit(job)
         self.metrics.in_flight_batches.set(len(self._committer))
 
@@ -656,6 +679,7 @@ class Worker:
     def _on_assign(self, partitions: list[TopicPartition]) -> None:
         keys = _keys(partitions)
         self.assigned |= keys
+        self._fresh |= keys
         self._to_check |= keys
         self._assigned_at = time.monotonic()
         self.health.joined = True
@@ -726,6 +750,10 @@ def _group_by_pipeline(messages: list[Message], route: dict[str, str]) -> dict[s
     for msg in messages:
         groups.setdefault(route[position(msg)[0]], []).append(msg)
     return groups
+
+
+def _describe_keys(keys: set[PartitionKey]) -> str:
+    return _describe([TopicPartition(t, p) for t, p in keys])
 
 
 def _describe(partitions: Sequence[TopicPartition]) -> str:

@@ -4,7 +4,10 @@ Batches are committed in the order they were produced: a batch's offsets (next o
 i.e. last + 1, per partition) are committed only when its deliveries and those of every
 earlier batch have all succeeded. An offset that would move a partition backwards is
 refused. Asynchronous commits that the broker rejects (a rebalance was in progress, say)
-come back through ``settle`` and are sent again with the next commit. A failed
+come back through ``settle`` and are sent again with the next commit. A synchronous
+commit is answered only by what ``commit()`` returns (confluent-kafka never passes it to
+``on_commit``), and a commit that raises was never made: both are taken the same way, so
+a record stays counted only while a retry or an unanswered commit can release it. A failed
 delivery stops commits for good: the caller must stop the worker so the uncommitted
 records are consumed again.
 
@@ -22,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -52,6 +55,8 @@ class OffsetConsumer(Protocol):
 class _Pending:
     tracker: DeliveryTracker
     offsets: dict[PartitionKey, int]
+    counts: dict[PartitionKey, int]
+    """Records of the batch per partition."""
     records: int
 
 
@@ -62,11 +67,23 @@ take milliseconds otherwise."""
 
 @dataclass(slots=True)
 class _Unsettled:
-    """An asynchronous commit without a good answer yet, and the records it covers."""
+    """A commit without a good answer yet, and the records it covers per partition."""
 
     offsets: dict[PartitionKey, int]
-    records: int
+    counts: dict[PartitionKey, int]
     sent_at: float = 0.0
+
+    @property
+    def records(self) -> int:
+        return sum(self.counts.values())
+
+    def drop(self, keys: set[PartitionKey]) -> int:
+        """Forget ``keys``; returns how many records they covered."""
+        dropped = 0
+        for key in keys.intersection(self.offsets):
+            del self.offsets[key]
+            dropped += self.counts.pop(key, 0)
+        return dropped
 
 
 class Committer:
@@ -110,17 +127,23 @@ class Committer:
         return self._records + sum(e.records for e in awaiting if e.sent_at <= stalled_before)
 
     def track(
-        self, tracker: DeliveryTracker, offsets: dict[PartitionKey, int], records: int = 0
+        self,
+        tracker: DeliveryTracker,
+        offsets: dict[PartitionKey, int],
+        counts: Mapping[PartitionKey, int] | None = None,
     ) -> None:
-        """Register a produced batch of ``records`` and the next offsets it completes."""
-        self._queue.append(_Pending(tracker, offsets, records))
+        """Register a produced batch: the next offsets it completes and how many records
+        it holds per partition (``counts``; none: it counts nothing against the bound)."""
+        per_partition = dict(counts or {})
+        records = sum(per_partition.values())
+        self._queue.append(_Pending(tracker, offsets, per_partition, records))
         self._records += records
 
     def commit_ready(self, *, asynchronous: bool = True) -> int:
         """Commit every leading batch whose deliveries succeeded. Raises SinkError."""
         merged: dict[PartitionKey, int] = {}
+        released: dict[PartitionKey, int] = {}
         done = 0
-        released = 0
         queue = self._queue
         while queue and queue[0].tracker.done:
             head = queue[0]
@@ -135,12 +158,12 @@ class Committer:
                 )
             queue.popleft()
             self._records -= head.records
-            released += head.records
             if self._on_done is not None:
                 self._on_done(head.tracker)
             for tp, offset in head.offsets.items():
                 if offset > merged.get(tp, -1):
                     merged[tp] = offset
+                released[tp] = released.get(tp, 0) + head.counts.get(tp, 0)
             done += 1
         if self._retry:
             for tp, offset in self._retry.items():
@@ -169,22 +192,43 @@ class Committer:
         partitions it rejected. Those are committed again with the next commit, and the
         records the commit covered count as in flight until that succeeds."""
         answered = _offsets(partitions)
-        entry = next((e for e in self._awaiting if e.offsets == answered), None)
+        # ``forget`` may have trimmed the commit's revoked partitions since it was sent
+        entry = next(
+            (
+                e
+                for e in self._awaiting
+                if all(answered.get(k) == off for k, off in e.offsets.items())
+            ),
+            None,
+        )
         if entry is not None:
             self._awaiting.remove(entry)
+        return self._answer(entry, err, partitions)
+
+    def _answer(
+        self, entry: _Unsettled | None, err: KafkaError | None, partitions: list[TopicPartition]
+    ) -> list[TopicPartition]:
+        """Take the answer to one commit, however it came: ``on_commit`` for an asynchronous
+        one, the return value or exception of a synchronous one. Every commit sent must
+        come through here, or the records it covers could count as in flight for good."""
         failed = []
-        confirmed = self._confirmed
+        confirmed, owned = self._confirmed, self._committed
         for tp in partitions:
+            key = (tp.topic, tp.partition)
+            if key not in owned:
+                continue  # revoked since: its new owner commits it
             if err is not None or tp.error is not None:
                 failed.append(tp)
             else:
-                key = (tp.topic, tp.partition)
                 confirmed[key] = max(tp.offset, confirmed.get(key, -1))
         if failed:
             self.requeue_failed(failed)
-            if entry is not None and entry.records:
-                self._rejected.append(_Unsettled(_offsets(failed), entry.records))
-                self._records += entry.records
+            if entry is not None:
+                offsets = {k: off for k, off in _offsets(failed).items() if k in entry.offsets}
+                counts = {k: entry.counts[k] for k in offsets if entry.counts.get(k)}
+                if counts:
+                    self._rejected.append(_Unsettled(offsets, counts))
+                    self._records += sum(counts.values())
         self._release_covered()
         return failed
 
@@ -210,7 +254,10 @@ class Committer:
             self._awaiting.popleft()  # superseded: its answer changes nothing
 
     def _commit(
-        self, offsets: dict[PartitionKey, int], asynchronous: bool, records: int = 0
+        self,
+        offsets: dict[PartitionKey, int],
+        asynchronous: bool,
+        counts: Mapping[PartitionKey, int] | None = None,
     ) -> None:
         committed = self._committed
         forward = []
@@ -229,14 +276,24 @@ class Committer:
             forward.append(TopicPartition(topic, partition, offset))
         if not forward:
             return
+        sending = _offsets(forward)
+        counts = counts or {}
+        entry = _Unsettled(sending, {k: counts[k] for k in sending if counts.get(k)}, self._clock())
         try:
             self._consumer.store_offsets(offsets=forward)
-            self._consumer.commit(offsets=forward, asynchronous=asynchronous)
+            answer = self._consumer.commit(offsets=forward, asynchronous=asynchronous)
         except KafkaException as exc:
+            # Nothing was committed: the offsets go out again with the next commit and
+            # their records count as in flight until then.
+            error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            self._answer(entry, error or KafkaError(KafkaError._FAIL, str(exc)), forward)
             raise CommitError(f"commit of {len(forward)} partitions failed: {exc}") from exc
         self.commits += 1
         if asynchronous:
-            self._awaiting.append(_Unsettled(_offsets(forward), records, self._clock()))
+            self._awaiting.append(entry)
+        else:
+            # confluent-kafka answers a synchronous commit only here, never via on_commit
+            self._answer(entry, None, forward if answer is None else answer)
 
     def forget(self, partitions: Collection[PartitionKey]) -> None:
         """Drop all state of partitions this worker no longer owns."""
@@ -244,18 +301,18 @@ class Committer:
         for pending in self._queue:
             for tp in keys.intersection(pending.offsets):
                 del pending.offsets[tp]
+                pending.counts.pop(tp, None)  # still running: counted until it is done
         for tp in keys:
             self._committed.pop(tp, None)
             self._retry.pop(tp, None)
             self._confirmed.pop(tp, None)
         # their new owner consumes what this worker could not commit
-        for entry in [*self._awaiting, *self._rejected]:
-            for tp in keys.intersection(entry.offsets):
-                del entry.offsets[tp]
+        for entry in self._awaiting:
+            entry.drop(keys)
         self._awaiting = deque(e for e in self._awaiting if e.offsets)
-        for entry in [e for e in self._rejected if not e.offsets]:
-            self._rejected.remove(entry)
-            self._records -= entry.records
+        for entry in self._rejected:
+            self._records -= entry.drop(keys)
+        self._rejected = [e for e in self._rejected if e.offsets]
 
     def committed(self) -> dict[PartitionKey, int]:
         return dict(self._committed)

@@ -385,6 +385,17 @@ def next_offsets(batch: Sequence[Message]) -> dict[PartitionKey, int]:
     return {key: offset + 1 for key, offset in last.items()}
 
 
+def partition_counts(batch: Sequence[Message]) -> dict[PartitionKey, int]:
+    """Records of ``batch`` per partition: what a revoke of one partition takes off the
+    worker's count of records in flight."""
+    counts: dict[Any, int] = {}
+    get = counts.get
+    for msg in batch:
+        key = (msg.topic(), msg.partition())
+        counts[key] = get(key, 0) + 1
+    return counts
+
+
 class _SourceHeaders:
     """Builds the source headers of one batch's records, encoding each topic and
     partition once instead of once per record."""
@@ -447,6 +458,9 @@ def _per_row(cols: list[list[object]], n: int) -> Iterable[tuple[object, ...]]:
 
 
 _TRACEPARENT_MAX = 128
+MAX_RESULT_HEADERS_BYTES = 2048
+"""More than a result's headers can weigh: the request id (at most 256 characters), the
+source headers and a traceparent."""
 
 
 def _header_text(reason: str) -> bytes:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Union
 
 from confluent_kafka import Message
@@ -37,6 +37,8 @@ class Job:
     offsets: dict[PartitionKey, int]
     rewinds: int = 0
     """The worker's exactly-once rewind count when the job was submitted."""
+    counts: dict[PartitionKey, int] = field(default_factory=dict)
+    """Records per partition, counted against the worker's bound until committed."""
 
 
 Step = Callable[[], Union["Step", None]]

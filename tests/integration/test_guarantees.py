@@ -46,8 +46,15 @@ def no_worker_left_behind() -> Iterator[None]:
 
 
 def _assert_complete(report: dict[str, object]) -> None:
+    stalled = report["stalled_partitions"]
+    assert not stalled, (
+        f"partitions stopped making progress for over {chaos.STALL_S:.0f}s "
+        f"(partition: committed, log end, idle): {stalled}; whole report: {report}"
+    )
     assert report["lost"] == 0, report
-    assert report["committed_at_end"] is True, report
+    assert report["committed_at_end"] is True, (
+        f"committed offsets short of the log end: {report['short_of_log_end']}; {report}"
+    )
     assert report["order_inversions"] == 0, report
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -19,6 +20,8 @@ class FakeConsumer:
     stored: list[list[tuple[str, int, int]]] = field(default_factory=list)
     commits: list[tuple[list[tuple[str, int, int]], bool]] = field(default_factory=list)
     fail_with: Exception | None = None
+    rejects: dict[PartitionKey, KafkaError] = field(default_factory=dict)
+    """Partitions a synchronous commit answers with an error (as the broker would)."""
 
     def store_offsets(self, *, offsets: list[TopicPartition]) -> None:
         self.stored.append(_plain(offsets))
@@ -26,10 +29,33 @@ class FakeConsumer:
     def commit(
         self, *, offsets: list[TopicPartition], asynchronous: bool
     ) -> list[TopicPartition] | None:
+        """Like confluent-kafka: an asynchronous commit returns None and is answered later
+        through on_commit; a synchronous one returns its offsets, each with its error, and
+        never reaches on_commit."""
         if self.fail_with is not None:
             raise self.fail_with
         self.commits.append((_plain(offsets), asynchronous))
-        return None
+        if asynchronous:
+            return None
+        return [
+            cast(
+                TopicPartition,
+                Answered(
+                    tp.topic, tp.partition, tp.offset, self.rejects.get((tp.topic, tp.partition))
+                ),
+            )
+            for tp in offsets
+        ]
+
+
+@dataclass
+class Answered:
+    """A partition of a synchronous commit's answer (``TopicPartition.error`` is read-only)."""
+
+    topic: str
+    partition: int
+    offset: int
+    error: KafkaError | None
 
 
 def _plain(offsets: list[TopicPartition]) -> list[tuple[str, int, int]]:
@@ -156,8 +182,8 @@ def test_later_batch_waits_for_earlier(committer: Committer, consumer: FakeConsu
 
 def test_counts_the_records_in_flight(committer: Committer) -> None:
     first, second = sent(1), sent(1)
-    committer.track(first, {("req", 0): 10}, records=100)
-    committer.track(second, {("req", 0): 20}, records=7)
+    committer.track(first, {("req", 0): 10}, {("req", 0): 100})
+    committer.track(second, {("req", 0): 20}, {("req", 0): 7})
     assert committer.records == 107
     deliver(first)
     committer.commit_ready()
@@ -356,13 +382,13 @@ REBALANCING = KafkaError(KafkaError.REBALANCE_IN_PROGRESS)
 def test_rejected_commit_counts_its_records_until_a_later_commit_succeeds(
     committer: Committer, consumer: FakeConsumer
 ) -> None:
-    committer.track(sent(0), {("req", 0): 10, ("req", 1): 4}, records=50)
+    committer.track(sent(0), {("req", 0): 10, ("req", 1): 4}, {("req", 0): 30, ("req", 1): 20})
     committer.commit_ready()
     assert committer.records == 0  # sent: nothing left to replay if it succeeds
     failed = committer.settle(REBALANCING, _answer({("req", 0): 10, ("req", 1): 4}))
     assert [(tp.partition, tp.offset) for tp in failed] == [(0, 10), (1, 4)]
     assert committer.records == 50, "a crash now would replay them"
-    committer.track(sent(0), {("req", 0): 12}, records=5)
+    committer.track(sent(0), {("req", 0): 12}, {("req", 0): 5})
     committer.commit_ready()  # the retry goes out with the newer batch
     assert consumer.commits[-1] == ([("req", 0, 12), ("req", 1, 4)], True)
     assert committer.records == 50
@@ -371,7 +397,7 @@ def test_rejected_commit_counts_its_records_until_a_later_commit_succeeds(
 
 
 def test_partly_redone_commit_still_counts(committer: Committer) -> None:
-    committer.track(sent(0), {("req", 0): 10, ("req", 1): 4}, records=50)
+    committer.track(sent(0), {("req", 0): 10, ("req", 1): 4}, {("req", 0): 30, ("req", 1): 20})
     committer.commit_ready()
     committer.settle(REBALANCING, _answer({("req", 0): 10, ("req", 1): 4}))
     committer.settle(None, _answer({("req", 0): 10}))
@@ -381,8 +407,8 @@ def test_partly_redone_commit_still_counts(committer: Committer) -> None:
 
 
 def test_good_answers_change_nothing(committer: Committer) -> None:
-    committer.track(sent(0), {("req", 0): 10}, records=50)
-    committer.track(sent(1), {("req", 0): 20}, records=7)
+    committer.track(sent(0), {("req", 0): 10}, {("req", 0): 50})
+    committer.track(sent(1), {("req", 0): 20}, {("req", 0): 7})
     committer.commit_ready()
     assert committer.settle(None, _answer({("req", 0): 10})) == []
     assert committer.records == 7
@@ -392,7 +418,7 @@ def test_good_answers_change_nothing(committer: Committer) -> None:
 
 
 def _reject_a_commit_of_50_records(committer: Committer) -> None:
-    committer.track(sent(0), {("req", 0): 10}, records=50)
+    committer.track(sent(0), {("req", 0): 10}, {("req", 0): 50})
     committer.commit_ready()
     committer.settle(REBALANCING, _answer({("req", 0): 10}))
 
@@ -414,12 +440,12 @@ def test_clear_forgets_rejected_commits(committer: Committer) -> None:
 def test_unanswered_commit_counts_once_stalled(consumer: FakeConsumer) -> None:
     now = [100.0]
     committer = Committer(consumer, clock=lambda: now[0])
-    committer.track(sent(0), {("req", 0): 10}, records=50)
+    committer.track(sent(0), {("req", 0): 10}, {("req", 0): 50})
     committer.commit_ready()
     assert committer.records == 0  # answers take milliseconds
     now[0] += STALLED_COMMIT_S
     assert committer.records == 50, "held back during a rebalance: a crash would replay them"
-    committer.track(sent(0), {("req", 0): 12}, records=5)
+    committer.track(sent(0), {("req", 0): 12}, {("req", 0): 5})
     committer.commit_ready()
     assert committer.records == 50  # the newer commit is not stalled yet
     now[0] += STALLED_COMMIT_S
@@ -433,10 +459,97 @@ def test_unanswered_commit_counts_once_stalled(consumer: FakeConsumer) -> None:
 def test_a_later_good_commit_settles_older_unanswered_ones(consumer: FakeConsumer) -> None:
     now = [0.0]
     committer = Committer(consumer, clock=lambda: now[0])
-    committer.track(sent(0), {("req", 0): 10}, records=50)
+    committer.track(sent(0), {("req", 0): 10}, {("req", 0): 50})
     committer.commit_ready()
-    committer.track(sent(0), {("req", 0): 12}, records=5)
+    committer.track(sent(0), {("req", 0): 12}, {("req", 0): 5})
     committer.commit_ready()
     now[0] += 1.0
     committer.settle(None, _answer({("req", 0): 12}))
     assert committer.records == 0, "offset 12 covers 10"
+
+
+# --- synchronous commits (the revoke path): their answer is the return value ----------
+
+ILLEGAL_GENERATION = KafkaError(KafkaError.ILLEGAL_GENERATION)
+
+
+def _two_partitions_rejected(committer: Committer) -> None:
+    """Two partitions tracked and committed asynchronously, both commits rejected while
+    the group rebalances (as after a member is killed)."""
+    committer.track(sent(0), {("req", 2): 429}, {("req", 2): 150})
+    committer.track(sent(0), {("req", 3): 453}, {("req", 3): 196})
+    committer.commit_ready()
+    committer.settle(ILLEGAL_GENERATION, _answer({("req", 2): 429, ("req", 3): 453}))
+    assert committer.records == 346
+
+
+def test_a_good_synchronous_commit_releases_the_records_of_rejected_ones(
+    committer: Committer, consumer: FakeConsumer
+) -> None:
+    _two_partitions_rejected(committer)
+    committer.commit_ready(asynchronous=False)  # the revoke of partition 2 takes both retries
+    assert consumer.commits[-1] == ([("req", 2, 429), ("req", 3, 453)], False)
+    committer.forget([("req", 2)])
+    assert committer.records == 0, "the synchronous commit confirmed partition 3's offset"
+    assert committer.commit_ready() == 0
+    assert len(consumer.commits) == 2, "nothing is left to send again"
+
+
+def test_a_partition_rejected_in_a_synchronous_answer_is_sent_again(
+    committer: Committer, consumer: FakeConsumer
+) -> None:
+    _two_partitions_rejected(committer)
+    consumer.rejects[("req", 3)] = ILLEGAL_GENERATION
+    committer.commit_ready(asynchronous=False)
+    committer.forget([("req", 2)])
+    assert committer.records == 196, "partition 3 is still uncommitted"
+    consumer.rejects.clear()
+    committer.commit_ready()
+    assert consumer.commits[-1] == ([("req", 3, 453)], True)
+    committer.settle(None, _answer({("req", 3): 453}))
+    assert committer.records == 0
+
+
+def test_a_synchronous_commit_that_raises_keeps_its_offsets_for_the_next_commit(
+    committer: Committer, consumer: FakeConsumer
+) -> None:
+    _two_partitions_rejected(committer)
+    consumer.fail_with = KafkaException(KafkaError(KafkaError.REBALANCE_IN_PROGRESS))
+    with pytest.raises(CommitError):
+        committer.commit_ready(asynchronous=False)
+    committer.forget([("req", 2)])  # the revoke goes on without it
+    consumer.fail_with = None
+    assert committer.records == 196
+    committer.commit_ready()
+    assert consumer.commits[-1] == ([("req", 3, 453)], True), "the kept partition goes again"
+    committer.settle(None, _answer({("req", 3): 453}))
+    assert committer.records == 0
+
+
+def test_a_new_batch_committed_synchronously_that_raises_counts_until_redone(
+    committer: Committer, consumer: FakeConsumer
+) -> None:
+    committer.track(sent(0), {("req", 0): 10}, {("req", 0): 40})
+    consumer.fail_with = KafkaException(KafkaError(KafkaError.REBALANCE_IN_PROGRESS))
+    with pytest.raises(CommitError):
+        committer.commit_ready(asynchronous=False)
+    assert committer.records == 40, "a crash now would replay them"
+    consumer.fail_with = None
+    committer.commit_ready(asynchronous=False)
+    assert consumer.commits[-1] == ([("req", 0, 10)], False)
+    assert committer.records == 0
+
+
+def test_an_answer_for_a_commit_trimmed_by_a_revoke_still_settles_it(
+    committer: Committer, consumer: FakeConsumer
+) -> None:
+    committer.track(sent(0), {("req", 0): 10, ("req", 1): 4}, {("req", 0): 30, ("req", 1): 20})
+    committer.commit_ready()
+    committer.forget([("req", 1)])
+    failed = committer.settle(REBALANCING, _answer({("req", 0): 10, ("req", 1): 4}))
+    assert [(tp.partition, tp.offset) for tp in failed] == [(0, 10)], "1 is no longer ours"
+    assert committer.records == 30, "partition 0's records; 1's went with it"
+    committer.commit_ready()
+    assert consumer.commits[-1] == ([("req", 0, 10)], True)
+    committer.settle(None, _answer({("req", 0): 10}))
+    assert committer.records == 0
