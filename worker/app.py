@@ -31,6 +31,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import cast
 
@@ -347,8 +348,31 @@ class Worker:
         # In exactly-once mode commit_transaction serves them, on this thread too.
         if not self._transactional:
             self._sink.poll(timeout)
+            if self._undeliverable:
+                self._dead_letter_undelivered()
         elif timeout:
             time.sleep(timeout)
+
+    def _dead_letter_undelivered(self) -> None:
+        """Records the broker refused for themselves become their requests' dead letters.
+        A batch still being published waits for the next turn: only then is this thread
+        the one sending for it."""
+        waiting = self._undeliverable
+        for _ in range(len(waiting)):
+            tracker = waiting.popleft()
+            if not tracker.sealed:
+                waiting.append(tracker)
+                continue
+            pipeline = self._pipelines[tracker.pipeline]
+            while tracker.undeliverable:
+                produced, why = tracker.undeliverable.pop()
+                log.warning(
+                    "%s[%s] refused a record (%s): dead-lettering its request",
+                    produced.topic(),
+                    produced.partition(),
+                    why,
+                )
+                pipeline.dead_letter_undelivered(self._sink, tracker, produced, why)
 
     def _commit(self, *, asynchronous: bool = True) -> None:
         started = time.perf_counter()
@@ -583,7 +607,7 @@ class Worker:
         self._committer.clear()
         if self._producer_broken:
             log.warning("re-creating the transactional producer")
-            self._sink.use(transactional_producer(self.config.kafka))
+            self._sink.use(transactional_producer(self.config.kafka, self._sink.limit))
             self._producer_broken = False
         self._seek_to_committed(self.assigned)
         self._txn.reset()

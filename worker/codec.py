@@ -192,26 +192,56 @@ def encode_dead_letter(
     request_id: str | None,
     worker_version: str,
     model: str | None,
-) -> bytes:
-    """The dead-letter body: why, where from, and the original bytes when small enough."""
-    keep = value is not None and len(value) <= max_value_bytes
-    return orjson.dumps(
-        {
-            "pipeline": pipeline,
-            "stage": stage,
-            "code": code,
-            "reason": safe_text(reason),
-            "request_id": request_id,
-            "source": {
-                "topic": topic,
-                "partition": partition,
-                "offset": offset,
-                "timestamp_ms": timestamp_ms,
-            },
-            "key_b64": base64.b64encode(key).decode() if key is not None else None,
-            "value_b64": base64.b64encode(value).decode() if keep and value is not None else None,
-            "value_bytes": len(value) if value is not None else 0,
-            "worker_version": worker_version,
-            "model": model,
-        }
-    )
+    max_bytes: int = DEAD_LETTER_MAX_BYTES,
+) -> tuple[bytes, bytes | None]:
+    """The dead-letter body and its Kafka key: why, where from, and as much of the
+    original key and value as fits in ``max_bytes`` (body and key together, so the
+    broker takes it whatever the request held).
+
+    The Kafka key is the request's when it takes at most a quarter of the room (so dead
+    letters keep the requests' partitioning); ``key_b64`` and ``value_b64`` then hold the
+    original bytes, or their first bytes with ``key_truncated`` / ``value_truncated``
+    set, or null. A value over ``max_value_bytes`` was never parsed and is left out;
+    ``source`` locates every original record."""
+    value_bytes = len(value) if value is not None else 0
+    doc: dict[str, Any] = {
+        "pipeline": pipeline,
+        "stage": stage,
+        "code": code,
+        "reason": safe_text(reason),
+        "request_id": request_id,
+        "source": {
+            "topic": topic,
+            "partition": partition,
+            "offset": offset,
+            "timestamp_ms": timestamp_ms,
+        },
+        "key_b64": None,
+        "key_bytes": len(key) if key is not None else 0,
+        "key_truncated": False,
+        "value_b64": None,
+        "value_bytes": value_bytes,
+        "value_truncated": value is not None and value_bytes > max_value_bytes,
+        "worker_version": worker_version,
+        "model": model,
+    }
+    room = max_bytes - len(orjson.dumps(doc))
+    kafka_key = None
+    if key is not None:
+        if len(key) <= room // 4:
+            kafka_key = key
+            room -= len(key)
+        doc["key_b64"], doc["key_truncated"], room = _embed(key, room)
+    if value is not None and value_bytes <= max_value_bytes:
+        doc["value_b64"], doc["value_truncated"], room = _embed(value, room)
+    return orjson.dumps(doc), kafka_key
+
+
+def _embed(data: bytes, room: int) -> tuple[str | None, bool, int]:
+    """``data`` base64-encoded, cut to what ``room`` bytes of JSON hold (a string in place
+    of ``null`` costs its length less two); whether it was cut; the room left."""
+    take = min(len(data), max(0, (room + 2) // 4 * 3))
+    if take == 0 and data:
+        return None, True, room
+    text = base64.b64encode(data[:take]).decode()
+    return text, take < len(data), room - (len(text) - 2)

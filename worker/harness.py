@@ -58,6 +58,7 @@ def worker_config_toml(
     model_name: str = "breast-cancer-rf",
     layout: str = "hash",
     key_template: str = "features:{entity}",
+    max_record_bytes: int = 65536,
 ) -> str:
     """A one-pipeline config file, as a user would write it.
 
@@ -85,7 +86,7 @@ name = "demo"
 request_topics = ["{request_topic}"]
 result_topic = "{result_topic}"
 dead_letter_topic = "{dead_letter_topic}"
-max_record_bytes = 65536
+max_record_bytes = {max_record_bytes}
 
 [pipelines.batch]
 max_batch_size = {max_batch_size}

@@ -319,6 +319,9 @@ class Pipeline:
         send = sink.send
         dumps = orjson.dumps
         headers_of = _SourceHeaders().of if self.config.source_headers else _trace_headers
+        room = sink.limit(topic)
+        roomy = room - MAX_RESULT_HEADERS_BYTES
+        too_large = 0
         single = names[0] if len(names) == 1 else None
         for i, (g, out) in enumerate(zip(good.tolist(), _per_row(cols, len(good)), strict=True)):
             msg = batch[rows[g]]
@@ -337,8 +340,18 @@ class Pipeline:
                     "request_ts_ms": msg.timestamp()[1],
                 }
             )
-            send(tracker, topic, head[:-1] + tail, key, headers_of(msg, rid))
-        self.metrics.results.inc(len(good) - len(refused))
+            value = head[:-1] + tail
+            headers = headers_of(msg, rid)
+            # headers are small and bounded: only a large record needs the exact sum
+            if (
+                len(value) + (len(key) if key is not None else 0) > roomy
+                and record_size(value, key, headers) > room
+            ) or not send(tracker, topic, value, key, headers):
+                size = record_size(value, key, headers)
+                why = f"result of {size} bytes with key and headers; {topic} takes {room}"
+                self._dead_letter(sink, tracker, msg, "publish", "result_too_large", why, rid)
+                too_large += 1
+        self.metrics.results.inc(len(good) - len(refused) - too_large)
 
     def _dead_letter(
         self,
@@ -349,34 +362,97 @@ class Pipeline:
         code: str,
         reason: str,
         request_id: str | None,
+        *,
+        bare: bool = False,
     ) -> None:
+        """Send the dead letter of ``msg``, sized to what its topic takes; ``bare`` leaves
+        the original key and value out (the dead letter itself was refused)."""
         cfg = self.config
-        value = msg.value()
-        topic, partition, offset = position(msg)
-        body = encode_dead_letter(
-            pipeline=self.name,
-            stage=stage,
-            code=code,
-            reason=reason,
-            topic=topic,
-            partition=partition,
-            offset=offset,
-            timestamp_ms=msg.timestamp()[1],
-            key=msg.key(),
-            value=value,
-            max_value_bytes=cfg.max_record_bytes,
-            request_id=request_id,
-            worker_version=__version__,
-            model=self._model_tag,
-        )
-        headers = [
+        topic = cfg.dead_letter_topic
+        source_topic, partition, offset = position(msg)
+        headers: Headers = [
             ("streamfer.error_stage", stage.encode()),
             ("streamfer.error_code", code.encode()),
             ("streamfer.error_reason", _header_text(reason)),
             *_SourceHeaders().of(msg, request_id),
         ]
-        sink.send(tracker, cfg.dead_letter_topic, body, msg.key(), headers)
+        body, key = encode_dead_letter(
+            pipeline=self.name,
+            stage=stage,
+            code=code,
+            reason=reason,
+            topic=source_topic,
+            partition=partition,
+            offset=offset,
+            timestamp_ms=msg.timestamp()[1],
+            key=None if bare else msg.key(),
+            value=None if bare else msg.value(),
+            max_value_bytes=cfg.max_record_bytes,
+            request_id=request_id,
+            worker_version=__version__,
+            model=self._model_tag,
+            max_bytes=sink.limit(topic) - headers_size(headers),
+        )
+        if not sink.send(tracker, topic, body, key, headers):
+            tracker.sent += 1
+            tracker.refused_by_producer(
+                topic, f"a dead letter of {len(body)} bytes is too large for this topic"
+            )
         self.metrics.dead_letters.labels(self.name, code).inc()
+
+    def dead_letter_undelivered(
+        self, sink: Sink, tracker: DeliveryTracker, produced: Message, why: str
+    ) -> None:
+        """Dead-letter the request behind a record the broker refused for itself (too
+        large for the topic, invalid for it), found in the batch from the refused record's
+        body (delivery reports carry no headers). Call only from the thread that serves
+        deliveries, once the batch is sealed. A refused dead letter is sent again without
+        the original key and value; one refused like that fails the batch, which is then
+        never committed."""
+        topic = cast(str, produced.topic())
+        prepared = tracker.context
+        try:
+            doc = orjson.loads(produced.value() or b"null")
+        except orjson.JSONDecodeError:
+            doc = None
+        request = None
+        if isinstance(prepared, Prepared) and isinstance(doc, dict):
+            if topic != self.config.dead_letter_topic:
+                rid = doc.get("id")
+                request = _request_by_id(prepared, rid, produced.key())
+                if request is not None:
+                    reason = f"{topic} refused the result: {why}"
+                    self._dead_letter(
+                        sink, tracker, request, "publish", "result_refused", reason, rid
+                    )
+                    return
+            elif doc.get("key_b64") is None and doc.get("value_b64") is None:
+                tracker.fail(f"{topic} refuses even a bare dead letter: {why}")
+                return
+            else:
+                src = doc.get("source") or {}
+                at = (src.get("partition"), src.get("offset"))
+                request = next(
+                    (m for m in prepared.batch if (m.partition(), m.offset()) == at), None
+                )
+                if request is not None:
+                    stage, code = (
+                        doc.get("stage", "publish"),
+                        doc.get("code", "dead_letter_refused"),
+                    )
+                    reason = f"{why}; the original key and value are left out"
+                    rid = doc.get("request_id")
+                    self._dead_letter(sink, tracker, request, stage, code, reason, rid, bare=True)
+                    return
+        tracker.fail(f"{topic}: refused ({why}) and its request cannot be found")
+
+
+def _request_by_id(prepared: Prepared, rid: object, key: bytes | None) -> Message | None:
+    """The request of ``prepared``'s batch with id ``rid`` and Kafka key ``key`` (cold
+    path: a result the broker refused)."""
+    decoded, batch = prepared.decoded, prepared.batch
+    rows = [decoded.rows[g] for g, i in enumerate(decoded.ids) if i == rid]
+    return next((batch[r] for r in rows if batch[r].key() == key), None)
 
 
 def next_offsets(batch: Sequence[Message]) -> dict[PartitionKey, int]:

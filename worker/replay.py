@@ -449,12 +449,14 @@ class ReplaySink(Sink):
         value: bytes,
         key: bytes | None,
         headers: Headers | None,
-    ) -> None:
-        if topic == self._dead_letter_topic:
-            self.dead_letters += 1
-        else:
-            self.results += 1
-        super().send(tracker, topic, value, key, [*(headers or ()), self._header])
+    ) -> bool:
+        queued = super().send(tracker, topic, value, key, [*(headers or ()), self._header])
+        if queued:
+            if topic == self._dead_letter_topic:
+                self.dead_letters += 1
+            else:
+                self.results += 1
+        return queued
 
 
 # --- the loop ---------------------------------------------------------------------------
@@ -979,7 +981,7 @@ def _run_locked(
     )
     engine.warm_up(warm_up_sizes(pipeline_cfg.batch.max_batch_size))
     features = connect_store(config.redis, pipeline_cfg.features)
-    features.ping()
+    features.probe()
     handler = Pipeline(
         pipeline_cfg.model_copy(
             update={

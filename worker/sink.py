@@ -1,9 +1,12 @@
 """Publishing results and dead letters with an idempotent producer.
 
 Each batch gets one ``DeliveryTracker`` whose bound method is the delivery callback of
-all its records, so per-record bookkeeping is a counter. A record the producer refuses
-outright (too large, bad topic) counts as a failed delivery: the batch is then never
-committed, and the failure is never dropped silently.
+all its records, so per-record bookkeeping is a counter. A failure that is about one
+record (too large, refused as invalid) is that record's: ``send`` says so for a record
+the producer refuses at once, and the tracker keeps those the broker refuses for the
+worker to dead-letter, so the batch is committed once they are. Any other failure (an
+unknown topic, the broker unreachable past the delivery timeout) counts as a failed
+delivery: the batch is then never committed, and the failure is never dropped silently.
 """
 
 from __future__ import annotations
@@ -11,17 +14,31 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from worker.config import KafkaSettings
+from worker.limits import RecordLimits, cap_batch_size
 
-__all__ = ["DeliveryTracker", "Headers", "Sink", "producer_config"]
+__all__ = ["RECORD_ERRORS", "DeliveryTracker", "Headers", "Sink", "producer_config"]
 
 log = logging.getLogger(__name__)
 
 Headers = list[tuple[str, str | bytes | None]]
+
+RECORD_ERRORS = frozenset(
+    {
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.RECORD_LIST_TOO_LARGE,
+        KafkaError.INVALID_MSG,
+        KafkaError.INVALID_MSG_SIZE,
+        KafkaError.INVALID_RECORD,
+        KafkaError.INVALID_TIMESTAMP,
+    }
+)
+"""Delivery errors about one record, not about the broker or the producer."""
 
 
 class DeliveryTracker:
@@ -35,7 +52,9 @@ class DeliveryTracker:
 
     __slots__ = (
         "_lock",
+        "_notify",
         "acked",
+        "context",
         "errors",
         "oldest_ts_ms",
         "pipeline",
@@ -43,10 +62,20 @@ class DeliveryTracker:
         "sealed",
         "sealed_at",
         "sent",
+        "undeliverable",
     )
 
-    def __init__(self, pipeline: str = "", oldest_ts_ms: int = 0) -> None:
+    def __init__(
+        self,
+        pipeline: str = "",
+        oldest_ts_ms: int = 0,
+        reroute: deque[DeliveryTracker] | None = None,
+    ) -> None:
+        """With ``reroute``, a record the broker refuses for itself (``RECORD_ERRORS``) is
+        kept in ``undeliverable`` and the tracker queued there for whoever dead-letters
+        it; the batch is not done until that is handled. Without, it is a failure."""
         self._lock = threading.Lock()
+        self._notify = reroute
         self.pipeline = pipeline
         self.oldest_ts_ms = oldest_ts_ms
         self.sent = 0
@@ -55,10 +84,13 @@ class DeliveryTracker:
         self.sealed = False
         self.sealed_at = 0.0
         self.errors: list[str] = []
+        self.undeliverable: list[tuple[Message, str]] = []
+        self.context: object = None
+        """What the publisher needs to dead-letter an undeliverable record (its batch)."""
 
     @property
     def done(self) -> bool:
-        return self.sealed and self.acked + self.refused == self.sent
+        return self.sealed and self.acked + self.refused == self.sent and not self.undeliverable
 
     @property
     def pending(self) -> int:
@@ -73,8 +105,13 @@ class DeliveryTracker:
         # The error is recorded before the acknowledgement counts: the loop thread may see
         # the batch done the moment ``acked`` reaches ``sent``, and must see its errors then.
         with self._lock:
-            if err is not None and len(self.errors) < 10:
-                self.errors.append(f"{msg.topic()}[{msg.partition()}]: {err.str()}")
+            if err is not None:
+                if self._notify is not None and err.code() in RECORD_ERRORS:
+                    if not self.undeliverable:
+                        self._notify.append(self)
+                    self.undeliverable.append((msg, err.str()))
+                elif len(self.errors) < 10:
+                    self.errors.append(f"{msg.topic()}[{msg.partition()}]: {err.str()}")
             self.acked += 1
 
     def refused_by_producer(self, topic: str, reason: str) -> None:
@@ -87,8 +124,9 @@ class DeliveryTracker:
         self.errors.append(reason)
 
 
-def producer_config(settings: KafkaSettings) -> dict[str, Any]:
-    """Idempotent, acks=all; user options may add security settings and tuning."""
+def producer_config(settings: KafkaSettings, limits: RecordLimits | None = None) -> dict[str, Any]:
+    """Idempotent, acks=all; user options may add security settings and tuning. With
+    ``limits``, batches stay under the smallest topic limit."""
     conf: dict[str, Any] = {
         "bootstrap.servers": settings.bootstrap_servers,
         "enable.idempotence": True,
@@ -99,6 +137,8 @@ def producer_config(settings: KafkaSettings) -> dict[str, Any]:
     }
     conf.update(settings.client_options())
     conf.update(settings.producer_options)
+    if limits is not None:
+        cap_batch_size(conf, limits)
     return conf
 
 
@@ -109,7 +149,9 @@ def _log_error(err: KafkaError) -> None:
 class Sink:
     """Thin wrapper over ``confluent_kafka.Producer`` that never loses a refusal."""
 
-    def __init__(self, producer: Producer) -> None:
+    def __init__(self, producer: Producer, limits: RecordLimits | None = None) -> None:
+        self.limit = limits or RecordLimits.unread()
+        """The largest record (value, key and headers) a topic takes: ``limit(topic)``."""
         self.use(producer)
 
     def use(self, producer: Producer) -> None:
@@ -120,8 +162,8 @@ class Sink:
         self._poll = producer.poll
 
     @classmethod
-    def from_settings(cls, settings: KafkaSettings) -> Sink:
-        return cls(Producer(producer_config(settings)))
+    def from_settings(cls, settings: KafkaSettings, limits: RecordLimits | None = None) -> Sink:
+        return cls(Producer(producer_config(settings, limits)), limits)
 
     def send(
         self,
@@ -130,18 +172,23 @@ class Sink:
         value: bytes,
         key: bytes | None,
         headers: Headers | None,
-    ) -> None:
-        """Queue one record; blocks only while the local queue is full."""
-        tracker.sent += 1
+    ) -> bool:
+        """Queue one record; blocks only while the local queue is full. False: the
+        producer refused this record for its size, and the caller dead-letters it."""
         while True:
             try:
                 self._produce(topic, value, key, headers=headers, on_delivery=tracker.on_delivery)
-                return
+                tracker.sent += 1
+                return True
             except BufferError:
                 self._poll(0.05)
             except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if isinstance(err, KafkaError) and err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                    return False
+                tracker.sent += 1
                 tracker.refused_by_producer(topic, str(exc))
-                return
+                return True
 
     def warm_up(self, topics: list[str], timeout: float = 10.0) -> None:
         """Fetch the topics' metadata now, so the first batch does not wait for it (about

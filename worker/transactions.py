@@ -20,6 +20,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from worker.config import KafkaSettings
 from worker.errors import ConfigError
+from worker.limits import RecordLimits
 from worker.sink import producer_config
 from worker.topics import ensure_topics
 
@@ -38,9 +39,11 @@ def transactional_id(settings: KafkaSettings) -> str:
     return f"streamfer-{settings.group_id}-{member}"
 
 
-def transactional_producer(settings: KafkaSettings, timeout: float = 30.0) -> Producer:
+def transactional_producer(
+    settings: KafkaSettings, limits: RecordLimits | None = None, timeout: float = 30.0
+) -> Producer:
     """A producer with transactions initialised. Raises ConfigError when the broker refuses."""
-    conf: dict[str, Any] = producer_config(settings)
+    conf: dict[str, Any] = producer_config(settings, limits)
     conf["transactional.id"] = transactional_id(settings)
     # A killed worker's open transaction holds back read_committed readers until the
     # coordinator aborts it; keep that short unless the user chose otherwise.
@@ -64,7 +67,7 @@ def verify_isolation(settings: KafkaSettings, timeout: float = 30.0) -> None:
     }
     ensure_topics(settings.bootstrap_servers, [(PROBE_TOPIC, 1)], options=options)
     probe = settings.model_copy(update={"group_instance_id": None})
-    producer = transactional_producer(probe, timeout)
+    producer = transactional_producer(probe, timeout=timeout)
     marker = uuid.uuid4().hex.encode()
     try:
         producer.begin_transaction()

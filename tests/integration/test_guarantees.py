@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 
 from benchmarks import chaos
 from tests.conftest import Topics
@@ -19,7 +19,6 @@ from tests.integration.helpers import streamfer
 from worker.harness import (
     WorkerProcess,
     collect_outcomes,
-    committed_offsets,
     produce_requests,
     wait_for_assignment,
 )
@@ -131,37 +130,6 @@ def test_exactly_once_is_refused_on_a_broker_that_shows_aborted_records(
         tansu.stop()
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "exactly-once" in proc.stderr
-
-
-def test_results_too_large_for_the_broker_stop_the_worker_without_a_commit(
-    kafka_bootstrap: str,
-    entities: list[str],
-    fresh_topics: Callable[..., Topics],
-    write_config: Callable[..., Path],
-    tmp_path: Path,
-) -> None:
-    t = fresh_topics(2)
-    small = f"{t.results}-small"
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    topic = NewTopic(
-        small, num_partitions=1, replication_factor=1, config={"max.message.bytes": "120"}
-    )
-    admin.create_topics([topic])[small].result(30)
-    path = write_config(Topics(t.requests, small, t.dead_letters, t.group))
-    produce_requests(
-        kafka_bootstrap,
-        t.requests,
-        [
-            (f"x{i}", None, f'{{"id": "x{i}", "entity": "{entities[i]}"}}'.encode())
-            for i in range(50)
-        ],
-    )
-    worker = WorkerProcess(path, tmp_path / "worker.log").start()
-    assert worker.process is not None
-    code = worker.process.wait(120)
-    assert code == 1, worker.log_text()[-3000:]
-    assert "not committing" in worker.log_text()
-    assert set(committed_offsets(kafka_bootstrap, t.group, t.requests).values()) == {-1001}
 
 
 def test_committed_offset_below_the_log_start_is_reported(

@@ -457,7 +457,7 @@ def dead_letter() -> DeadLetter:
             "model": "m:1",
         }
         args.update(kw)
-        doc: dict[str, Any] = orjson.loads(encode_dead_letter(**args))
+        doc: dict[str, Any] = orjson.loads(encode_dead_letter(**args)[0])
         return doc
 
     return make
@@ -498,3 +498,98 @@ def test_dead_letter_reason_is_truncated(dead_letter: DeadLetter) -> None:
     doc = dead_letter(b"v", reason="é" * 1000)
     assert len(doc["reason"]) == MAX_REASON_LENGTH
     assert doc["reason"].isascii()
+
+
+# --- dead letters fit what the broker takes ------------------------------------------
+
+ROOM = DEAD_LETTER_MAX_BYTES - 1_000  # a dead letter's headers take the rest
+
+
+def _dead_letter_of(
+    value: bytes | None, key: bytes | None, max_bytes: int = ROOM, max_value_bytes: int = 1 << 20
+) -> tuple[bytes, bytes | None]:
+    return encode_dead_letter(
+        pipeline="p",
+        stage="decode",
+        code="invalid_json",
+        reason="é" * 600,  # the longest reason there is
+        topic="t" * 249,  # the longest topic name Kafka allows
+        partition=2**31 - 1,
+        offset=2**63 - 1,
+        timestamp_ms=2**63 - 1,
+        key=key,
+        value=value,
+        max_value_bytes=max_value_bytes,
+        request_id="i" * MAX_ID_LENGTH,
+        worker_version="0.1.0",
+        model="m" * 200,
+        max_bytes=max_bytes,
+    )
+
+
+def _check_fits(value: bytes | None, key: bytes | None, max_bytes: int, max_value: int) -> None:
+    body, kafka_key = _dead_letter_of(value, key, max_bytes, max_value)
+    assert len(body) + len(kafka_key or b"") <= max_bytes
+    doc = orjson.loads(body)
+    for name, original in (("key", key), ("value", value)):
+        embedded = doc[f"{name}_b64"]
+        kept = base64.b64decode(embedded) if embedded is not None else None
+        if original is None:
+            assert kept is None and not doc[f"{name}_truncated"]
+            continue
+        assert doc[f"{name}_bytes"] == len(original)
+        if doc[f"{name}_truncated"]:
+            assert kept is None or (len(kept) < len(original) and original.startswith(kept))
+        else:
+            assert kept == original
+    assert kafka_key in (None, key)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    value_size=st.integers(min_value=0, max_value=1 << 20),
+    key_size=st.one_of(st.none(), st.integers(min_value=0, max_value=DEFAULT_MESSAGE_MAX_BYTES)),
+    room=st.integers(min_value=2_000, max_value=ROOM),
+    fill=st.binary(min_size=1, max_size=8),
+)
+def test_any_dead_letter_fits_its_room(
+    value_size: int, key_size: int | None, room: int, fill: bytes
+) -> None:
+    """Any value up to max_record_bytes (1 MiB) and any key up to the producer's limit."""
+    value = (fill * (value_size // len(fill) + 1))[:value_size]
+    key = None if key_size is None else (fill[::-1] * (key_size // len(fill) + 1))[:key_size]
+    _check_fits(value, key, room, 1 << 20)
+
+
+@pytest.mark.parametrize("delta", [-3, -2, -1, 0, 1, 2, 3])
+def test_a_value_just_under_or_over_the_room_left_is_kept_whole_or_cut(delta: int) -> None:
+    data = bytes(range(256)) * 4096
+    probe = 700_000
+    whole, _ = _dead_letter_of(data[:probe], None, max_bytes=10**9)
+    base = len(whole) - len(base64.b64encode(data[:probe]))  # all but the embedded value
+    largest = (ROOM - base) // 4 * 3  # the most raw bytes whose base64 fits the room
+    value = data[: largest + delta]
+    _check_fits(value, None, ROOM, 1 << 20)
+    doc = orjson.loads(_dead_letter_of(value, None)[0])
+    assert doc["value_truncated"] is (delta > 0)
+    assert len(base64.b64decode(doc["value_b64"])) == min(len(value), largest)
+
+
+def test_a_small_key_stays_the_dead_letters_kafka_key() -> None:
+    _, key = _dead_letter_of(b"v", b"k" * 1000)
+    assert key == b"k" * 1000
+
+
+def test_a_key_over_a_quarter_of_the_room_is_not_the_kafka_key_but_is_embedded() -> None:
+    body, key = _dead_letter_of(b"v", b"k" * 500_000)
+    assert key is None
+    doc = orjson.loads(body)
+    assert base64.b64decode(doc["key_b64"]) == b"k" * 500_000 and not doc["key_truncated"]
+
+
+def test_a_room_too_small_for_anything_still_gives_the_bare_dead_letter() -> None:
+    body, key = _dead_letter_of(b"value", b"key", max_bytes=10)
+    doc = orjson.loads(body)
+    assert key is None
+    assert doc["value_b64"] is None and doc["value_truncated"]
+    assert doc["key_b64"] is None and doc["key_truncated"]

@@ -5,18 +5,20 @@ from __future__ import annotations
 import base64
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import numpy.typing as npt
 import orjson
 import pytest
+from confluent_kafka import Message
 from prometheus_client import CollectorRegistry
 
 from worker.config import FeatureSpec, ModelSpec, PipelineConfig
 from worker.engines import InferenceEngine, OnnxEngine, Outputs
 from worker.errors import EngineError, FeatureStoreError
 from worker.features import RowStore
+from worker.limits import RecordLimits, record_size
 from worker.metrics import Metrics
 from worker.modelgen import DemoModel
 from worker.pipeline import Pipeline
@@ -93,9 +95,11 @@ class Sent:
 
 @dataclass
 class FakeSink:
-    """Records ``send`` calls and counts them on the tracker like ``Sink.send``."""
+    """Records ``send`` calls and counts them on the tracker like ``Sink.send``; refuses
+    a record over the producer's limit as librdkafka does."""
 
     sent: list[Sent] = field(default_factory=list)
+    limit: RecordLimits = field(default_factory=RecordLimits.unread)
 
     def send(
         self,
@@ -104,9 +108,12 @@ class FakeSink:
         value: bytes,
         key: bytes | None,
         headers: Headers | None,
-    ) -> None:
+    ) -> bool:
+        if record_size(value, key, headers) > self.limit.message_max_bytes:
+            return False
         tracker.sent += 1
         self.sent.append(Sent(topic, value, key, list(headers or ())))
+        return True
 
     def to(self, topic: str) -> list[Sent]:
         return [s for s in self.sent if s.topic == topic]
@@ -554,3 +561,113 @@ def test_source_headers_off_leaves_only_the_trace_context(
     (dead,) = sink.to("dlq")
     assert dead.header("streamfer.source_offset") == b"2"
     assert dead.header("streamfer.error_code") == b"unknown_entity"
+
+
+# --- records over what their topic takes -----------------------------------------------
+
+
+def test_a_result_over_its_topics_limit_becomes_a_dead_letter_that_fits(
+    make_pipeline: PipelineFactory, sink: FakeSink
+) -> None:
+    sink.limit = RecordLimits(1_000_000, {"res": 1_200, "dlq": 3_000})
+    batch = [
+        FakeMessage(req("small", "e1"), 1, key=b"k"),
+        FakeMessage(req("big", "e2"), 2, key=b"K" * 900),  # key twice: over 1,200 - 512
+        FakeMessage(req("after", "e3"), 3, key=b"k"),
+    ]
+    tracker, _ = handle(make_pipeline(), batch, sink)
+    assert [s.body["id"] for s in sink.to("res")] == ["small", "after"]
+    (dead,) = sink.to("dlq")
+    assert (dead.body["code"], dead.body["stage"], dead.body["request_id"]) == (
+        "result_too_large",
+        "publish",
+        "big",
+    )
+    assert "res takes 688" in dead.body["reason"]
+    assert record_size(dead.value, dead.key, dead.headers) <= sink.limit("dlq")
+    assert tracker.sent == 3 and tracker.sealed
+
+
+def test_a_record_the_producer_refuses_for_size_becomes_a_dead_letter(
+    make_pipeline: PipelineFactory, sink: FakeSink
+) -> None:
+    # the topic limits say nothing (not readable), librdkafka's message.max.bytes refuses
+    sink.limit = RecordLimits(100_000, {"res": 10**9, "dlq": 10**9})
+    batch = [FakeMessage(req("big", "e2"), 2, key=b"K" * 60_000)]
+    handle(make_pipeline(), batch, sink)
+    assert not sink.to("res")
+    assert [s.body["code"] for s in sink.to("dlq")] == ["result_too_large"]
+
+
+def test_a_dead_letter_the_producer_refuses_even_bare_fails_the_batch(
+    make_pipeline: PipelineFactory, sink: FakeSink
+) -> None:
+    sink.limit = RecordLimits(300, {"dlq": 10**9})  # smaller than any dead letter
+    tracker, _ = handle(make_pipeline(), [FakeMessage(b"{", 1)], sink)
+    assert tracker.errors and "too large for this topic" in tracker.errors[0]
+
+
+class RefusedReport:
+    """A delivery report's message: what the broker refused, without headers."""
+
+    def __init__(self, sent: Sent) -> None:
+        self._sent = sent
+
+    def topic(self) -> str:
+        return self._sent.topic
+
+    def partition(self) -> int:
+        return 0
+
+    def value(self) -> bytes:
+        return self._sent.value
+
+    def key(self) -> bytes | None:
+        return self._sent.key
+
+    def headers(self) -> None:
+        return None
+
+
+def refused(sent: Sent) -> Message:
+    return cast(Message, RefusedReport(sent))
+
+
+@pytest.mark.parametrize("source_headers", [True, False])
+def test_a_result_the_broker_refuses_becomes_its_requests_dead_letter(
+    config: PipelineConfig,
+    store: MemoryStore,
+    onnx_engine: OnnxEngine,
+    metrics: Metrics,
+    sink: FakeSink,
+    source_headers: bool,
+) -> None:
+    cfg = config.model_copy(update={"source_headers": source_headers})
+    pipeline = Pipeline(cfg, store=store, engine=onnx_engine, metrics=metrics.for_pipeline("p"))
+    batch = [FakeMessage(req("same", "e1"), 7, key=b"a"), FakeMessage(req("same", "e2"), 8)]
+    tracker, _ = handle(pipeline, batch, sink)
+    keyless = sink.to("res")[1]  # a compacted topic refuses a record without a key
+    pipeline.dead_letter_undelivered(sink, tracker, refused(keyless), "Broker: Invalid record")
+    (dead,) = sink.to("dlq")
+    assert dead.body["code"] == "result_refused"
+    assert dead.body["source"]["offset"] == 8, "the request with that id and no key"
+    assert dead.body["request_id"] == "same"
+    assert "res refused the result: Broker: Invalid record" in dead.body["reason"]
+
+
+def test_a_dead_letter_the_broker_refuses_goes_again_bare_then_fails_the_batch(
+    make_pipeline: PipelineFactory, sink: FakeSink
+) -> None:
+    pipeline = make_pipeline()
+    tracker, _ = handle(pipeline, [FakeMessage(b"{", 5, key=b"key")], sink)
+    first = sink.to("dlq")[0]
+    assert first.body["value_b64"] is not None
+    pipeline.dead_letter_undelivered(sink, tracker, refused(first), "Broker: too large")
+    bare = sink.to("dlq")[1]
+    assert (bare.body["code"], bare.body["source"]["offset"]) == ("invalid_json", 5)
+    assert bare.body["value_b64"] is None and bare.body["key_b64"] is None and bare.key is None
+    assert "the original key and value are left out" in bare.body["reason"]
+    assert not tracker.errors
+    pipeline.dead_letter_undelivered(sink, tracker, refused(bare), "Broker: too large")
+    assert len(sink.to("dlq")) == 2
+    assert tracker.errors and "refuses even a bare dead letter" in tracker.errors[0]
