@@ -59,7 +59,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(func=_cmd_run)
 
-    check = sub.add_parser("check", help="validate a config, load its models, reach Redis")
+    check = sub.add_parser(
+        "check",
+        help="validate a config and run one batch of each pipeline through decode, enrich "
+        "(real Redis), infer and result encoding, producing nothing",
+    )
     check.add_argument("--config", required=True)
     check.add_argument(
         "--print-config", action="store_true", help="print the effective config, secrets masked"
@@ -265,21 +269,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_check(args: argparse.Namespace) -> int:
     import orjson
 
+    from worker.check import check_pipeline
     from worker.config import load_config, redacted
-    from worker.engines import OnnxEngine
-    from worker.features import connect_store
 
     try:
         config = load_config(args.config)
         if args.print_config:
             print(orjson.dumps(redacted(config), option=orjson.OPT_INDENT_2).decode())
         for p in config.pipelines:
-            engine = OnnxEngine(p.model)
-            store = connect_store(config.redis, p.features)
-            store.probe()
+            checked = check_pipeline(p, config.redis)
             print(
-                f"ok: pipeline {p.name}: model {p.model.name} ({engine.model_hash[:12]}), "
-                f"{len(p.features.fields)} features"
+                f"ok: pipeline {p.name}: model {p.model.name} ({checked.model_hash[:12]}), "
+                f"{len(p.features.fields)} features; one batch through decode, enrich, "
+                f"infer and encode: a {checked.result_bytes}-byte result; the lookup of a "
+                f"probe entity gave {checked.lookup_outcome}"
             )
     except StreamferError as exc:
         print(f"streamfer: {exc}", file=sys.stderr)

@@ -78,6 +78,9 @@ def test_check_then_burst_run_serves_backlog_and_commits(
     check = streamfer("check", "--config", str(path))
     assert check.returncode == 0, check.stderr
     assert "ok: pipeline demo" in check.stdout
+    assert "one batch through decode, enrich, infer and encode" in check.stdout
+    # the demo config dead-letters an unknown entity, and the probe entity is unknown
+    assert "the lookup of a probe entity gave dead letter unknown_entity" in check.stdout
 
     ids = {f"b{i}" for i in range(500)}
     produce_requests(

@@ -161,6 +161,9 @@ def test_unpublishable_model_fails_start_up_not_the_first_batch(
     t = fresh_topics(2)
     bad = _batch_total_model(tmp_path / "total.onnx", len(model.fields))
     config = _config(kafka_bootstrap, redis_url, t, model, bad, tmp_path / "w.toml")
+    check = streamfer("check", "--config", str(config))
+    assert check.returncode == 2, check.stdout + check.stderr
+    assert "output 'total' (total) cannot be published" in check.stderr
     ids = {f"u{i}" for i in range(20)}
     produce_requests(
         kafka_bootstrap,
