@@ -353,6 +353,16 @@ class Worker:
         elif timeout:
             time.sleep(timeout)
 
+    def _flush(self, deadline: float, *, at_least_s: float) -> None:
+        """Wait for every outstanding delivery, dead-lettering what the broker refuses on
+        the way (those dead letters are deliveries too), until ``deadline``."""
+        self._sink.flush(max(at_least_s, deadline - time.monotonic()))
+        while self._undeliverable and time.monotonic() < deadline:
+            self._dead_letter_undelivered()
+            if self._undeliverable:
+                time.sleep(0.005)  # a batch still being published: its thread seals it soon
+            self._sink.flush(max(at_least_s, deadline - time.monotonic()))
+
     def _dead_letter_undelivered(self) -> None:
         """Records the broker refused for themselves become their requests' dead letters.
         A batch still being published waits for the next turn: only then is this thread
@@ -678,7 +688,7 @@ class Worker:
         if unfinished:
             self._abort.set()  # an unreachable feature store gives up now
         if not self._transactional:
-            self._sink.flush(max(1.0, deadline - time.monotonic()))
+            self._flush(deadline, at_least_s=1.0)
         self._commit(asynchronous=False)
         if unfinished or len(self._committer):
             raise SinkError(
@@ -729,7 +739,7 @@ class Worker:
             if self._transactional:
                 self._advance_transaction(force=True)
             else:
-                self._sink.flush(max(0.1, deadline - time.monotonic()))
+                self._flush(deadline, at_least_s=0.1)
             try:
                 self._commit(asynchronous=False)
             except (CommitError, SinkError) as exc:

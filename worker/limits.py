@@ -11,6 +11,7 @@ fit one by one never make a batch the broker refuses.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -97,7 +98,7 @@ class RecordLimits:
         for resource, future in futures.items():
             try:
                 entry = future.result(15).get("max.message.bytes")
-            except KafkaException as exc:
+            except (KafkaException, concurrent.futures.TimeoutError) as exc:
                 log.warning(
                     "cannot read max.message.bytes of topic %s (%s); records to it are held "
                     "to the producer's message.max.bytes (%d)",

@@ -77,7 +77,7 @@ def serve(
             keep_docs=True,
         )
         assert outcomes.lost(good, bad_positions) == [], worker.log_text()[-3000:]
-        assert worker.alive, worker.log_text()[-3000:]
+        assert worker.alive(), worker.log_text()[-3000:]
         _wait_committed(kafka_bootstrap, t)
         return outcomes, positions, t
 
