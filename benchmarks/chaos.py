@@ -373,6 +373,7 @@ class Run:
         max_batch_size: int = 64,
         max_poll_interval_ms: int = 300_000,
         extra_top: str = "",
+        max_record_bytes: int = 65536,
     ) -> Fleet:
         top = 'delivery = "exactly-once"\n' if self.exactly_once else ""
         config = self.dir / "worker.toml"
@@ -391,6 +392,7 @@ class Run:
                 session_timeout_ms=SESSION_TIMEOUT_MS,
                 top=top + "shutdown_timeout_s = 60\n" + extra_top,
                 kafka_extra=f"max_poll_interval_ms = {max_poll_interval_ms}",
+                max_record_bytes=max_record_bytes,
             )
         )
         return Fleet(config, self.dir, static=self.exactly_once)
@@ -624,6 +626,55 @@ def poison_scenario(env: Env, records: int) -> dict[str, Any]:
     return report
 
 
+POISON_KINDS = {
+    "invalid_json": "an 800 KB value of invalid JSON (its dead letter must be cut to fit)",
+    "result_too_large": "a valid request with a 500 KB key (its result cannot fit)",
+    "feature_store_error": "an entity whose Redis key holds a string (WRONGTYPE)",
+    "invalid_entity": "an entity id that would leave its key template",
+}
+
+
+def poison_mix_scenario(env: Env, records: int, per_kind: int = 5) -> dict[str, Any]:
+    """Records that each used to stop a worker, spread through a stream served by 3
+    workers running a model exported with skl2onnx's defaults (ZipMap on): every one
+    must become one dead letter while every other request gets its result."""
+    run = Run(env, "poison-mix", records)
+    zipmap = make_classifier(run.dir / "zipmap.onnx", zipmap=True)
+    fleet = run.fleet(model_path=zipmap.path, max_record_bytes=1 << 20)
+    requests, good, _ = run.requests()
+    client = redis.Redis.from_url(env.redis.address)
+    kinds = list(POISON_KINDS) * per_kind
+    step = len(requests) // (len(kinds) + 1)
+    poison: dict[str, str] = {}
+    for n, kind in enumerate(kinds, start=1):
+        i = n * step
+        rid = f"poison-{n}"
+        key: bytes | None = rid.encode()
+        if kind == "invalid_json":
+            value = b'{"id": "' + rid.encode() + b'", "entity": ' + b"x" * 800_000
+        elif kind == "result_too_large":
+            key = b"K" * 500_000
+            value = orjson.dumps({"id": rid, "entity": env.entities[n]})
+        elif kind == "feature_store_error":
+            client.set(f"features:wrongtype-{n}", "a string, not a hash")
+            value = orjson.dumps({"id": rid, "entity": f"wrongtype-{n}"})
+        else:
+            value = orjson.dumps({"id": rid, "entity": f"{env.entities[n]}:secret"})
+        requests.insert(i, (rid, key, value))
+        poison[rid] = kind
+    client.close()
+    run.start_workers(fleet, 3)
+    stream = run.stream(requests, rate=records / 10.0)
+    stream.join()
+    bad_positions = {stream.positions[rid] for rid in poison}
+    report = run.report(fleet, good, bad_positions)  # clean_exits: no worker had stopped
+    report.update(
+        poison_records=len(poison),
+        worker_stops_logged=fleet.logs_text().count("worker stopped"),
+    )
+    return report
+
+
 Scenario = Callable[[Env, int], dict[str, Any]]
 
 SCENARIOS: dict[str, tuple[Scenario, int, str]] = {
@@ -644,6 +695,11 @@ SCENARIOS: dict[str, tuple[Scenario, int, str]] = {
     "redis-outage": (redis_outage_scenario, 10_000, "Redis stopped for 30 s"),
     "slow-model": (slow_model_scenario, 48, "a model slower than max.poll.interval.ms"),
     "poison": (poison_scenario, 10_000, "a request that makes the model raise, in a batch"),
+    "poison-mix": (
+        poison_mix_scenario,
+        5_000,
+        "records that each used to stop a worker (see POISON_KINDS), among 3 workers",
+    ),
 }
 
 

@@ -32,8 +32,11 @@ def feature_names(n: int) -> list[str]:
     return [f"f{i}" for i in range(n)]
 
 
-def make_classifier(path: Path, *, n_estimators: int = 16, max_depth: int = 6) -> DemoModel:
-    """Train and convert; returns where the model is and the data set's features."""
+def make_classifier(
+    path: Path, *, n_estimators: int = 16, max_depth: int = 6, zipmap: bool = False
+) -> DemoModel:
+    """Train and convert; returns where the model is and the data set's features. With
+    ``zipmap``, skl2onnx's default export: probabilities as one {class: p} map per row."""
     from skl2onnx import to_onnx
     from sklearn.datasets import load_breast_cancer
     from sklearn.ensemble import RandomForestClassifier
@@ -43,7 +46,8 @@ def make_classifier(path: Path, *, n_estimators: int = 16, max_depth: int = 6) -
     model = RandomForestClassifier(
         n_estimators=n_estimators, max_depth=max_depth, random_state=0, n_jobs=1
     ).fit(x, data.target)
-    onx = to_onnx(model, x[:1], options={id(model): {"zipmap": False}}, target_opset=17)
+    options = {} if zipmap else {id(model): {"zipmap": False}}
+    onx = to_onnx(model, x[:1], options=options, target_opset=17)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(onx.SerializeToString())
     return DemoModel(path, feature_names(x.shape[1]), x)

@@ -109,6 +109,17 @@ def test_poison_row_fails_alone_and_the_rest_of_its_batch_publishes(env: chaos.E
     assert report["dead_letter_codes"] == {"model_error": report["poison_records"]}, report
 
 
+def test_records_that_used_to_stop_a_worker_are_each_dead_lettered_once(
+    env: chaos.Env,
+) -> None:
+    report = chaos.poison_mix_scenario(env, 5000)
+    _assert_complete(report)
+    assert report["dead_letter_codes"] == dict.fromkeys(chaos.POISON_KINDS, 5), report
+    assert report["duplicates"] == 0, report
+    assert report["clean_exits"] is True, report
+    assert report["worker_stops_logged"] == 0, report
+
+
 def test_broker_restart_loses_nothing(env: chaos.Env) -> None:
     report = chaos.broker_restart_scenario(env, 2000)
     _assert_complete(report)
