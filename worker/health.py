@@ -85,7 +85,8 @@ class HealthState:
         if not self.broker_ok:
             reasons.append("Kafka brokers unreachable")
         if not self.feature_store_ok:
-            reasons.append(self.feature_store_problem or "feature store unreachable")
+            problem = self.feature_store_problem
+            reasons.append(f"feature store: {problem}" if problem else "feature store unreachable")
         if self.stopping:
             reasons.append("stopping")
         if not self.live():

@@ -239,7 +239,8 @@ def test_permission_taken_away_at_run_time_makes_the_worker_wait_not_dead_letter
         )
         assert _eventually(lambda: "NOPERM" in worker.log_text()), worker.log_text()[-3000:]
         assert _eventually(lambda: _status(port, "/readyz") == 503)
-        assert "feature store" in _body(port, "/readyz")
+        body = _body(port, "/readyz")
+        assert "feature store: Redis refused HMGET" in body and "NOPERM" in body, body
         assert _status(port, "/healthz") == 200
         waiting = served(kafka_bootstrap, t, ids, timeout=3)
         assert not waiting.results and not waiting.dead_letters  # held back, not refused

@@ -641,7 +641,7 @@ def test_readiness_carries_the_refusal_until_the_store_answers() -> None:
         Watching(1, FeatureStoreConfigError(REFUSED)), on_feature_store=health.feature_store
     )
     pipeline.prepare(BATCH)  # type: ignore[arg-type]
-    assert seen == [[], [REFUSED]]
+    assert seen == [[], [f"feature store: {REFUSED}"]]
     assert health.not_ready_reasons() == []
 
 
