@@ -153,9 +153,10 @@ def test_healthz_answers_while_idle_connections_are_open(
     clients(server.port, 7)
     assert wait_until(lambda: server.open_connections == 7)
     for _ in range(5):
+        # the previous probe's connection counts until its thread has closed it
+        assert wait_until(lambda: server.open_connections == 7)
         assert get(server.port, "/healthz") == (200, b"ok\n")
-    # the probes' own connections close once answered; the idle ones stay
-    assert wait_until(lambda: server.open_connections == 7)
+    assert wait_until(lambda: server.open_connections == 7), "the idle ones stay"
 
 
 # --- bounded in time -----------------------------------------------------------------
