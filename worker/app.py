@@ -27,7 +27,6 @@ to its committed offset, a fatal one also re-creates the producer.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -35,7 +34,6 @@ from collections import deque
 from collections.abc import Sequence
 from typing import cast
 
-import orjson
 from confluent_kafka import (
     OFFSET_BEGINNING,
     OFFSET_END,
@@ -54,8 +52,10 @@ from worker.engines import OnnxEngine, warm_up_sizes
 from worker.errors import CommitError, SinkError
 from worker.features import connect_store
 from worker.health import HealthState
+from worker.lag import LagStats
 from worker.limits import RecordLimits
 from worker.metrics import Metrics
+from worker.pausing import PausingManager, describe_partitions
 from worker.pipeline import Pipeline, next_offsets, partition_counts
 from worker.processor import Job, Processor, Step
 from worker.sink import DeliveryTracker, Sink
@@ -108,9 +108,6 @@ class Worker:
             p.name: Batcher(p.config.batch, clock) for p in pipelines
         }
         self._clock = clock
-        self._record_bound = config.max_in_flight_batches * max(
-            p.config.batch.max_batch_size for p in pipelines
-        )
         self._committer = Committer(
             cast(OffsetConsumer, consumer),
             transactional=self._transactional,
@@ -133,13 +130,13 @@ class Worker:
         """Exactly-once rewinds so far; a job from before the latest one is never produced."""
         self._undeliverable: deque[DeliveryTracker] = deque()
         """Batches holding records the broker refused for themselves, to dead-letter."""
-        self._paused: set[PartitionKey] = set()
-        self._fresh: set[PartitionKey] = set()
-        """Assigned since the last turn: paused or resumed explicitly on the next one."""
+        self._pausing = PausingManager(
+            self._source,
+            config.max_in_flight_batches * max(p.config.batch.max_batch_size for p in pipelines),
+            metrics.paused_partitions.set,
+        )
         self._to_check: set[PartitionKey] = set()
-        self._consumed = 0
-        self._rate = 0.0
-        self._rate_at = (time.monotonic(), 0)
+        self._lag = LagStats(metrics.consumer_lag, metrics.seconds_to_drain)
         self.assigned: set[PartitionKey] = set()
         self._assigned_at = 0.0
 
@@ -222,28 +219,7 @@ class Worker:
 
     def on_stats(self, raw: str) -> None:
         """librdkafka statistics: consumer lag per owned partition and seconds to drain."""
-        stats = orjson.loads(raw)
-        brokers = stats.get("brokers", {}).values()
-        self.health.broker_ok = any(b.get("state") == "UP" for b in brokers)
-        total = 0
-        gauge = self.metrics.consumer_lag
-        for topic, tstats in stats.get("topics", {}).items():
-            for part, pstats in tstats.get("partitions", {}).items():
-                key = (topic, int(part))
-                if key not in self.assigned:
-                    continue
-                lag = pstats.get("consumer_lag", -1)
-                if lag >= 0:
-                    gauge.labels(topic, part).set(lag)
-                    total += lag
-        now = time.monotonic()
-        then, count = self._rate_at
-        if now > then:
-            recent = (self._consumed - count) / (now - then)
-            self._rate = recent if self._rate == 0 else 0.5 * self._rate + 0.5 * recent
-        self._rate_at = (now, self._consumed)
-        drain = 0.0 if total == 0 else (total / self._rate if self._rate > 0 else float("inf"))
-        self.metrics.seconds_to_drain.set(drain)
+        self.health.broker_ok = self._lag.update(raw, self.assigned)
 
     # -- control -------------------------------------------------------------------------
 
@@ -310,7 +286,7 @@ class Worker:
                 messages = source.consume(max_messages, timeout)
             if messages:
                 idle_since = time.monotonic()
-                self._consumed += len(messages)
+                self._lag.consumed(len(messages))
                 groups = (
                     {single: messages}
                     if single is not None
@@ -417,53 +393,22 @@ class Worker:
         still replays at most that many records. At the bound the loop first just waits
         for the processing threads (serving deliveries and commits) for up to a quarter of
         ``max.poll.interval.ms``, at most one second; only a batch slower than that makes
-        it pause every owned partition and go back to polling, so the group never sees a
-        stalled member. Pausing is the last resort because librdkafka needs most of a
-        second to deliver again after a resume (measured here), which would throttle an
-        ordinary backlog. Partitions resume once half the bound has drained.
+        ``PausingManager`` pause every owned partition while the loop goes back to
+        polling, so the group never sees a stalled member. Pausing is the last resort
+        because librdkafka needs most of a second to deliver again after a resume
+        (measured here), which would throttle an ordinary backlog.
         """
-        bound = self._record_bound
-        committer = self._committer
-        fresh, self._fresh = self._fresh & self.assigned, set()
-        if fresh:
-            # librdkafka keeps a partition's pause through a revoke and a later
-            # re-assignment, so a partition paused by an earlier ownership would never
-            # be fetched again: every new one gets the state the worker is in now.
-            if self._paused:
-                self._source.pause(fresh)
-                self._paused |= fresh
-            else:
-                self._source.resume(fresh)
-        if committer.records >= bound and not self._paused:
+        committer, pausing = self._committer, self._pausing
+        if pausing.full(committer.records) and not pausing.paused:
             grace = min(1.0, self.config.kafka.max_poll_interval_ms / 4000.0)
             deadline = time.monotonic() + grace
-            while committer.records >= bound and time.monotonic() < deadline:
+            while pausing.full(committer.records) and time.monotonic() < deadline:
                 self._processor.check()
                 self._serve_deliveries(0.002)
                 if self._transactional:
                     self._advance_transaction()
                 self._commit()
-        if committer.records >= bound:
-            newly = self.assigned - self._paused
-            if newly:
-                log.info(
-                    "backpressure: %d records in %d batches in flight (bound %d), pausing %s",
-                    committer.records,
-                    len(committer),
-                    bound,
-                    _describe_keys(newly),
-                )
-                self._source.pause(newly)
-                self._paused |= newly
-        elif self._paused and committer.records <= bound // 2:
-            log.info(
-                "backpressure over: %d records in flight, resuming %s",
-                committer.records,
-                _describe_keys(self._paused & self.assigned),
-            )
-            self._source.resume(self._paused & self.assigned)
-            self._paused.clear()
-        self.metrics.paused_partitions.set(len(self._paused))
+        pausing.update(committer.records, self.assigned, len(committer))
 
     def _start_job(self, job: Job) -> Step | None:
         """The processing stages of one batch: decode and enrich, then (on the next
@@ -713,13 +658,15 @@ class Worker:
     def _on_assign(self, partitions: list[TopicPartition]) -> None:
         keys = _keys(partitions)
         self.assigned |= keys
-        self._fresh |= keys
+        self._pausing.assigned(keys)
         self._to_check |= keys
         self._assigned_at = time.monotonic()
         self.health.joined = True
         self.metrics.rebalances.labels("assign").inc()
         self.metrics.assigned_partitions.set(len(self.assigned))
-        log.info("assigned %s; owning %d partitions", _describe(partitions), len(self.assigned))
+        log.info(
+            "assigned %s; owning %d partitions", describe_partitions(partitions), len(self.assigned)
+        )
 
     def _on_revoke(self, partitions: list[TopicPartition]) -> None:
         keys = _keys(partitions)
@@ -733,7 +680,7 @@ class Worker:
                 log.warning(
                     "revoke: batches of %s still running after %.0fs; the next owner "
                     "may repeat them",
-                    _describe(partitions),
+                    describe_partitions(partitions),
                     self.config.revoke_timeout_s,
                 )
             if self._transactional:
@@ -747,22 +694,24 @@ class Worker:
                     "commit on revoke failed, the next owner repeats those records: %s", exc
                 )
         self._forget(keys)
-        log.info("revoked %s (dropped %d buffered records)", _describe(partitions), dropped)
+        log.info(
+            "revoked %s (dropped %d buffered records)", describe_partitions(partitions), dropped
+        )
 
     def _on_lost(self, partitions: list[TopicPartition]) -> None:
         keys = _keys(partitions)
         self.metrics.rebalances.labels("lost").inc()
         dropped = sum(b.drop(keys, _partition_of) for b in self._batchers.values())
         self._forget(keys)
-        log.warning("lost %s (dropped %d buffered records)", _describe(partitions), dropped)
+        log.warning(
+            "lost %s (dropped %d buffered records)", describe_partitions(partitions), dropped
+        )
 
     def _forget(self, keys: set[PartitionKey]) -> None:
         self._committer.forget(keys)
         self.assigned -= keys
-        self._paused -= keys
-        for topic, partition in keys:
-            with contextlib.suppress(KeyError):
-                self.metrics.consumer_lag.remove(topic, str(partition))
+        self._pausing.forget(keys)
+        self._lag.forget(keys)
         self.metrics.assigned_partitions.set(len(self.assigned))
 
 
@@ -784,14 +733,3 @@ def _group_by_pipeline(messages: list[Message], route: dict[str, str]) -> dict[s
     for msg in messages:
         groups.setdefault(route[position(msg)[0]], []).append(msg)
     return groups
-
-
-def _describe_keys(keys: set[PartitionKey]) -> str:
-    return _describe([TopicPartition(t, p) for t, p in keys])
-
-
-def _describe(partitions: Sequence[TopicPartition]) -> str:
-    by_topic: dict[str, list[int]] = {}
-    for tp in partitions:
-        by_topic.setdefault(tp.topic, []).append(tp.partition)
-    return ", ".join(f"{t}{sorted(p)}" for t, p in sorted(by_topic.items())) or "nothing"
