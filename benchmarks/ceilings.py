@@ -23,9 +23,9 @@ import numpy.typing as npt
 import redis
 
 from benchmarks.session import load_session
+from streamfer_dev.harness import percentile
 from worker.config import FeatureSpec
 from worker.features import RedisHashStore, RedisPackedStore, assemble
-from worker.harness import percentile
 
 __all__ = ["BATCH_SIZES", "ort_alone", "redis_alone"]
 

@@ -36,8 +36,7 @@ import redis
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from benchmarks.fault_models import make_poison_model, make_slow_model
-from worker.errors import StackError
-from worker.harness import (
+from streamfer_dev.harness import (
     WorkerProcess,
     committed_offsets,
     end_offsets,
@@ -45,8 +44,9 @@ from worker.harness import (
     wait_for_assignment,
     worker_config_toml,
 )
-from worker.modelgen import DemoModel, make_classifier, seed_entities
-from worker.stack import Service, start_kafka, start_redis
+from streamfer_dev.modelgen import DemoModel, make_classifier, seed_entities
+from streamfer_dev.stack import Service, start_kafka, start_redis
+from worker.errors import StackError
 from worker.topics import ensure_topics
 
 __all__ = ["SCENARIOS", "Env", "complete", "run_scenario"]

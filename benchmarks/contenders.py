@@ -2,7 +2,7 @@
 
 Each contender runs as its own process(es), started from the repository root with its
 output in a log file, and stopped by PID (SIGTERM, then SIGKILL). ``launch`` builds the
-command line (or, for streamfer, the worker config via ``worker.harness``) from a
+command line (or, for streamfer, the worker config via ``streamfer_dev.harness``) from a
 ``Job``: where Kafka and Redis are, which topics and group, which model and fields.
 Every contender announces its assignment with a log line containing ``owning N
 partitions``; ``Launched.wait_ready`` waits until together they own every partition.
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from streamfer_dev.harness import WorkerProcess, worker_config_toml
 from worker.errors import StackError
-from worker.harness import WorkerProcess, worker_config_toml
 
 __all__ = ["KAFKA_CONTENDERS", "Job", "Launched", "Layout", "launch"]
 

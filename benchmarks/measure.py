@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from worker.harness import percentile
+from streamfer_dev.harness import percentile
 
 __all__ = ["Reading", "cpu_seconds", "peak_rss_mb", "read_results", "summarize"]
 

@@ -1,6 +1,6 @@
 """The two benchmark models, made from the breast-cancer data that ships with scikit-learn.
 
-``light`` is the demo's 16-tree random forest (``worker.modelgen.make_classifier``): its
+``light`` is the demo's 16-tree random forest (``streamfer_dev.modelgen.make_classifier``): its
 inference costs about as much as decoding a batch, so Redis and Kafka set the pace.
 ``heavy`` is a standardised MLP with four wide hidden layers (1024, 1024, 1024, 512),
 converted with skl2onnx: at 256 rows one single-threaded ONNX Runtime call takes about
@@ -19,8 +19,8 @@ from typing import Literal
 
 import numpy as np
 
-from worker.modelgen import DemoModel, feature_names, make_classifier
-from worker.stack import cache_dir
+from streamfer_dev.modelgen import DemoModel, feature_names, make_classifier
+from streamfer_dev.stack import cache_dir
 
 __all__ = ["HEAVY_LAYERS", "MODEL_NAMES", "ModelKind", "make_heavy", "make_model"]
 

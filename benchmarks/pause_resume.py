@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from confluent_kafka import Consumer
 
 from benchmarks.contenders import ROOT
-from worker.harness import percentile
-from worker.stack import local_kafka
+from streamfer_dev.harness import percentile
+from streamfer_dev.stack import local_kafka
 from worker.topics import ensure_topics
 
 __all__ = ["main", "resume_gaps"]

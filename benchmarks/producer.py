@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 
 import orjson
 
-from worker.harness import produce_requests
+from streamfer_dev.harness import produce_requests
 
 __all__ = ["main", "request_ids", "requests"]
 
@@ -30,7 +30,7 @@ def request_ids(n: int) -> list[str]:
 def requests(
     n: int, entity_prefix: str, n_entities: int, seed: int = 7
 ) -> Iterator[tuple[str, bytes | None, bytes | None]]:
-    """``(tag, key, value)`` triples for ``worker.harness.produce_requests``."""
+    """``(tag, key, value)`` triples for ``streamfer_dev.harness.produce_requests``."""
     rng = random.Random(seed)
     for i in range(n):
         entity = f"{entity_prefix}{rng.randrange(n_entities)}"

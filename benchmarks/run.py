@@ -1,6 +1,6 @@
 """``python -m benchmarks.run``: streamfer against its baselines and ceilings, in one run.
 
-On the local stack (Apache Kafka from ``worker.stack.start_kafka`` and ``redis-server``, or
+On the local stack (Apache Kafka from ``streamfer_dev.stack.start_kafka`` and ``redis-server``, or
 ``KAFKA_BOOTSTRAP_SERVERS`` / ``REDIS_URL``) it makes the chosen model (``--model
 light|heavy``), seeds Redis with one feature hash per data-set row, and measures, each on
 fresh topics and a fresh consumer group: streamfer with one and with two worker
@@ -37,9 +37,9 @@ from benchmarks.models import MODEL_NAMES, ModelKind, make_model
 from benchmarks.producer import request_ids
 from benchmarks.pyspy import Profiler, top_frames
 from benchmarks.report import format_table, latency_targets, ratios
+from streamfer_dev.modelgen import seed_entities
+from streamfer_dev.stack import local_kafka, local_redis
 from worker.config import FeatureSpec
-from worker.modelgen import seed_entities
-from worker.stack import local_kafka, local_redis
 from worker.topics import ensure_topics
 
 __all__ = ["ALL_CONTENDERS", "Options", "main", "run_benchmark"]

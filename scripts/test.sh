@@ -4,8 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap.sh
-ruff check worker tests benchmarks
-ruff format --check worker tests benchmarks
+ruff check worker streamfer_dev tests benchmarks
+ruff format --check worker streamfer_dev tests benchmarks
 mypy
 set +e
 python -m pytest -q "$@"

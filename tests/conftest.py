@@ -1,6 +1,6 @@
 """Shared fixtures: real Apache Kafka and redis-server for the whole session.
 
-They are started from the project's own code (``worker.stack``) unless
+They are started from the project's own code (``streamfer_dev.stack``) unless
 ``KAFKA_BOOTSTRAP_SERVERS`` / ``REDIS_URL`` point at existing ones. Each test gets
 fresh topics and a fresh consumer group from the factory fixtures.
 """
@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import redis
 
-from worker.harness import worker_config_toml
-from worker.modelgen import DemoModel, make_classifier, seed_entities
-from worker.stack import local_kafka, local_redis
+from streamfer_dev.harness import worker_config_toml
+from streamfer_dev.modelgen import DemoModel, make_classifier, seed_entities
+from streamfer_dev.stack import local_kafka, local_redis
 from worker.topics import ensure_topics
 
 

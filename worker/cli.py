@@ -203,10 +203,9 @@ def _cmd_features_load(args: argparse.Namespace) -> int:
 
     try:
         config = load_config(args.config)
-        pipelines = {p.name: p for p in config.pipelines}
-        if args.pipeline is not None and args.pipeline not in pipelines:
-            raise ConfigError(f"--pipeline: no pipeline {args.pipeline!r}; have {list(pipelines)}")
-        pipeline = pipelines[args.pipeline] if args.pipeline else config.pipelines[0]
+        pipeline = (
+            config.pipeline(args.pipeline) if args.pipeline is not None else config.pipelines[0]
+        )
         client = redis_client(config.redis)
         report = load_features(
             client,
@@ -291,7 +290,21 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from worker.demo import DemoOptions, print_report, run_demo
+    # The demo lives in the dev package; its dependencies come with the demo extra.
+    try:
+        from streamfer_dev import missing_requirements
+        from streamfer_dev.demo import DemoOptions, print_report, run_demo
+
+        missing = missing_requirements()
+    except ImportError as exc:
+        missing = [exc.name or "streamfer_dev"]
+    if missing:
+        print(
+            f"streamfer demo needs the demo extra (missing {', '.join(missing)}): "
+            "pip install 'streamfer[demo]'",
+            file=sys.stderr,
+        )
+        return 2
     from worker.logs import setup_logging
 
     setup_logging("text", logging.WARNING if args.json else logging.INFO)
@@ -317,7 +330,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from worker.config import load_config
     from worker.logs import setup_logging
     from worker.offsets import parse_partitions, parse_time
-    from worker.replay import Bounds, ReplayOptions, parse_offset_bound, run_replay
+    from worker.ranges import Bounds, parse_offset_bound
+    from worker.replay import ReplayOptions, run_replay
 
     try:
         config = load_config(args.config)

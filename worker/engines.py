@@ -217,9 +217,10 @@ class _ZipMapScores:
     ONNX Runtime returns a ZipMap output as a list with one ``{class: probability}`` dict
     per row, keyed by int or str class labels: orjson refuses int keys, and the pipeline
     needs numbers to check for NaN. The model's class order is the ZipMap node's class
-    labels (skl2onnx writes sklearn's sorted ``classes_``); Runtime builds every row's
-    dict from the same sorted map, so all rows share the first row's key order and only
-    that one is compared with the class order, once per batch.
+    labels (skl2onnx writes sklearn's sorted ``classes_``), or, when they are not known
+    (``classes`` None, see ``_zipmap_classes``), Runtime's own sorted order. Runtime
+    builds every row's dict from the same sorted map, so all rows share the first row's
+    key order and only that one is compared with the class order, once per batch.
     """
 
     __slots__ = ("_classes", "_columns", "_dtype", "_seen")
@@ -274,10 +275,18 @@ def _zipmap_classes(path: Path) -> dict[str, list[int | str]]:
     """Each ZipMap node's output name -> its class labels, in the model's order.
 
     Runtime does not expose the graph, so it is read again with ``onnx`` (without
-    external weights), only for models that have a ZipMap output.
+    external weights), only for models that have a ZipMap output. ``onnx`` is not a
+    dependency of the worker: when it is not installed this returns no labels and the
+    columns follow Runtime's map key order, which is sorted (Runtime builds every row's
+    dict from a sorted map). That is the model's class order for skl2onnx's exports,
+    whose labels are sklearn's sorted ``classes_``; a model whose ZipMap declares its
+    classes in another order needs ``onnx`` installed to get its columns in that order.
     """
-    import onnx
-
+    try:
+        import onnx
+    except ImportError:
+        log.info("model %s: onnx is not installed; ZipMap scores are in sorted class order", path)
+        return {}
     try:
         graph = onnx.load(str(path), load_external_data=False).graph
     except Exception as exc:  # onnx raises protobuf's untyped errors

@@ -6,23 +6,25 @@ layout expects (a hash of text values, or one packed float32 vector), and pipeli
 writes in chunks so a million rows take seconds, not minutes. Parquet needs pyarrow
 (``pip install streamfer[parquet]``). A missing column, a non-numeric or non-finite
 value fails with the file, row and column named, before anything of that chunk is
-written.
+written. A progress line goes to stderr (``--no-progress`` drops it).
 """
 
 from __future__ import annotations
 
 import csv
 import math
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, TextIO
 
 import numpy as np
 import numpy.typing as npt
 import redis
 
+from worker.batcher import Clock, monotonic_clock
 from worker.config import FeatureSpec
 from worker.errors import ConfigError, FeatureStoreError
 from worker.features import pack_vector
@@ -151,7 +153,7 @@ def load_features(
     total, chunks = read_rows(path, entity_column, spec.fields, chunk)
     prefix, suffix = spec.key_template.split("{entity}", 1)
     fields = list(spec.fields)
-    bar = _progress(total, progress)
+    bar = _RowProgress(total) if progress else None
     started = time.perf_counter()
     written = 0
     try:
@@ -173,18 +175,54 @@ def load_features(
             pipe.execute()
             written += len(ids)
             if bar is not None:
-                bar.update(len(ids))
+                bar.update(written)
     except redis.RedisError as exc:
         raise FeatureStoreError(f"writing features failed after {written} rows: {exc}") from exc
     finally:
         if bar is not None:
-            bar.close()
+            bar.finish(written)
     return LoadReport(written, time.perf_counter() - started, layout)
 
 
-def _progress(total: int | None, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    from tqdm import tqdm
+class _RowProgress:
+    """Rows written so far, as a line on ``stream`` (stderr), drawn the way ``streamfer
+    replay`` draws its own: redrawn with ``\\r`` on a terminal, else one line every 5 s so
+    logs stay readable. A CSV file's row count is unknown, so then there is no share."""
 
-    return tqdm(total=total, unit="rows", unit_scale=True, desc="loading features")
+    def __init__(
+        self,
+        total: int | None,
+        *,
+        stream: TextIO | None = None,
+        every_s: float | None = None,
+        clock: Clock = monotonic_clock,
+    ) -> None:
+        self._total = total
+        self._stream = stream if stream is not None else sys.stderr
+        self._tty = self._stream.isatty()
+        self._every = every_s if every_s is not None else (0.2 if self._tty else 5.0)
+        self._clock = clock
+        self._started = clock()
+        self._next = self._started + self._every
+
+    def update(self, done: int, *, force: bool = False) -> None:
+        now = self._clock()
+        if not force and now < self._next:
+            return
+        self._next = now + self._every
+        elapsed = now - self._started
+        rate = done / elapsed if elapsed > 0 else 0.0
+        rows = f"{done:,}"
+        if self._total:
+            rows += f"/{self._total:,} rows {min(1.0, done / self._total) * 100:5.1f}%"
+        else:
+            rows += " rows"
+        line = f"loading features {rows} {rate:,.0f} rows/s"
+        self._stream.write(f"\r{line}\x1b[K" if self._tty else line + "\n")
+        self._stream.flush()
+
+    def finish(self, done: int) -> None:
+        self.update(done, force=True)
+        if self._tty:
+            self._stream.write("\n")
+            self._stream.flush()

@@ -43,7 +43,7 @@ def assert_valid(v: Draft202012Validator, doc: Any) -> None:
 
 def assert_committed_to_end(bootstrap: str, group: str, topic: str) -> None:
     """Every partition's committed offset is its log end; an empty one may have none."""
-    from worker.harness import committed_offsets, end_offsets
+    from streamfer_dev.harness import committed_offsets, end_offsets
 
     committed = committed_offsets(bootstrap, group, topic)
     ends = end_offsets(bootstrap, topic)

@@ -9,9 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from streamfer_dev.demo import make_requests
+from streamfer_dev.harness import (
+    WorkerProcess,
+    collect_outcomes,
+    produce_requests,
+    wait_for_assignment,
+)
 from tests.conftest import Topics
-from worker.demo import make_requests
-from worker.harness import WorkerProcess, collect_outcomes, produce_requests, wait_for_assignment
 
 pytestmark = pytest.mark.integration
 

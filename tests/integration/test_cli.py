@@ -10,16 +10,16 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import Topics
-from tests.integration.helpers import assert_committed_to_end, streamfer
-from worker.harness import (
+from streamfer_dev.harness import (
     WorkerProcess,
     collect_outcomes,
     produce_requests,
     wait_for_assignment,
 )
-from worker.modelgen import DemoModel
-from worker.stack import free_port
+from streamfer_dev.modelgen import DemoModel
+from streamfer_dev.stack import free_port
+from tests.conftest import Topics
+from tests.integration.helpers import assert_committed_to_end, streamfer
 
 pytestmark = pytest.mark.integration
 

@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from tests.conftest import Topics
-from tests.integration.helpers import EXTRA_BAD, assert_committed_to_end, assert_valid, validator
-from worker.demo import make_requests
-from worker.harness import (
+from streamfer_dev.demo import make_requests
+from streamfer_dev.harness import (
     WorkerProcess,
     collect_outcomes,
     produce_requests,
     wait_for_assignment,
 )
+from tests.conftest import Topics
+from tests.integration.helpers import EXTRA_BAD, assert_committed_to_end, assert_valid, validator
 
 pytestmark = pytest.mark.integration
 

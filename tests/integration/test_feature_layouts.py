@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
+from streamfer_dev.harness import collect_outcomes, produce_requests
+from streamfer_dev.modelgen import DemoModel
 from tests.conftest import Topics
 from tests.integration.helpers import streamfer
-from worker.harness import collect_outcomes, produce_requests
-from worker.modelgen import DemoModel
 
 pytestmark = pytest.mark.integration
 

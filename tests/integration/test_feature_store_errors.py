@@ -21,6 +21,14 @@ import orjson
 import pytest
 import redis
 
+from streamfer_dev.harness import (
+    Outcomes,
+    WorkerProcess,
+    collect_outcomes,
+    produce_requests,
+    wait_for_assignment,
+)
+from streamfer_dev.modelgen import DemoModel
 from tests.conftest import Topics
 from tests.integration.helpers import (
     assert_committed_to_end,
@@ -28,14 +36,6 @@ from tests.integration.helpers import (
     streamfer,
     validator,
 )
-from worker.harness import (
-    Outcomes,
-    WorkerProcess,
-    collect_outcomes,
-    produce_requests,
-    wait_for_assignment,
-)
-from worker.modelgen import DemoModel
 
 pytestmark = pytest.mark.integration
 

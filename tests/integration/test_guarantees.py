@@ -14,15 +14,15 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 
 from benchmarks import chaos
-from tests.conftest import Topics
-from tests.integration.helpers import streamfer
-from worker.harness import (
+from streamfer_dev.harness import (
     WorkerProcess,
     collect_outcomes,
     produce_requests,
     wait_for_assignment,
 )
-from worker.stack import free_port, start_redis, start_tansu
+from streamfer_dev.stack import free_port, start_redis, start_tansu
+from tests.conftest import Topics
+from tests.integration.helpers import streamfer
 
 pytestmark = pytest.mark.integration
 
@@ -178,7 +178,7 @@ def test_readyz_turns_unready_while_redis_is_down_and_ready_after(
     write_config: Callable[..., Path],
     tmp_path: Path,
 ) -> None:
-    from worker.modelgen import DemoModel, seed_entities
+    from streamfer_dev.modelgen import DemoModel, seed_entities
 
     assert isinstance(model, DemoModel)
     redis_svc = start_redis(persist_dir=tmp_path / "redis")

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Topics
-from tests.integration.helpers import assert_committed_to_end
-from worker.demo import make_requests
-from worker.harness import (
+from streamfer_dev.demo import make_requests
+from streamfer_dev.harness import (
     Outcomes,
     WorkerProcess,
     collect_outcomes,
     produce_requests,
     wait_for_assignment,
 )
+from tests.conftest import Topics
+from tests.integration.helpers import assert_committed_to_end
 
 pytestmark = pytest.mark.integration
 

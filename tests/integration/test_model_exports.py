@@ -19,9 +19,7 @@ import orjson
 import pytest
 from onnx import TensorProto, helper
 
-from tests.conftest import Topics
-from tests.integration.helpers import assert_committed_to_end, assert_valid, streamfer, validator
-from worker.harness import (
+from streamfer_dev.harness import (
     WorkerProcess,
     collect_outcomes,
     committed_offsets,
@@ -29,7 +27,9 @@ from worker.harness import (
     wait_for_assignment,
     worker_config_toml,
 )
-from worker.modelgen import DemoModel
+from streamfer_dev.modelgen import DemoModel
+from tests.conftest import Topics
+from tests.integration.helpers import assert_committed_to_end, assert_valid, streamfer, validator
 
 pytestmark = pytest.mark.integration
 

@@ -15,15 +15,15 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from tests.conftest import Topics
-from tests.integration.helpers import assert_committed_to_end, assert_valid, validator
-from worker.harness import (
+from streamfer_dev.harness import (
     Outcomes,
     WorkerProcess,
     collect_outcomes,
     produce_requests,
     wait_for_assignment,
 )
+from tests.conftest import Topics
+from tests.integration.helpers import assert_committed_to_end, assert_valid, validator
 from worker.limits import DEFAULT_MESSAGE_MAX_BYTES
 
 pytestmark = pytest.mark.integration

@@ -17,11 +17,11 @@ import orjson
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from streamfer_dev.harness import committed_offsets, end_offsets, produce_requests
+from streamfer_dev.modelgen import make_classifier
 from tests.conftest import Topics
 from tests.integration.helpers import streamfer
 from worker.engines import file_sha256
-from worker.harness import committed_offsets, end_offsets, produce_requests
-from worker.modelgen import make_classifier
 
 pytestmark = pytest.mark.integration
 

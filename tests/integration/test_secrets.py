@@ -20,10 +20,10 @@ import orjson
 import pytest
 import redis
 
+from streamfer_dev.harness import worker_config_toml
+from streamfer_dev.modelgen import DemoModel
+from streamfer_dev.stack import free_port
 from tests.integration.helpers import streamfer
-from worker.harness import worker_config_toml
-from worker.modelgen import DemoModel
-from worker.stack import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from streamfer_dev.modelgen import DemoModel, make_classifier
 from worker.features import RowStore
-from worker.modelgen import DemoModel, make_classifier
 
 RawRow = list[bytes | str | None]
 

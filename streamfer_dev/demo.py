@@ -23,8 +23,7 @@ from typing import Any, Literal
 import orjson
 import redis
 
-from worker.errors import StackError
-from worker.harness import (
+from streamfer_dev.harness import (
     WorkerProcess,
     collect_outcomes,
     percentile,
@@ -32,8 +31,9 @@ from worker.harness import (
     wait_for_assignment,
     worker_config_toml,
 )
-from worker.modelgen import make_classifier, seed_entities
-from worker.stack import Service, local_redis, start_kafka, start_tansu
+from streamfer_dev.modelgen import make_classifier, seed_entities
+from streamfer_dev.stack import Service, local_redis, start_kafka, start_tansu
+from worker.errors import StackError
 from worker.topics import ensure_topics
 
 __all__ = ["DemoOptions", "make_requests", "print_report", "run_demo"]
