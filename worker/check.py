@@ -19,11 +19,11 @@ from confluent_kafka import Message
 from prometheus_client import CollectorRegistry
 
 from worker.config import PipelineConfig, RedisSettings
-from worker.engines import OnnxEngine
 from worker.errors import EngineError
-from worker.features import PROBE_ENTITY, connect_store
+from worker.features import PROBE_ENTITY
 from worker.limits import RecordLimits
 from worker.metrics import Metrics
+from worker.parts import open_parts
 from worker.pipeline import Pipeline
 from worker.sink import DeliveryTracker, Headers
 
@@ -68,11 +68,8 @@ def check_pipeline(cfg: PipelineConfig, redis: RedisSettings) -> CheckedPipeline
     """Run one batch through ``cfg``'s stages. Raises the ``StreamferError`` that would
     stop a worker: ConfigError (FeatureStoreConfigError among them), FeatureStoreError,
     or EngineError when the model loads but its outputs cannot be published."""
-    engine = OnnxEngine(cfg.model)
-    engine.warm_up([1])  # proves the outputs are publishable
-    store = connect_store(redis, cfg.features)
+    engine, store = open_parts(cfg, redis, warm_up=[1])  # proves the outputs are publishable
     try:
-        store.probe()
         abort = threading.Event()
         abort.set()  # no waiting: the first refusal is the answer
         pipeline = Pipeline(

@@ -27,13 +27,11 @@ from worker.limits import DEFAULT_MESSAGE_MAX_BYTES, RECORD_OVERHEAD
 from worker.types import DecodedRequests, Rejection
 
 __all__ = [
-    "DEAD_LETTER_HEADERS",
     "DEAD_LETTER_MAX_BYTES",
     "ENTITY_PATTERN",
     "MAX_ENTITY_LENGTH",
     "MAX_ID_LENGTH",
     "MAX_REASON_LENGTH",
-    "RESULT_HEADERS",
     "decode_requests",
     "encode_dead_letter",
     "safe_text",
@@ -46,19 +44,6 @@ ENTITY_PATTERN = rf"[A-Za-z0-9._@+-]{{1,{MAX_ENTITY_LENGTH}}}"
 MAX_REASON_LENGTH = 512
 DEAD_LETTER_MAX_BYTES = DEFAULT_MESSAGE_MAX_BYTES - RECORD_OVERHEAD
 """A dead letter's body and key together, when the sink's limits are not known."""
-
-RESULT_HEADERS = (
-    "streamfer.request_id",
-    "streamfer.source_topic",
-    "streamfer.source_partition",
-    "streamfer.source_offset",
-)
-DEAD_LETTER_HEADERS = (
-    "streamfer.error_stage",
-    "streamfer.error_code",
-    "streamfer.error_reason",
-    *RESULT_HEADERS[1:],
-)
 
 _NUMBER = (int, float)
 _entity_ok = re.compile(ENTITY_PATTERN).fullmatch

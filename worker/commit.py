@@ -109,7 +109,6 @@ class Committer:
         self._awaiting: deque[_Unsettled] = deque()
         self._rejected: list[_Unsettled] = []
         self._confirmed: dict[PartitionKey, int] = {}
-        self.commits = 0
         self._records = 0
 
     def __len__(self) -> int:
@@ -288,7 +287,6 @@ class Committer:
             error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
             self._answer(entry, error or KafkaError(KafkaError._FAIL, str(exc)), forward)
             raise CommitError(f"commit of {len(forward)} partitions failed: {exc}") from exc
-        self.commits += 1
         if asynchronous:
             self._awaiting.append(entry)
         else:

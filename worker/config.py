@@ -244,6 +244,14 @@ class WorkerConfig(_Frozen):
                     raise ValueError(f"output topic {out!r} of {p.name!r} is also a request topic")
         return self
 
+    def pipeline(self, name: str) -> PipelineConfig:
+        """The pipeline called ``name``. Raises ``ConfigError`` listing those there are."""
+        for p in self.pipelines:
+            if p.name == name:
+                return p
+        names = [p.name for p in self.pipelines]
+        raise ConfigError(f"no pipeline {name!r}; the config has {names}")
+
 
 def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> WorkerConfig:
     """Read a TOML file, apply ``STREAMFER_`` overrides, validate. Raises ``ConfigError``."""

@@ -1,7 +1,8 @@
 """The one error tree of streamfer.
 
 Every failure a worker can meet is one of these, so callers can tell what to do by
-type alone: retry, dead-letter the record, or stop without committing.
+type alone: retry, or stop without committing. A bad record raises none of them: the
+stage that refuses it returns why, and it becomes a dead letter.
 
     StreamferError
     ├── ConfigError            bad configuration, found at start-up; names the field
@@ -11,8 +12,7 @@ type alone: retry, dead-letter the record, or stop without committing.
     ├── EngineError            the model could not be loaded or run
     ├── SinkError              a result or dead letter was not acknowledged
     ├── CommitError            an offset commit failed
-    ├── StackError             a local service (Kafka, Redis, Tansu) did not start
-    └── RecordError            one record is bad; carries a code and becomes a dead letter
+    └── StackError             a local service (Kafka, Redis, Tansu) did not start
 
 ``Retryable`` marks errors that may succeed when tried again; ``Backpressure`` is
 raised by a stage that cannot take more work now.
@@ -27,7 +27,6 @@ __all__ = [
     "EngineError",
     "FeatureStoreConfigError",
     "FeatureStoreError",
-    "RecordError",
     "Retryable",
     "SinkError",
     "SourceError",
@@ -86,17 +85,3 @@ class CommitError(StreamferError):
 
 class StackError(StreamferError):
     """A local service of the development stack did not start or stop."""
-
-
-class RecordError(StreamferError):
-    """One record cannot be processed; it becomes a dead letter with this code.
-
-    ``stage`` is where it was refused (decode, schema, features, infer) and ``code`` a
-    short stable identifier for metrics and headers.
-    """
-
-    def __init__(self, stage: str, code: str, reason: str) -> None:
-        super().__init__(reason)
-        self.stage = stage
-        self.code = code
-        self.reason = reason

@@ -17,8 +17,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
+from confluent_kafka.admin import ConfigResource  # type: ignore[attr-defined]
 
+from worker.admin import admin_client
 from worker.config import KafkaSettings
 
 __all__ = [
@@ -86,9 +87,7 @@ class RecordLimits:
         producer_side = {**settings.client_options(), **settings.producer_options}
         message_max = int(producer_side.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES))
         found: dict[str, int] = {}
-        admin = AdminClient(
-            {"bootstrap.servers": settings.bootstrap_servers, **settings.client_options()}
-        )
+        admin = admin_client(settings)
         wanted = [ConfigResource("TOPIC", t) for t in dict.fromkeys(topics)]
         try:
             futures = admin.describe_configs(wanted, request_timeout=10)

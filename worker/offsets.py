@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal, Protocol, TextIO
+from typing import Any, Literal, TextIO
 
 import orjson
 from confluent_kafka import (
@@ -31,14 +31,15 @@ from confluent_kafka import (
     KafkaException,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient
 
+from worker.admin import admin_client
+from worker.commit import PartitionKey
 from worker.config import KafkaSettings, WorkerConfig
 from worker.errors import CommitError, ConfigError, SourceError
+from worker.ranges import Bounds, OffsetLookup, resolve_ranges
 
 __all__ = [
     "KafkaOffsets",
-    "OffsetLookup",
     "PartitionLag",
     "ResetTarget",
     "group_lag",
@@ -52,8 +53,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-PartitionKey = tuple[str, int]
 
 
 def parse_time(text: str) -> int:
@@ -96,25 +95,6 @@ def parse_partitions(text: str) -> list[int]:
     return sorted(out)
 
 
-class OffsetLookup(Protocol):
-    """What bound resolution needs to know about a topic (``KafkaOffsets``, or a fake)."""
-
-    def partitions(self, topic: str) -> list[int]:
-        """The topic's partition ids. Raises ``ConfigError`` if it does not exist."""
-        ...
-
-    def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
-        """(log start, log end): the first offset kept and the next offset to be written."""
-        ...
-
-    def offsets_for_time(
-        self, topic: str, partitions: Sequence[int], time_ms: int
-    ) -> dict[int, int | None]:
-        """Per partition, the first offset whose timestamp is at or after ``time_ms``;
-        None when every record is older."""
-        ...
-
-
 def lookup_consumer_config(settings: KafkaSettings, group_id: str) -> dict[str, Any]:
     """A consumer that only assigns: it never joins ``group_id``, only reads and commits
     its offsets. User options (security) apply; group-membership options do not matter."""
@@ -134,7 +114,7 @@ def lookup_consumer_config(settings: KafkaSettings, group_id: str) -> dict[str, 
 
 
 class KafkaOffsets:
-    """``OffsetLookup`` and committed-offset access over one assign-only ``Consumer``.
+    """``ranges.OffsetLookup`` and committed-offset access over one assign-only ``Consumer``.
 
     Every call blocks for at most ``timeout`` seconds per request and raises
     ``SourceError`` when the cluster does not answer.
@@ -296,8 +276,7 @@ def group_members(settings: KafkaSettings, group_id: str, *, attempts: int = 10)
     Raises ``SourceError`` when the cluster cannot say: callers then must not assume the
     group is stopped.
     """
-    conf: dict[str, Any] = {"bootstrap.servers": settings.bootstrap_servers, "logger": log}
-    admin = AdminClient({**conf, **settings.client_options()})
+    admin = admin_client(settings, logger=log)
     error: Exception | None = None
     for attempt in range(attempts):
         try:
@@ -350,41 +329,27 @@ def plan_reset(
     target: ResetTarget,
     partitions: Sequence[int] | None = None,
 ) -> dict[PartitionKey, int]:
-    """The new offset of every partition of ``topics`` (or just ``partitions``).
+    """The new offset of every partition of ``topics`` (or just ``partitions``): where a
+    range of the whole log, or of the log from ``target``'s time on, starts, or for
+    ``latest`` where it ends (``worker.ranges.resolve_ranges``).
 
     A time after the newest record moves a partition to its log end, like Kafka's own
     ``kafka-consumer-groups.sh --reset-offsets --to-datetime``.
     """
-    plan: dict[PartitionKey, int] = {}
-    for topic in topics:
-        ids = lookup.partitions(topic)
-        if partitions is not None:
-            missing = sorted(set(partitions) - set(ids))
-            if missing:
-                raise ConfigError(f"topic {topic!r} has no partitions {missing}")
-            ids = sorted(partitions)
-        marks = {p: lookup.watermarks(topic, p) for p in ids}
-        if target.kind == "time":
-            assert target.time_ms is not None
-            found = lookup.offsets_for_time(topic, ids, target.time_ms)
-            for p in ids:
-                at = found.get(p)
-                plan[(topic, p)] = marks[p][1] if at is None else at
-        else:
-            for p in ids:
-                plan[(topic, p)] = marks[p][0] if target.kind == "earliest" else marks[p][1]
-    return plan
+    bounds = Bounds(
+        from_time_ms=target.time_ms if target.kind == "time" else None,
+        partitions=None if partitions is None else tuple(partitions),
+    )
+    return {
+        r.key: r.end if target.kind == "latest" else r.start
+        for r in resolve_ranges(lookup, topics, bounds)
+    }
 
 
 def _topics_of(config: WorkerConfig, pipeline: str | None) -> list[str]:
     if pipeline is None:
         return [t for p in config.pipelines for t in p.request_topics]
-    for p in config.pipelines:
-        if p.name == pipeline:
-            return list(p.request_topics)
-    raise ConfigError(
-        f"no pipeline {pipeline!r}; the config has {[p.name for p in config.pipelines]}"
-    )
+    return list(config.pipeline(pipeline).request_topics)
 
 
 def _fmt(value: object) -> str:

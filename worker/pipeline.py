@@ -479,7 +479,7 @@ class _SourceHeaders:
     __slots__ = ("_fixed",)
 
     def __init__(self) -> None:
-        self._fixed: dict[tuple[str, int], tuple[tuple[str, bytes], tuple[str, bytes]]] = {}
+        self._fixed: dict[PartitionKey, tuple[tuple[str, bytes], tuple[str, bytes]]] = {}
 
     def of(self, msg: Message, request_id: str | None) -> Headers:
         where = cast(PartitionKey, (msg.topic(), msg.partition()))

@@ -1,11 +1,11 @@
 """Replay and backfill: run a bounded slice of history through a pipeline, resumably.
 
 ``streamfer replay`` resolves its bounds (times through ``offsets_for_times``, offsets,
-partitions, or the whole topic) into one offset range per partition, with every end fixed
-when the replay is planned, so live traffic arriving meanwhile does not extend it. It reads
-with ``assign()`` (never joining the live group, never touching its offsets), processes
-batches with the live ``Pipeline`` and publishes to its own topics (by default
-``<result_topic>.replay.<model_version>``), every record also carrying a
+partitions, or the whole topic) into one offset range per partition (``worker.ranges``),
+with every end fixed when the replay is planned, so live traffic arriving meanwhile does
+not extend it. It reads with ``assign()`` (never joining the live group, never touching
+its offsets), processes batches with the live ``Pipeline`` and publishes to its own topics
+(by default ``<result_topic>.replay.<model_version>``), every record also carrying a
 ``streamfer.replay_id`` header so consumers can tell replayed results apart and dedupe.
 Progress is checkpointed the live way, as committed offsets of its own group
 ``streamfer-replay-<id>``, only for the delivered prefix of batches, so a killed replay
@@ -38,22 +38,23 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO, cast
 
 import orjson
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
+from worker.admin import admin_client
 from worker.batcher import Batcher, Clock, monotonic_clock
 from worker.commit import Committer, OffsetConsumer, PartitionKey
 from worker.config import BatchPolicy, KafkaSettings, PipelineConfig, WorkerConfig
 from worker.errors import ConfigError, SinkError, SourceError, StreamferError
-from worker.offsets import KafkaOffsets, OffsetLookup, lookup_consumer_config
+from worker.offsets import KafkaOffsets, lookup_consumer_config
+from worker.ranges import Bounds, OffsetLookup, PartitionRange, resolve_ranges
 from worker.sink import DeliveryTracker, Headers, Sink, producer_config
+from worker.source import end_of_partition
+from worker.topics import create_missing
 
 __all__ = [
     "REPLAY_ID_HEADER",
     "BatchHandler",
-    "Bounds",
-    "OffsetBound",
-    "PartitionRange",
     "PartitionReport",
     "Progress",
     "RateLimiter",
@@ -67,9 +68,7 @@ __all__ = [
     "default_output_topic",
     "format_duration",
     "format_progress",
-    "parse_offset_bound",
     "replay_group",
-    "resolve_ranges",
     "resume_positions",
     "run_replay",
 ]
@@ -98,138 +97,7 @@ def default_output_topic(topic: str, model_version: str) -> str:
     return name
 
 
-# --- bounds -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class OffsetBound:
-    """An offset for every partition (``default``) and/or for named ones."""
-
-    default: int | None = None
-    by_partition: dict[int, int] = field(default_factory=dict)
-
-    def for_partition(self, partition: int) -> int | None:
-        return self.by_partition.get(partition, self.default)
-
-
-def parse_offset_bound(text: str) -> OffsetBound:
-    """``"500"`` (every partition) or ``"0:500,3:120"`` (partition:offset pairs)."""
-    default: int | None = None
-    pairs: dict[int, int] = {}
-    try:
-        for part in text.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            if ":" in part:
-                p, o = part.split(":", 1)
-                pairs[int(p)] = int(o)
-            else:
-                default = int(part)
-    except ValueError:
-        raise ConfigError(f"not an offset bound: {text!r} (use 500 or 0:500,3:120)") from None
-    if default is None and not pairs:
-        raise ConfigError(f"no offsets in {text!r}")
-    if (default is not None and default < 0) or any(p < 0 or o < 0 for p, o in pairs.items()):
-        raise ConfigError(f"offsets and partitions must not be negative: {text!r}")
-    return OffsetBound(default, pairs)
-
-
-@dataclass(frozen=True, slots=True)
-class Bounds:
-    """What to replay. Starts are inclusive, ends exclusive: ``[from, to)`` in offsets, and
-    in time the records whose timestamp is at or after ``from_time_ms`` and before
-    ``to_time_ms`` (resolved per partition with ``offsets_for_times``, so a partition whose
-    timestamps go backwards is cut where its first record at or after the time sits)."""
-
-    from_time_ms: int | None = None
-    to_time_ms: int | None = None
-    from_offset: OffsetBound | None = None
-    to_offset: OffsetBound | None = None
-    partitions: tuple[int, ...] | None = None
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "from_time_ms": self.from_time_ms,
-            "to_time_ms": self.to_time_ms,
-            "from_offset": None if self.from_offset is None else asdict(self.from_offset),
-            "to_offset": None if self.to_offset is None else asdict(self.to_offset),
-            "partitions": None if self.partitions is None else list(self.partitions),
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionRange:
-    """Offsets ``[start, end)`` of one partition."""
-
-    topic: str
-    partition: int
-    start: int
-    end: int
-
-    @property
-    def key(self) -> PartitionKey:
-        return (self.topic, self.partition)
-
-    @property
-    def span(self) -> int:
-        """Offsets in the range: the records, less transaction markers and compacted ones."""
-        return max(0, self.end - self.start)
-
-
-def resolve_ranges(
-    lookup: OffsetLookup, topics: Sequence[str], bounds: Bounds
-) -> list[PartitionRange]:
-    """One range per partition, clamped to what the log holds now. Ends are the log end
-    at this moment at most, so records written later are never part of the replay."""
-    if bounds.from_time_ms is not None and bounds.from_offset is not None:
-        raise ConfigError("give --from-time or --from-offset, not both")
-    if bounds.to_time_ms is not None and bounds.to_offset is not None:
-        raise ConfigError("give --to-time or --to-offset, not both")
-    ranges: list[PartitionRange] = []
-    for topic in topics:
-        ids = lookup.partitions(topic)
-        if bounds.partitions is not None:
-            missing = sorted(set(bounds.partitions) - set(ids))
-            if missing:
-                raise ConfigError(f"topic {topic!r} has no partitions {missing}")
-            ids = sorted(bounds.partitions)
-        for bound in (bounds.from_offset, bounds.to_offset):
-            if bound is not None:
-                unknown = sorted(set(bound.by_partition) - set(ids))
-                if unknown:
-                    raise ConfigError(f"offset bound names partitions {unknown} not replayed")
-        marks = {p: lookup.watermarks(topic, p) for p in ids}
-        from_ms, to_ms = bounds.from_time_ms, bounds.to_time_ms
-        starts = None if from_ms is None else lookup.offsets_for_time(topic, ids, from_ms)
-        ends = None if to_ms is None else lookup.offsets_for_time(topic, ids, to_ms)
-        for p in ids:
-            low, high = marks[p]
-            start = _bound_offset(p, starts, bounds.from_offset, default=low, high=high)
-            end = _bound_offset(p, ends, bounds.to_offset, default=high, high=high)
-            start = min(max(start, low), high)
-            end = min(max(end, start), high)
-            ranges.append(PartitionRange(topic, p, start, end))
-    return ranges
-
-
-def _bound_offset(
-    partition: int,
-    by_time: dict[int, int | None] | None,
-    by_offset: OffsetBound | None,
-    *,
-    default: int,
-    high: int,
-) -> int:
-    """One end of a partition's range: from a time lookup (no record at or after the time
-    means the log end), else from an offset bound, else ``default``."""
-    if by_time is not None:
-        at = by_time.get(partition)
-        return high if at is None else at
-    if by_offset is not None:
-        given = by_offset.for_partition(partition)
-        return default if given is None else given
-    return default
+# --- resuming ---------------------------------------------------------------------------
 
 
 def resume_positions(
@@ -634,13 +502,8 @@ class Replay:
                 key = (cast(str, msg.topic()), cast(int, msg.partition()))
                 offset = cast(int, msg.offset())
                 if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        if key in active and offset >= ends[key]:
-                            self._finish(key, active)
-                    elif err.fatal():
-                        raise SourceError(f"fatal consumer error: {err.str()}")
-                    else:
-                        log.warning("consumer: %s", err.str())
+                    if end_of_partition(err, log) and key in active and offset >= ends[key]:
+                        self._finish(key, active)
                     continue
                 if key not in active or offset >= ends[key]:
                     if key in active:
@@ -733,7 +596,7 @@ class ReplayOptions:
     """The command line of ``streamfer replay``."""
 
     pipeline: str | None = None
-    bounds: Bounds = Bounds()
+    bounds: Bounds = field(default_factory=Bounds)
     output_topic: str | None = None
     dead_letter_topic: str | None = None
     model_path: Path | None = None
@@ -755,10 +618,7 @@ def _pick_pipeline(config: WorkerConfig, name: str | None) -> PipelineConfig:
         raise ConfigError(
             f"--pipeline is required; the config has {[p.name for p in config.pipelines]}"
         )
-    for p in config.pipelines:
-        if p.name == name:
-            return p
-    raise ConfigError(f"no pipeline {name!r}; the config has {[p.name for p in config.pipelines]}")
+    return config.pipeline(name)
 
 
 def _new_plan(
@@ -802,8 +662,7 @@ def _new_plan(
 def _ensure_output_topics(settings: KafkaSettings, topics: Sequence[tuple[str, str]]) -> None:
     """Create each ``(name, like)`` topic missing, with ``like``'s partition count and
     replication factor (so keys land as in the live topic)."""
-    conf: dict[str, Any] = {"bootstrap.servers": settings.bootstrap_servers, "logger": log}
-    admin = AdminClient({**conf, **settings.client_options()})
+    admin = admin_client(settings, logger=log)
     meta = admin.list_topics(timeout=15).topics
     new = []
     for name, like in topics:
@@ -816,17 +675,7 @@ def _ensure_output_topics(settings: KafkaSettings, topics: Sequence[tuple[str, s
         new.append(
             NewTopic(name, num_partitions=len(model.partitions), replication_factor=replicas)
         )
-    if not new:
-        return
-    for name, future in admin.create_topics(new, operation_timeout=30).items():
-        try:
-            future.result(30)
-        except KafkaException as exc:
-            err = exc.args[0]
-            if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-                continue
-            raise SourceError(f"cannot create topic {name!r}: {exc}") from exc
-        log.info("created topic %s", name)
+    create_missing(admin, new, timeout=30, error=SourceError, logger=log)
 
 
 def _dry_run_doc(plan: ReplayPlan, positions: dict[PartitionKey, int]) -> dict[str, Any]:
@@ -952,11 +801,11 @@ def _run_locked(
     resuming: bool,
     on_start: Callable[[Replay], None] | None,
 ) -> ReplaySummary:
-    """Build the real parts (model first: a bad one fails before anything is written),
-    save a new plan, run, and summarise. Holds the replay's lock."""
-    from worker.engines import OnnxEngine, warm_up_sizes
-    from worker.features import connect_store
+    """Build the real parts (model and feature store first: one that cannot serve fails
+    before anything is written), save a new plan, run, and summarise. Holds the replay's
+    lock."""
     from worker.metrics import Metrics
+    from worker.parts import open_parts
     from worker.pipeline import Pipeline
 
     if opts.nice:
@@ -968,20 +817,22 @@ def _run_locked(
     model = pipeline_cfg.model.model_copy(
         update={"path": model_path, "version": plan.model_version, "sha256": pinned}
     )
-    engine = OnnxEngine(model)  # refuses a file whose hash differs from the pinned one
-    if not resuming:
-        plan = replace(plan, model_sha256=engine.model_hash)
-        store.save(plan)
-    _ensure_output_topics(
-        config.kafka,
-        [
-            (plan.output_topic, pipeline_cfg.result_topic),
-            (plan.dead_letter_topic, pipeline_cfg.dead_letter_topic),
-        ],
-    )
-    engine.warm_up(warm_up_sizes(pipeline_cfg.batch.max_batch_size))
-    features = connect_store(config.redis, pipeline_cfg.features)
-    features.probe()
+    # the engine refuses a file whose hash differs from the pinned one
+    engine, features = open_parts(pipeline_cfg, config.redis, model=model)
+    try:
+        if not resuming:
+            plan = replace(plan, model_sha256=engine.model_hash)
+            store.save(plan)
+        _ensure_output_topics(
+            config.kafka,
+            [
+                (plan.output_topic, pipeline_cfg.result_topic),
+                (plan.dead_letter_topic, pipeline_cfg.dead_letter_topic),
+            ],
+        )
+    except BaseException:
+        features.close()
+        raise
     handler = Pipeline(
         pipeline_cfg.model_copy(
             update={

@@ -14,10 +14,17 @@ from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from worker.commit import PartitionKey
 from worker.config import KafkaSettings
 from worker.errors import SourceError
 
-__all__ = ["RebalanceHandler", "Source", "consumer_config", "position"]
+__all__ = [
+    "RebalanceHandler",
+    "Source",
+    "consumer_config",
+    "end_of_partition",
+    "position",
+]
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +34,33 @@ RebalanceHandler = Callable[[list[TopicPartition]], None]
 def position(msg: Message) -> tuple[str, int, int]:
     """Topic, partition and offset of a consumed (never None) message."""
     return cast(str, msg.topic()), cast(int, msg.partition()), cast(int, msg.offset())
+
+
+def end_of_partition(err: KafkaError, logger: logging.Logger = log) -> bool:
+    """Whether a consumed message that carries ``err`` instead of a record only marks the
+    end of its partition. Any other error is skipped as well, after a warning on
+    ``logger``, unless it is fatal: that raises ``SourceError``."""
+    if err.code() == KafkaError._PARTITION_EOF:
+        return True
+    if err.fatal():
+        raise SourceError(f"fatal consumer error: {err.str()}")
+    logger.warning("consumer: %s", err.str())
+    return False
+
+
+def _without_errors(messages: list[Message]) -> list[Message]:
+    """The records of ``messages``, skipping errors as ``end_of_partition`` does;
+    ``messages`` itself when none carries an error (the usual case, one pass)."""
+    if not any(m.error() is not None for m in messages):
+        return messages
+    good = []
+    for m in messages:
+        err = m.error()
+        if err is None:
+            good.append(m)
+        else:
+            end_of_partition(err)
+    return good
 
 
 CommitCallback = Callable[[KafkaError | None, list[TopicPartition]], None]
@@ -95,26 +129,8 @@ class Source:
         self._on_lost = on_lost
         self._consume = consumer.consume
         self._poll = consumer.poll
-        self._revoked: set[tuple[str, int]] = set()
+        self._revoked: set[PartitionKey] = set()
         """Partitions revoked or lost since ``consume_first`` took its first record."""
-
-    @classmethod
-    def from_settings(
-        cls,
-        settings: KafkaSettings,
-        topics: Sequence[str],
-        *,
-        on_assign: RebalanceHandler,
-        on_revoke: RebalanceHandler,
-        on_lost: RebalanceHandler,
-    ) -> Source:
-        return cls(
-            Consumer(consumer_config(settings)),
-            topics,
-            on_assign=on_assign,
-            on_revoke=on_revoke,
-            on_lost=on_lost,
-        )
 
     def subscribe(self) -> None:
         self.consumer.subscribe(
@@ -131,7 +147,7 @@ class Source:
     def consume(self, max_messages: int, timeout: float) -> list[Message]:
         """Up to ``max_messages`` records; blocks at most ``timeout`` seconds."""
         messages: list[Message] = self._consume(max_messages, timeout)
-        return self._without_errors(messages)
+        return _without_errors(messages)
 
     def consume_first(self, max_messages: int, timeout: float) -> list[Message]:
         """Like ``consume``, but returns as soon as one record is there, with whatever
@@ -148,31 +164,14 @@ class Source:
             # a rebalance inside the second call took its partition: the next owner
             # serves it, and it must not be produced or committed here
             messages = rest
-        return self._without_errors(messages)
+        return _without_errors(messages)
 
-    def _without_errors(self, messages: list[Message]) -> list[Message]:
-        """``messages`` itself when none carries an error (the usual case, one pass)."""
-        if not any(m.error() is not None for m in messages):
-            return messages
-        good = []
-        for m in messages:
-            err = m.error()
-            if err is None:
-                good.append(m)
-            elif err.code() == KafkaError._PARTITION_EOF:
-                continue
-            elif err.fatal():
-                raise SourceError(f"fatal consumer error: {err.str()}")
-            else:
-                log.warning("consumer: %s", err.str())
-        return good
-
-    def pause(self, partitions: set[tuple[str, int]]) -> None:
+    def pause(self, partitions: set[PartitionKey]) -> None:
         """Stop fetching ``partitions``; ``consume`` must still be called to stay in the group."""
         if partitions:
             self.consumer.pause([TopicPartition(t, p) for t, p in sorted(partitions)])
 
-    def resume(self, partitions: set[tuple[str, int]]) -> None:
+    def resume(self, partitions: set[PartitionKey]) -> None:
         if partitions:
             self.consumer.resume([TopicPartition(t, p) for t, p in sorted(partitions)])
 

@@ -1,15 +1,16 @@
-"""Creating the topics a pipeline needs, idempotently, with the admin client."""
+"""Creating topics that do not exist yet, idempotently, with the admin client."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Iterable, Sequence
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from worker.errors import StackError
+from worker.errors import StackError, StreamferError
 
-__all__ = ["ensure_topics"]
+__all__ = ["create_missing", "ensure_topics"]
 
 
 def ensure_topics(
@@ -19,16 +20,32 @@ def ensure_topics(
     options: dict[str, str | int | float] | None = None,
     timeout: float = 30.0,
 ) -> None:
-    """Create ``(name, partitions)`` topics that do not exist yet."""
+    """Create ``(name, partitions)`` topics that do not exist yet. Raises ``StackError``."""
     admin = AdminClient({"bootstrap.servers": bootstrap_servers, **(options or {})})
     new = [NewTopic(name, num_partitions=n, replication_factor=1) for name, n in topics]
-    if not new:
+    create_missing(admin, new, timeout=timeout)
+
+
+def create_missing(
+    admin: AdminClient,
+    topics: Sequence[NewTopic],
+    *,
+    timeout: float = 30.0,
+    error: type[StreamferError] = StackError,
+    logger: logging.Logger | None = None,
+) -> None:
+    """Create ``topics``; one that exists already is left as it is. Blocks up to
+    ``timeout`` seconds per topic; says on ``logger`` (when given) which it created.
+    Raises ``error`` naming the first topic the cluster refused."""
+    if not topics:
         return
-    for name, future in admin.create_topics(new, operation_timeout=timeout).items():
+    for name, future in admin.create_topics(list(topics), operation_timeout=timeout).items():
         try:
             future.result(timeout)
         except KafkaException as exc:
             err = exc.args[0]
             if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
                 continue
-            raise StackError(f"cannot create topic {name!r}: {exc}") from exc
+            raise error(f"cannot create topic {name!r}: {exc}") from exc
+        if logger is not None:
+            logger.info("created topic %s", name)

@@ -17,12 +17,14 @@ import uuid
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
+from worker.admin import admin_client
 from worker.config import KafkaSettings
 from worker.errors import ConfigError
 from worker.limits import RecordLimits
 from worker.sink import producer_config
-from worker.topics import ensure_topics
+from worker.topics import create_missing
 
 __all__ = ["PROBE_TOPIC", "transactional_producer", "verify_isolation"]
 
@@ -62,10 +64,8 @@ def transactional_producer(
 def verify_isolation(settings: KafkaSettings, timeout: float = 30.0) -> None:
     """Abort one record and commit another on the probe topic; a read_committed reader must
     see only the committed one. Raises ConfigError otherwise."""
-    options = {
-        k: v for k, v in settings.client_options().items() if isinstance(v, (str, int, float))
-    }
-    ensure_topics(settings.bootstrap_servers, [(PROBE_TOPIC, 1)], options=options)
+    probe_topic = NewTopic(PROBE_TOPIC, num_partitions=1, replication_factor=1)
+    create_missing(admin_client(settings), [probe_topic])
     probe = settings.model_copy(update={"group_instance_id": None})
     producer = transactional_producer(probe, timeout=timeout)
     marker = uuid.uuid4().hex.encode()
