@@ -30,13 +30,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Sequence
 from typing import cast
 
 from confluent_kafka import (
-    OFFSET_BEGINNING,
-    OFFSET_END,
     Consumer,
     KafkaError,
     KafkaException,
@@ -48,13 +45,14 @@ from prometheus_client import CollectorRegistry
 from worker.batcher import Batcher, Clock, monotonic_clock
 from worker.commit import Committer, OffsetConsumer, PartitionKey
 from worker.config import WorkerConfig
-from worker.engines import OnnxEngine, warm_up_sizes
+from worker.delivery import AtLeastOnce, Delivery, Stages
 from worker.errors import CommitError, SinkError
-from worker.features import connect_store
+from worker.exactly_once import GroupConsumer, Transactional
 from worker.health import HealthState
 from worker.lag import LagStats
 from worker.limits import RecordLimits
 from worker.metrics import Metrics
+from worker.parts import open_parts
 from worker.pausing import PausingManager, describe_partitions
 from worker.pipeline import Pipeline, next_offsets, partition_counts
 from worker.processor import Job, Processor, Step
@@ -101,7 +99,6 @@ class Worker:
         self._abort = abort or threading.Event()
         self._consumer = consumer
         self._sink = sink
-        self._transactional = config.delivery == "exactly-once"
         self._pipelines = {p.name: p for p in pipelines}
         self._route = {t: p.name for p in pipelines for t in p.config.request_topics}
         self._batchers: dict[str, Batcher[Message]] = {
@@ -110,7 +107,7 @@ class Worker:
         self._clock = clock
         self._committer = Committer(
             cast(OffsetConsumer, consumer),
-            transactional=self._transactional,
+            transactional=config.delivery == "exactly-once",
             on_done=self._observe_done,
         )
         self._source = Source(
@@ -121,15 +118,22 @@ class Worker:
             on_lost=self._on_lost,
         )
         self._processor = Processor(self._start_job)
+        stages = Stages(sink, self._processor, self._committer, self._pipelines, metrics)
+        self._delivery: Delivery = (
+            Transactional(
+                stages,
+                cast(GroupConsumer, consumer),
+                config.kafka,
+                interval_s=config.transaction_interval_ms / 1000.0,
+                timeout_s=config.shutdown_timeout_s,
+                owned=lambda: self.assigned,
+                drop_buffered=self._drop_buffered,
+            )
+            if config.delivery == "exactly-once"
+            else AtLeastOnce(stages)
+        )
         self._stop = threading.Event()
         self._failed = False
-        self._rewind = threading.Event()
-        self._producer_broken = False
-        self._txn = _Transaction()
-        self._rewinds = 0
-        """Exactly-once rewinds so far; a job from before the latest one is never produced."""
-        self._undeliverable: deque[DeliveryTracker] = deque()
-        """Batches holding records the broker refused for themselves, to dead-letter."""
         self._pausing = PausingManager(
             self._source,
             config.max_in_flight_batches * max(p.config.batch.max_batch_size for p in pipelines),
@@ -153,10 +157,7 @@ class Worker:
 
         pipelines = []
         for p in config.pipelines:
-            engine = OnnxEngine(p.model)
-            engine.warm_up(warm_up_sizes(p.batch.max_batch_size))
-            store = connect_store(config.redis, p.features)
-            store.probe()
+            engine, store = open_parts(p, config.redis)
             metrics.model_info.labels(
                 p.name, p.model.name, p.model.version, engine.model_hash, engine.providers[0]
             ).set(1)
@@ -304,10 +305,8 @@ class Worker:
                 if ready is not None:
                     self._submit(name, ready)
                     idle = False
-            self._serve_deliveries(0)
-            if self._transactional:
-                self._advance_transaction()
-            self._commit()
+            self._delivery.serve(0)
+            self._delivery.commit()
             self._apply_backpressure()
             if (
                 burst_idle_s is not None
@@ -319,61 +318,6 @@ class Worker:
             ):
                 log.info("burst: idle for %.1fs, stopping", burst_idle_s)
                 break
-
-    def _serve_deliveries(self, timeout: float) -> None:
-        # In exactly-once mode commit_transaction serves them, on this thread too.
-        if not self._transactional:
-            self._sink.poll(timeout)
-            if self._undeliverable:
-                self._dead_letter_undelivered()
-        elif timeout:
-            time.sleep(timeout)
-
-    def _flush(self, deadline: float, *, at_least_s: float) -> None:
-        """Wait for every outstanding delivery, dead-lettering what the broker refuses on
-        the way (those dead letters are deliveries too), until ``deadline``."""
-        self._sink.flush(max(at_least_s, deadline - time.monotonic()))
-        while self._undeliverable and time.monotonic() < deadline:
-            self._dead_letter_undelivered()
-            if self._undeliverable:
-                time.sleep(0.005)  # a batch still being published: its thread seals it soon
-            self._sink.flush(max(at_least_s, deadline - time.monotonic()))
-
-    def _dead_letter_undelivered(self) -> None:
-        """Records the broker refused for themselves become their requests' dead letters.
-        A batch still being published waits for the next turn: only then is this thread
-        the one sending for it."""
-        waiting = self._undeliverable
-        for _ in range(len(waiting)):
-            tracker = waiting.popleft()
-            if not tracker.sealed:
-                waiting.append(tracker)
-                continue
-            pipeline = self._pipelines[tracker.pipeline]
-            while tracker.undeliverable:
-                produced, why = tracker.undeliverable.pop()
-                log.warning(
-                    "%s[%s] refused a record (%s): dead-lettering its request",
-                    produced.topic(),
-                    produced.partition(),
-                    why,
-                )
-                pipeline.dead_letter_undelivered(self._sink, tracker, produced, why)
-
-    def _commit(self, *, asynchronous: bool = True) -> None:
-        started = time.perf_counter()
-        try:
-            done = self._committer.commit_ready(asynchronous=asynchronous)
-        except CommitError:
-            self.metrics.commit_failures.inc()
-            raise
-        if done:
-            self.metrics.in_flight_batches.set(len(self._committer))
-            if not self._transactional:
-                self.metrics.commits.inc()
-                elapsed = time.perf_counter() - started
-                for p in self._pipelines.values():
-                    p.metrics.commit_seconds.observe(elapsed)
 
     def _observe_done(self, tracker: DeliveryTracker) -> None:
         pipeline = self._pipelines.get(tracker.pipeline)
@@ -398,22 +342,21 @@ class Worker:
         because librdkafka needs most of a second to deliver again after a resume
         (measured here), which would throttle an ordinary backlog.
         """
-        committer, pausing = self._committer, self._pausing
-        if pausing.full(committer.records) and not pausing.paused:
+        delivery, pausing = self._delivery, self._pausing
+        if pausing.full(delivery.records_in_flight()) and not pausing.paused:
             grace = min(1.0, self.config.kafka.max_poll_interval_ms / 4000.0)
             deadline = time.monotonic() + grace
-            while pausing.full(committer.records) and time.monotonic() < deadline:
+            while pausing.full(delivery.records_in_flight()) and time.monotonic() < deadline:
                 self._processor.check()
-                self._serve_deliveries(0.002)
-                if self._transactional:
-                    self._advance_transaction()
-                self._commit()
-        pausing.update(committer.records, self.assigned, len(committer))
+                delivery.serve(0.002)
+                delivery.commit()
+        pausing.update(delivery.records_in_flight(), self.assigned, len(self._committer))
 
     def _start_job(self, job: Job) -> Step | None:
         """The processing stages of one batch: decode and enrich, then (on the next
         thread) infer, then (on the last) produce; a rewind skips what is left."""
-        if self._stale(job):
+        delivery = self._delivery
+        if delivery.stale(job):
             self._skip(job)
             return None
         pipeline = self._pipelines[job.pipeline]
@@ -424,19 +367,13 @@ class Worker:
             return publish
 
         def publish() -> None:
-            if self._stale(job):
+            if delivery.stale(job):
                 self._skip(job)
             else:
                 pipeline.publish(prepared, self._sink, job.tracker)
-                if not self._transactional:
-                    self._sink.poll(0)  # earlier batches' acknowledgements, off the loop thread
+                delivery.acknowledge()  # earlier batches' reports, off the loop thread
 
         return infer
-
-    def _stale(self, job: Job) -> bool:
-        """Exactly-once: a rewind is pending or came after the job was submitted (a job
-        still in a stage when the rewind gave up waiting for it)."""
-        return self._transactional and (self._rewind.is_set() or job.rewinds != self._rewinds)
 
     @staticmethod
     def _skip(job: Job) -> None:
@@ -445,144 +382,13 @@ class Worker:
 
     def _submit(self, name: str, batch: list[Message]) -> None:
         ts = batch[0].timestamp()[1]
-        # exactly-once: a refused record aborts its transaction instead
-        reroute = None if self._transactional else self._undeliverable
-        tracker = DeliveryTracker(name, ts if ts > 0 else 0, reroute)
+        tracker = self._delivery.tracker(name, ts if ts > 0 else 0)
         offsets, counts = next_offsets(batch), partition_counts(batch)
-        self._enqueue(Job(name, batch, tracker, offsets, self._rewinds, counts))
+        self._delivery.enqueue(Job(name, batch, tracker, offsets, counts=counts))
 
-    def _enqueue(self, job: Job) -> None:
-        if self._transactional:
-            txn = self._txn
-            if txn.closing:
-                txn.held.append(job)  # it joins the next transaction
-                return
-            if not txn.jobs:
-                self._sink.producer.begin_transaction()
-                txn.started = time.monotonic()
-            txn.jobs.append(job)
-        self._committer.track(job.tracker, job.offsets, job.counts)
-        self._processor.submit(job)
-        self.metrics.in_flight_batches.set(len(self._committer))
-
-    def _advance_transaction(self, *, force: bool = False) -> None:
-        """Exactly-once, loop thread: commit the open transaction once its batches are all
-        produced and nothing else is waiting, or after ``transaction_interval_ms`` (new
-        batches are then held for the next one). Every transactional call happens on this
-        thread: librdkafka's transaction API stalls when driven from a second thread while
-        this one sits in ``consume``."""
-        txn = self._txn
-        if not txn.jobs:
-            return
-        interval = self.config.transaction_interval_ms / 1000.0
-        if not force and self._processor.pending() and time.monotonic() - txn.started < interval:
-            return
-        txn.closing = True
-        if not all(job.tracker.sealed for job in txn.jobs):
-            if not force:
-                return
-            deadline = time.monotonic() + self.config.shutdown_timeout_s
-            while not all(job.tracker.sealed for job in txn.jobs):
-                self._processor.check()
-                if time.monotonic() > deadline:
-                    raise SinkError("batches of the open transaction did not finish in time")
-                time.sleep(0.005)
-        producer = self._sink.producer
-        offsets: dict[PartitionKey, int] = {}
-        for job in txn.jobs:
-            offsets.update(job.offsets)
-        try:
-            if any(job.tracker.errors for job in txn.jobs):
-                refused = KafkaError(
-                    KafkaError._INVALID_ARG, "a record was refused", txn_requires_abort=True
-                )
-                raise KafkaException(refused)
-            producer.send_offsets_to_transaction(
-                [TopicPartition(t, p, o) for (t, p), o in offsets.items()],
-                self._consumer.consumer_group_metadata(),
-                30,
-            )
-            self._commit_transaction()
-            log.debug(
-                "committed a transaction of %d batches in %.3fs",
-                len(txn.jobs),
-                time.monotonic() - txn.started,
-            )
-        except KafkaException as exc:
-            self._fail_transaction(exc)
-            return
-        held = txn.held
-        txn.reset()
-        for job in held:
-            self._enqueue(job)
-
-    def _fail_transaction(self, exc: KafkaException) -> None:
-        txn = self._txn
-        err = exc.args[0]
-        fatal = not isinstance(err, KafkaError) or not err.txn_requires_abort()
-        log.warning(
-            "transaction of %d batches failed (%s); %s and rewinding",
-            len(txn.jobs),
-            exc,
-            "re-creating the producer" if fatal else "aborting",
-        )
-        self._rewind.set()
-        if not fatal:
-            try:
-                self._sink.producer.abort_transaction(30)
-            except KafkaException:
-                fatal = True
-        self._producer_broken = fatal
-        for job in txn.jobs:
-            job.tracker.fail(f"transaction failed: {exc}")
-        txn.reset()
-        self._rewind_to_committed()
-
-    def _commit_transaction(self) -> None:
-        producer = self._sink.producer
-        for attempt in range(5):
-            try:
-                producer.commit_transaction(30)
-                return
-            except KafkaException as exc:
-                err = exc.args[0]
-                if isinstance(err, KafkaError) and err.retriable() and attempt < 4:
-                    continue
-                raise
-
-    def _rewind_to_committed(self) -> None:
-        """Exactly-once: drop all work in flight and restart from the committed offsets."""
-        self._rewinds += 1
-        dropped = len(self._processor.discard_queued())
-        deadline = time.monotonic() + self.config.shutdown_timeout_s
-        while self._processor.pending() and time.monotonic() < deadline:
-            time.sleep(0.01)
+    def _drop_buffered(self) -> None:
         for batcher in self._batchers.values():
             batcher.flush()
-        self._committer.clear()
-        if self._producer_broken:
-            log.warning("re-creating the transactional producer")
-            self._sink.use(transactional_producer(self.config.kafka, self._sink.limit))
-            self._producer_broken = False
-        self._seek_to_committed(self.assigned)
-        self._txn.reset()
-        self._rewind.clear()
-        log.warning(
-            "rewound %d partitions to their committed offsets (%d queued batches dropped)",
-            len(self.assigned),
-            dropped,
-        )
-
-    def _seek_to_committed(self, partitions: set[PartitionKey]) -> None:
-        if not partitions:
-            return
-        tps = [TopicPartition(t, p) for t, p in sorted(partitions)]
-        reset = (
-            OFFSET_BEGINNING if self.config.kafka.auto_offset_reset == "earliest" else OFFSET_END
-        )
-        for tp in self._consumer.committed(tps, timeout=30):
-            offset = tp.offset if tp.offset >= 0 else reset
-            self._consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
 
     def _check_committed_offsets(self) -> None:
         """Say loudly when a committed offset lies below the log start: retention deleted
@@ -621,20 +427,17 @@ class Worker:
             if rest:
                 self._submit(name, rest)
         deadline = time.monotonic() + self.config.shutdown_timeout_s
+        delivery = self._delivery
         while self._processor.pending() and time.monotonic() < deadline:
             self._processor.check()
-            self._serve_deliveries(0.01)
-            self._commit()
+            delivery.serve(0.01)
+            delivery.commit()
         self._processor.check()  # a stage that failed while draining emptied the queues
-        if self._transactional:
-            self._advance_transaction(force=True)
-            self._advance_transaction(force=True)  # the batches held while it closed
         unfinished = self._processor.pending()
         if unfinished:
             self._abort.set()  # an unreachable feature store gives up now
-        if not self._transactional:
-            self._flush(deadline, at_least_s=1.0)
-        self._commit(asynchronous=False)
+        delivery.finish(deadline, at_least_s=1.0)
+        delivery.commit(asynchronous=False)
         if unfinished or len(self._committer):
             raise SinkError(
                 f"stopped with {len(self._committer)} batches unfinished after "
@@ -650,8 +453,7 @@ class Worker:
             self._source.close()
         except Exception:  # close must not hide the error that brought us here
             log.exception("closing the consumer failed")
-        if not self._transactional:
-            self._sink.flush(min(5.0, self.config.shutdown_timeout_s))
+        self._delivery.close(min(5.0, self.config.shutdown_timeout_s))
 
     # -- rebalance callbacks (inside consume, loop thread) --------------------------------
 
@@ -675,7 +477,7 @@ class Worker:
         if not self._failed:
             deadline = time.monotonic() + self.config.revoke_timeout_s
             while self._processor.busy_with(keys) and time.monotonic() < deadline:
-                self._serve_deliveries(0.01)
+                self._delivery.serve(0.01)
             if self._processor.busy_with(keys):
                 log.warning(
                     "revoke: batches of %s still running after %.0fs; the next owner "
@@ -683,17 +485,15 @@ class Worker:
                     describe_partitions(partitions),
                     self.config.revoke_timeout_s,
                 )
-            if self._transactional:
-                self._advance_transaction(force=True)
-            else:
-                self._flush(deadline, at_least_s=0.1)
             try:
-                self._commit(asynchronous=False)
+                self._delivery.finish(deadline, at_least_s=0.1)
+                self._delivery.commit(asynchronous=False)
             except (CommitError, SinkError) as exc:
                 log.warning(
                     "commit on revoke failed, the next owner repeats those records: %s", exc
                 )
         self._forget(keys)
+        self._delivery.revoked(keys)
         log.info(
             "revoked %s (dropped %d buffered records)", describe_partitions(partitions), dropped
         )
@@ -703,29 +503,16 @@ class Worker:
         self.metrics.rebalances.labels("lost").inc()
         dropped = sum(b.drop(keys, _partition_of) for b in self._batchers.values())
         self._forget(keys)
+        self._delivery.lost(keys)
         log.warning(
             "lost %s (dropped %d buffered records)", describe_partitions(partitions), dropped
         )
 
     def _forget(self, keys: set[PartitionKey]) -> None:
-        self._committer.forget(keys)
         self.assigned -= keys
         self._pausing.forget(keys)
         self._lag.forget(keys)
         self.metrics.assigned_partitions.set(len(self.assigned))
-
-
-class _Transaction:
-    """The batches in the open transaction, and those held until it commits (loop thread)."""
-
-    def __init__(self) -> None:
-        self.jobs: list[Job] = []
-        self.held: list[Job] = []
-        self.closing = False
-        self.started = 0.0
-
-    def reset(self) -> None:
-        self.jobs, self.held, self.closing, self.started = [], [], False, 0.0
 
 
 def _group_by_pipeline(messages: list[Message], route: dict[str, str]) -> dict[str, list[Message]]:

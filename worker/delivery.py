@@ -1,0 +1,187 @@
+"""Delivery modes: how a batch's results become durable and its offsets committed.
+
+The worker's loop drives a ``Delivery`` and never asks which mode it runs: the strategy
+owns enqueueing a closed batch, serving delivery reports, committing, and (exactly-once)
+abort, rewind and seek. ``AtLeastOnce`` here commits a batch's offsets once every
+result and dead letter of it and of every earlier batch is acknowledged, and
+dead-letters the records the broker refuses for themselves on the way;
+``worker.exactly_once.Transactional`` puts results, dead letters and offsets in one
+Kafka transaction. Every method runs on the loop thread, except ``stale``, which the
+processing threads ask.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from worker.commit import Committer, PartitionKey
+from worker.errors import CommitError
+from worker.metrics import Metrics
+from worker.pipeline import Pipeline
+from worker.processor import Job, Processor
+from worker.sink import DeliveryTracker, Sink
+
+__all__ = ["AtLeastOnce", "Delivery", "Stages"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Stages:
+    """What a delivery mode shares with the worker that drives it."""
+
+    sink: Sink
+    processor: Processor
+    committer: Committer
+    pipelines: Mapping[str, Pipeline]
+    metrics: Metrics
+
+
+class Delivery(Protocol):
+    """The delivery mode the worker's loop drives (loop thread, except ``stale``)."""
+
+    def tracker(self, pipeline: str, oldest_ts_ms: int) -> DeliveryTracker:
+        """The tracker of a new batch."""
+        ...
+
+    def enqueue(self, job: Job) -> None:
+        """Take a closed batch: it is tracked for commit and handed to the stages."""
+        ...
+
+    def records_in_flight(self) -> int:
+        """What a crash now would make the group consume again: the worker's bound."""
+        ...
+
+    def stale(self, job: Job) -> bool:
+        """Whether ``job`` must not be produced (a rewind came after it)."""
+        ...
+
+    def acknowledge(self) -> None:
+        """Serve delivery reports from a processing thread, when the mode allows it."""
+        ...
+
+    def serve(self, timeout: float) -> None:
+        """Serve delivery reports, waiting up to ``timeout`` (loop thread)."""
+        ...
+
+    def commit(self, *, asynchronous: bool = True) -> None:
+        """Commit what is delivered. Raises SinkError when a delivery failed for good."""
+        ...
+
+    def finish(self, deadline: float, *, at_least_s: float) -> None:
+        """Make everything produced so far durable (a revoke, a drain), by ``deadline``."""
+        ...
+
+    def revoked(self, partitions: set[PartitionKey]) -> None:
+        """Partitions revoked after ``finish`` and a synchronous ``commit``."""
+        ...
+
+    def lost(self, partitions: set[PartitionKey]) -> None:
+        """Partitions lost without a chance to commit."""
+        ...
+
+    def close(self, timeout: float) -> None:
+        """The worker is stopping: wait up to ``timeout`` for what is still outstanding."""
+        ...
+
+
+def commit_delivered(stages: Stages, *, asynchronous: bool, count: bool) -> None:
+    """``Committer.commit_ready`` with its metrics; ``count`` commits as consumer commits
+    (a transaction counts its own)."""
+    committer, metrics = stages.committer, stages.metrics
+    started = time.perf_counter()
+    try:
+        done = committer.commit_ready(asynchronous=asynchronous)
+    except CommitError:
+        metrics.commit_failures.inc()
+        raise
+    if done:
+        metrics.in_flight_batches.set(len(committer))
+        if count:
+            metrics.commits.inc()
+            elapsed = time.perf_counter() - started
+            for p in stages.pipelines.values():
+                p.metrics.commit_seconds.observe(elapsed)
+
+
+class AtLeastOnce:
+    """Commits each batch's offsets after its deliveries; a crash repeats what was in
+    flight, never skips. Records the broker refuses for themselves are dead-lettered by
+    the loop thread before their batch can commit."""
+
+    def __init__(self, stages: Stages) -> None:
+        self._stages = stages
+        self._sink = stages.sink
+        self.committer = stages.committer
+        self._undeliverable: deque[DeliveryTracker] = deque()
+        """Batches holding records the broker refused for themselves, to dead-letter."""
+
+    def tracker(self, pipeline: str, oldest_ts_ms: int) -> DeliveryTracker:
+        return DeliveryTracker(pipeline, oldest_ts_ms, self._undeliverable)
+
+    def enqueue(self, job: Job) -> None:
+        self.committer.track(job.tracker, job.offsets, job.counts)
+        self._stages.processor.submit(job)
+        self._stages.metrics.in_flight_batches.set(len(self.committer))
+
+    def records_in_flight(self) -> int:
+        return self.committer.records
+
+    def stale(self, job: Job) -> bool:
+        return False
+
+    def acknowledge(self) -> None:
+        self._sink.poll(0)  # the reports only count; refused records wait for serve()
+
+    def serve(self, timeout: float) -> None:
+        self._sink.poll(timeout)
+        if self._undeliverable:
+            self._dead_letter_undelivered()
+
+    def commit(self, *, asynchronous: bool = True) -> None:
+        commit_delivered(self._stages, asynchronous=asynchronous, count=True)
+
+    def finish(self, deadline: float, *, at_least_s: float) -> None:
+        """Wait for every outstanding delivery, dead-lettering what the broker refuses on
+        the way (those dead letters are deliveries too)."""
+        self._sink.flush(max(at_least_s, deadline - time.monotonic()))
+        while self._undeliverable and time.monotonic() < deadline:
+            self._dead_letter_undelivered()
+            if self._undeliverable:
+                time.sleep(0.005)  # a batch still being published: its thread seals it soon
+            self._sink.flush(max(at_least_s, deadline - time.monotonic()))
+
+    def revoked(self, partitions: set[PartitionKey]) -> None:
+        self.committer.forget(partitions)
+
+    def lost(self, partitions: set[PartitionKey]) -> None:
+        self.committer.forget(partitions)
+
+    def close(self, timeout: float) -> None:
+        self._sink.flush(timeout)
+
+    def _dead_letter_undelivered(self) -> None:
+        """Records the broker refused for themselves become their requests' dead letters.
+        A batch still being published waits for the next turn: only then is this thread
+        the one sending for it."""
+        waiting = self._undeliverable
+        for _ in range(len(waiting)):
+            tracker = waiting.popleft()
+            if not tracker.sealed:
+                waiting.append(tracker)
+                continue
+            pipeline = self._stages.pipelines[tracker.pipeline]
+            while tracker.undeliverable:
+                produced, why = tracker.undeliverable.pop()
+                log.warning(
+                    "%s[%s] refused a record (%s): dead-lettering its request",
+                    produced.topic(),
+                    produced.partition(),
+                    why,
+                )
+                pipeline.dead_letter_undelivered(self._sink, tracker, produced, why)

@@ -1,0 +1,268 @@
+"""Exactly-once delivery: each transaction holds its batches' results, dead letters and
+consumed offsets.
+
+Batches waiting behind each other share one transaction, for up to
+``transaction_interval_ms``; while an open transaction closes (its batches finishing,
+then ``send_offsets_to_transaction`` and ``commit_transaction``), new batches are held
+for the next one. An abortable error aborts the transaction and rewinds every owned
+partition to its committed offset; work still in the stages is skipped (``stale``).
+Every transactional call happens on the loop thread: librdkafka's transaction API stalls
+when driven from a second thread while this one sits in ``consume``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
+
+from worker.commit import PartitionKey
+from worker.config import KafkaSettings
+from worker.delivery import Stages, commit_delivered
+from worker.errors import SinkError
+from worker.processor import Job
+from worker.sink import DeliveryTracker
+from worker.transactions import transactional_producer
+
+__all__ = ["GroupConsumer", "Transactional"]
+
+log = logging.getLogger(__name__)
+
+
+class GroupConsumer(Protocol):
+    """The part of ``confluent_kafka.Consumer`` a transaction and a rewind use."""
+
+    def consumer_group_metadata(self) -> object: ...
+
+    def committed(
+        self, partitions: list[TopicPartition], timeout: float
+    ) -> list[TopicPartition]: ...
+
+    def seek(self, partition: TopicPartition) -> None: ...
+
+
+class _Transaction:
+    """The batches in the open transaction, and those held until it commits."""
+
+    def __init__(self) -> None:
+        self.jobs: list[Job] = []
+        self.held: list[Job] = []
+        self.closing = False
+        self.started = 0.0
+
+    def reset(self) -> None:
+        self.jobs, self.held, self.closing, self.started = [], [], False, 0.0
+
+
+class Transactional:
+    """One Kafka transaction per group of batches; a failure rewinds, never skips."""
+
+    def __init__(
+        self,
+        stages: Stages,
+        consumer: GroupConsumer,
+        settings: KafkaSettings,
+        *,
+        interval_s: float,
+        timeout_s: float,
+        owned: Callable[[], set[PartitionKey]],
+        drop_buffered: Callable[[], None],
+    ) -> None:
+        """``owned`` gives the partitions to rewind; ``drop_buffered`` empties the batchers
+        (their records are consumed again after the seek)."""
+        self._stages = stages
+        self._sink = stages.sink
+        self._processor = stages.processor
+        self.committer = stages.committer
+        self._consumer = consumer
+        self._settings = settings
+        self._interval_s = interval_s
+        self._timeout_s = timeout_s
+        self._owned = owned
+        self._drop_buffered = drop_buffered
+        self._txn = _Transaction()
+        self._rewind = threading.Event()
+        self._rewinds = 0
+        """Rewinds so far; a job enqueued before the latest one is never produced."""
+        self._producer_broken = False
+
+    def tracker(self, pipeline: str, oldest_ts_ms: int) -> DeliveryTracker:
+        return DeliveryTracker(pipeline, oldest_ts_ms)  # a refused record aborts instead
+
+    def enqueue(self, job: Job) -> None:
+        txn = self._txn
+        job.rewinds = self._rewinds
+        if txn.closing:
+            txn.held.append(job)  # it joins the next transaction
+            return
+        if not txn.jobs:
+            self._sink.producer.begin_transaction()
+            txn.started = time.monotonic()
+        txn.jobs.append(job)
+        self.committer.track(job.tracker, job.offsets, job.counts)
+        self._processor.submit(job)
+        self._stages.metrics.in_flight_batches.set(len(self.committer))
+
+    def records_in_flight(self) -> int:
+        return self.committer.records
+
+    def stale(self, job: Job) -> bool:
+        """A rewind is pending or came after the job was enqueued (a job still in a stage
+        when the rewind gave up waiting for it)."""
+        return self._rewind.is_set() or job.rewinds != self._rewinds
+
+    def acknowledge(self) -> None:
+        return None  # commit_transaction serves the reports, on the loop thread
+
+    def serve(self, timeout: float) -> None:
+        if timeout:
+            time.sleep(timeout)  # commit_transaction serves the delivery reports
+
+    def commit(self, *, asynchronous: bool = True) -> None:
+        self._advance()
+        commit_delivered(self._stages, asynchronous=asynchronous, count=False)
+
+    def finish(self, deadline: float, *, at_least_s: float) -> None:
+        self._advance(deadline=deadline)
+        self._advance(deadline=deadline)  # the batches held while it closed
+
+    def revoked(self, partitions: set[PartitionKey]) -> None:
+        self.committer.forget(partitions)
+
+    def lost(self, partitions: set[PartitionKey]) -> None:
+        self.committer.forget(partitions)
+
+    def close(self, timeout: float) -> None:
+        return None
+
+    # -- the transaction ---------------------------------------------------------------
+
+    def _advance(self, *, deadline: float | None = None) -> None:
+        """Commit the open transaction once its batches are all produced and nothing else
+        is waiting, or after ``interval_s`` (new batches are then held for the next one).
+        With ``deadline``, close it now, waiting for its batches until then."""
+        txn = self._txn
+        if not txn.jobs:
+            return
+        force = deadline is not None
+        if (
+            not force
+            and self._processor.pending()
+            and time.monotonic() - txn.started < (self._interval_s)
+        ):
+            return
+        txn.closing = True
+        if not all(job.tracker.sealed for job in txn.jobs):
+            if deadline is None:
+                return
+            while not all(job.tracker.sealed for job in txn.jobs):
+                self._processor.check()
+                if time.monotonic() > deadline:
+                    raise SinkError("batches of the open transaction did not finish in time")
+                time.sleep(0.005)
+        producer = self._sink.producer
+        offsets: dict[PartitionKey, int] = {}
+        for job in txn.jobs:
+            offsets.update(job.offsets)
+        try:
+            if any(job.tracker.errors for job in txn.jobs):
+                refused = KafkaError(
+                    KafkaError._INVALID_ARG, "a record was refused", txn_requires_abort=True
+                )
+                raise KafkaException(refused)
+            producer.send_offsets_to_transaction(
+                [TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+                self._consumer.consumer_group_metadata(),
+                30,
+            )
+            self._commit_transaction()
+            self._stages.metrics.commits.inc()
+            log.debug(
+                "committed a transaction of %d batches in %.3fs",
+                len(txn.jobs),
+                time.monotonic() - txn.started,
+            )
+        except KafkaException as exc:
+            self._fail(exc)
+            return
+        held = txn.held
+        txn.reset()
+        for job in held:
+            self.enqueue(job)
+
+    def _commit_transaction(self) -> None:
+        producer = self._sink.producer
+        for attempt in range(5):
+            try:
+                producer.commit_transaction(30)
+                return
+            except KafkaException as exc:
+                err = exc.args[0]
+                if isinstance(err, KafkaError) and err.retriable() and attempt < 4:
+                    continue
+                raise
+
+    def _fail(self, exc: KafkaException) -> None:
+        txn = self._txn
+        err = exc.args[0]
+        fatal = not isinstance(err, KafkaError) or not err.txn_requires_abort()
+        log.warning(
+            "transaction of %d batches failed (%s); %s and rewinding",
+            len(txn.jobs),
+            exc,
+            "re-creating the producer" if fatal else "aborting",
+        )
+        self._rewind.set()
+        if not fatal:
+            try:
+                self._sink.producer.abort_transaction(30)
+            except KafkaException:
+                fatal = True
+        self._producer_broken = fatal
+        for job in txn.jobs:
+            job.tracker.fail(f"transaction failed: {exc}")
+        txn.reset()
+        self._rewind_to_committed()
+
+    def _rewind_to_committed(self) -> None:
+        """Drop all work in flight and restart from the committed offsets."""
+        self._rewinds += 1
+        processor = self._processor
+        dropped = len(processor.discard_queued())
+        deadline = time.monotonic() + self._timeout_s
+        while processor.pending() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self._drop_buffered()
+        self.committer.clear()
+        if self._producer_broken:
+            log.warning("re-creating the transactional producer")
+            self._sink.use(transactional_producer(self._settings, self._sink.limit))
+            self._producer_broken = False
+        owned = self._owned()
+        self._seek_to_committed(owned)
+        self._txn.reset()
+        self._rewind.clear()
+        log.warning(
+            "rewound %d partitions to their committed offsets (%d queued batches dropped)",
+            len(owned),
+            dropped,
+        )
+
+    def _seek_to_committed(self, partitions: set[PartitionKey]) -> None:
+        if not partitions:
+            return
+        tps = [TopicPartition(t, p) for t, p in sorted(partitions)]
+        reset = OFFSET_BEGINNING if self._settings.auto_offset_reset == "earliest" else OFFSET_END
+        for tp in self._consumer.committed(tps, timeout=30):
+            offset = tp.offset if tp.offset >= 0 else reset
+            self._consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
