@@ -134,6 +134,13 @@ class Worker:
         )
         self._stop = threading.Event()
         self._failed = False
+        self._single = next(iter(self._batchers)) if len(self._batchers) == 1 else None
+        self._max_messages = max(p.config.batch.max_batch_size for p in pipelines)
+        self._poll_s = config.poll_timeout_ms / 1000.0
+        self._adaptive = all(b.adaptive for b in self._batchers.values())
+        self._fetch_started = clock()
+        self._active_at = clock()
+        """When records last came: burst mode stops after a long enough quiet."""
         self._pausing = PausingManager(
             self._source,
             config.max_in_flight_batches * max(p.config.batch.max_batch_size for p in pipelines),
@@ -237,7 +244,11 @@ class Worker:
         """
         self._source.subscribe()
         try:
-            self._loop(burst_idle_s)
+            while not self._stop.is_set():
+                self.run_once()
+                if burst_idle_s is not None and self._idle_for(burst_idle_s):
+                    log.info("burst: idle for %.1fs, stopping", burst_idle_s)
+                    break
             self._drain()
         except BaseException:
             self._failed = True
@@ -248,76 +259,82 @@ class Worker:
 
     # -- the loop ------------------------------------------------------------------------
 
-    def _loop(self, burst_idle_s: float | None) -> None:
-        cfg = self.config
-        source, committer, processor = self._source, self._committer, self._processor
-        batchers = self._batchers
-        single = next(iter(batchers)) if len(batchers) == 1 else None
-        route = self._route
-        clock = self._clock
-        health = self.health
-        max_messages = max(p.config.batch.max_batch_size for p in self._pipelines.values())
-        poll_s = cfg.poll_timeout_ms / 1000.0
-        fast_path = all(b.adaptive for b in batchers.values())
-        idle_since = time.monotonic()
+    def run_once(self) -> None:
+        """One turn of the loop thread. Blocks in ``consume`` for at most the earliest
+        batch window; rebalance callbacks run inside it. Raises the error of a
+        processing stage, a failed delivery (SinkError) or a fatal consumer error."""
+        self._check_health()
+        messages = self._fetch()
+        self._batch(messages)
+        self._close_windows()
+        self._delivery.serve(0)
+        self._delivery.commit()
+        self._apply_backpressure()
 
-        while not self._stop.is_set():
-            health.turned()
-            processor.check()
-            if self._to_check:
-                self._check_committed_offsets()
-            # consume() waits for a full batch or the timeout, so never longer than the
-            # earliest window: an open batch's deadline, or an empty one's whole window.
-            fetch_started = clock()
-            timeout = poll_s
-            for batcher in batchers.values():
-                deadline = batcher.deadline()
-                if deadline is None:
-                    timeout = min(timeout, batcher.max_wait_s)
-                else:
-                    timeout = min(timeout, max(0.0, deadline - fetch_started))
-            if fast_path:
-                # Adaptive: take records as soon as they are there (a lone request is not
-                # held for a full fetch), and while records wait for a busy model, look
-                # again every few milliseconds so they go the moment it is idle.
-                if processor.pending() and any(map(len, batchers.values())):
-                    timeout = min(timeout, _IDLE_CHECK_S)
-                messages = source.consume_first(max_messages, timeout)
+    def _check_health(self) -> None:
+        self.health.turned()
+        self._processor.check()
+        if self._to_check:
+            self._check_committed_offsets()
+
+    def _fetch(self) -> list[Message]:
+        """Records fetched within the earliest batch window: an open batch's deadline, or
+        an empty one's whole window (``consume`` waits for a full batch or its timeout)."""
+        self._fetch_started = now = self._clock()
+        timeout = self._poll_s
+        batchers = self._batchers.values()
+        for batcher in batchers:
+            deadline = batcher.deadline()
+            if deadline is None:
+                timeout = min(timeout, batcher.max_wait_s)
             else:
-                messages = source.consume(max_messages, timeout)
-            if messages:
-                idle_since = time.monotonic()
-                self._lag.consumed(len(messages))
-                groups = (
-                    {single: messages}
-                    if single is not None
-                    else _group_by_pipeline(messages, route)
-                )
-                for name, items in groups.items():
-                    ts = items[0].timestamp()[1]
-                    age = max(0.0, time.time() - ts / 1000.0) if ts > 0 else 0.0
-                    for batch in batchers[name].add(items, fetch_started, age):
-                        self._submit(name, batch)
-            idle = processor.pending() == 0
-            for name, batcher in batchers.items():
-                # adaptive: an idle model takes whatever is waiting, however few
-                ready = batcher.flush() if batcher.adaptive and idle else batcher.expired()
-                if ready is not None:
-                    self._submit(name, ready)
-                    idle = False
-            self._delivery.serve(0)
-            self._delivery.commit()
-            self._apply_backpressure()
-            if (
-                burst_idle_s is not None
-                and not messages
-                and self.assigned
-                and not len(committer)
-                and time.monotonic() - max(idle_since, self._assigned_at) >= burst_idle_s
-                and all(len(b) == 0 for b in batchers.values())
-            ):
-                log.info("burst: idle for %.1fs, stopping", burst_idle_s)
-                break
+                timeout = min(timeout, max(0.0, deadline - now))
+        if self._adaptive:
+            # Take records as soon as they are there (a lone request is not held for a
+            # full fetch), and while records wait for a busy model, look again every few
+            # milliseconds so they go the moment it is idle.
+            if self._processor.pending() and any(map(len, batchers)):
+                timeout = min(timeout, _IDLE_CHECK_S)
+            messages = self._source.consume_first(self._max_messages, timeout)
+        else:
+            messages = self._source.consume(self._max_messages, timeout)
+        if messages:
+            self._active_at = self._clock()
+            self._lag.consumed(len(messages))
+        return messages
+
+    def _batch(self, messages: list[Message]) -> None:
+        """Route records to their pipeline's batcher; hand over every batch that closes."""
+        if not messages:
+            return
+        single = self._single
+        groups = (
+            {single: messages} if single is not None else _group_by_pipeline(messages, self._route)
+        )
+        for name, items in groups.items():
+            ts = items[0].timestamp()[1]
+            age = max(0.0, time.time() - ts / 1000.0) if ts > 0 else 0.0
+            for batch in self._batchers[name].add(items, self._fetch_started, age):
+                self._submit(name, batch)
+
+    def _close_windows(self) -> None:
+        """Hand over batches whose window ended; adaptive: an idle model takes whatever is
+        waiting, however few."""
+        idle = self._processor.pending() == 0
+        for name, batcher in self._batchers.items():
+            ready = batcher.flush() if batcher.adaptive and idle else batcher.expired()
+            if ready is not None:
+                self._submit(name, ready)
+                idle = False
+
+    def _idle_for(self, seconds: float) -> bool:
+        """Burst mode: owns partitions, holds nothing, and nothing came for ``seconds``."""
+        return (
+            bool(self.assigned)
+            and not len(self._committer)
+            and all(len(b) == 0 for b in self._batchers.values())
+            and self._clock() - max(self._active_at, self._assigned_at) >= seconds
+        )
 
     def _observe_done(self, tracker: DeliveryTracker) -> None:
         pipeline = self._pipelines.get(tracker.pipeline)
@@ -345,8 +362,8 @@ class Worker:
         delivery, pausing = self._delivery, self._pausing
         if pausing.full(delivery.records_in_flight()) and not pausing.paused:
             grace = min(1.0, self.config.kafka.max_poll_interval_ms / 4000.0)
-            deadline = time.monotonic() + grace
-            while pausing.full(delivery.records_in_flight()) and time.monotonic() < deadline:
+            deadline = self._clock() + grace
+            while pausing.full(delivery.records_in_flight()) and self._clock() < deadline:
                 self._processor.check()
                 delivery.serve(0.002)
                 delivery.commit()
@@ -462,7 +479,7 @@ class Worker:
         self.assigned |= keys
         self._pausing.assigned(keys)
         self._to_check |= keys
-        self._assigned_at = time.monotonic()
+        self._assigned_at = self._clock()
         self.health.joined = True
         self.metrics.rebalances.labels("assign").inc()
         self.metrics.assigned_partitions.set(len(self.assigned))
