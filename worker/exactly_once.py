@@ -4,8 +4,12 @@ consumed offsets.
 Batches waiting behind each other share one transaction, for up to
 ``transaction_interval_ms``; while an open transaction closes (its batches finishing,
 then ``send_offsets_to_transaction`` and ``commit_transaction``), new batches are held
-for the next one. An abortable error aborts the transaction and rewinds every owned
-partition to its committed offset; work still in the stages is skipped (``stale``).
+for the next one, and count against the worker's bound. A retriable error is retried;
+an abortable one aborts the transaction and rewinds every owned partition to its
+committed offset, and work still in the stages is skipped (``stale``); a fenced or
+fatal producer stops the worker, whose replacement owns the work. Partitions lost while
+a transaction is open abort it too: nothing is ever committed for a partition this
+worker no longer owns.
 Every transactional call happens on the loop thread: librdkafka's transaction API stalls
 when driven from a second thread while this one sits in ``consume``.
 """
@@ -32,7 +36,6 @@ from worker.delivery import Stages, commit_delivered
 from worker.errors import SinkError
 from worker.processor import Job
 from worker.sink import DeliveryTracker
-from worker.transactions import transactional_producer
 
 __all__ = ["GroupConsumer", "Transactional"]
 
@@ -94,7 +97,6 @@ class Transactional:
         self._rewind = threading.Event()
         self._rewinds = 0
         """Rewinds so far; a job enqueued before the latest one is never produced."""
-        self._producer_broken = False
 
     def tracker(self, pipeline: str, oldest_ts_ms: int) -> DeliveryTracker:
         return DeliveryTracker(pipeline, oldest_ts_ms)  # a refused record aborts instead
@@ -114,7 +116,9 @@ class Transactional:
         self._stages.metrics.in_flight_batches.set(len(self.committer))
 
     def records_in_flight(self) -> int:
-        return self.committer.records
+        """The committer's count and the batches held for the next transaction, which
+        are consumed but in no transaction yet."""
+        return self.committer.records + sum(len(job.batch) for job in self._txn.held)
 
     def stale(self, job: Job) -> bool:
         """A rewind is pending or came after the job was enqueued (a job still in a stage
@@ -137,9 +141,17 @@ class Transactional:
         self._advance(deadline=deadline)  # the batches held while it closed
 
     def revoked(self, partitions: set[PartitionKey]) -> None:
+        """After ``finish`` nothing of the revoked partitions is left open; if it could not
+        finish, what is left must not commit later without its offsets: abandon it."""
+        if self._touches(partitions):
+            self._abandon(f"revoked {sorted(partitions)} before their transaction closed")
         self.committer.forget(partitions)
 
     def lost(self, partitions: set[PartitionKey]) -> None:
+        """Their next owner serves their records again, so the open transaction, which
+        may hold results of them, is aborted and the partitions still owned rewound."""
+        if self._touches(partitions):
+            self._abandon(f"lost {sorted(partitions)} while their transaction was open")
         self.committer.forget(partitions)
 
     def close(self, timeout: float) -> None:
@@ -180,12 +192,10 @@ class Transactional:
                     KafkaError._INVALID_ARG, "a record was refused", txn_requires_abort=True
                 )
                 raise KafkaException(refused)
-            producer.send_offsets_to_transaction(
-                [TopicPartition(t, p, o) for (t, p), o in offsets.items()],
-                self._consumer.consumer_group_metadata(),
-                30,
-            )
-            self._commit_transaction()
+            parts = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+            metadata = self._consumer.consumer_group_metadata()
+            _retrying(lambda: producer.send_offsets_to_transaction(parts, metadata, 30))
+            _retrying(lambda: producer.commit_transaction(30))
             self._stages.metrics.commits.inc()
             log.debug(
                 "committed a transaction of %d batches in %.3fs",
@@ -200,37 +210,35 @@ class Transactional:
         for job in held:
             self.enqueue(job)
 
-    def _commit_transaction(self) -> None:
-        producer = self._sink.producer
-        for attempt in range(5):
-            try:
-                producer.commit_transaction(30)
-                return
-            except KafkaException as exc:
-                err = exc.args[0]
-                if isinstance(err, KafkaError) and err.retriable() and attempt < 4:
-                    continue
-                raise
+    def _touches(self, partitions: set[PartitionKey]) -> bool:
+        txn = self._txn
+        return any(partitions.intersection(job.offsets) for job in (*txn.jobs, *txn.held))
 
     def _fail(self, exc: KafkaException) -> None:
+        """Abortable: abort and rewind. Anything else (fenced: another producer with this
+        transactional id took over; or fatal) stops the worker: re-creating the producer
+        would fence the replacement that now owns the work."""
+        err = exc.args[0] if exc.args else None
+        if not isinstance(err, KafkaError) or err.fatal() or not err.txn_requires_abort():
+            raise SinkError(
+                f"the transactional producer cannot go on ({exc}); stopping without a "
+                "commit, the group hands the partitions on"
+            ) from exc
+        self._abandon(f"transaction failed: {exc}")
+
+    def _abandon(self, why: str) -> None:
+        """Abort the open transaction and rewind the owned partitions to their committed
+        offsets. Raises SinkError when the producer cannot abort."""
         txn = self._txn
-        err = exc.args[0]
-        fatal = not isinstance(err, KafkaError) or not err.txn_requires_abort()
-        log.warning(
-            "transaction of %d batches failed (%s); %s and rewinding",
-            len(txn.jobs),
-            exc,
-            "re-creating the producer" if fatal else "aborting",
-        )
+        log.warning("%s: aborting %d batches and rewinding", why, len(txn.jobs))
         self._rewind.set()
-        if not fatal:
+        if txn.jobs:
             try:
                 self._sink.producer.abort_transaction(30)
-            except KafkaException:
-                fatal = True
-        self._producer_broken = fatal
+            except KafkaException as exc:
+                raise SinkError(f"cannot abort the transaction ({exc}); stopping") from exc
         for job in txn.jobs:
-            job.tracker.fail(f"transaction failed: {exc}")
+            job.tracker.fail(why)
         txn.reset()
         self._rewind_to_committed()
 
@@ -244,10 +252,6 @@ class Transactional:
             time.sleep(0.01)
         self._drop_buffered()
         self.committer.clear()
-        if self._producer_broken:
-            log.warning("re-creating the transactional producer")
-            self._sink.use(transactional_producer(self._settings, self._sink.limit))
-            self._producer_broken = False
         owned = self._owned()
         self._seek_to_committed(owned)
         self._txn.reset()
@@ -266,3 +270,16 @@ class Transactional:
         for tp in self._consumer.committed(tps, timeout=30):
             offset = tp.offset if tp.offset >= 0 else reset
             self._consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+
+
+def _retrying(call: Callable[[], object], attempts: int = 5) -> None:
+    """Run a transactional call again while it fails with a retriable error."""
+    for attempt in range(attempts):
+        try:
+            call()
+            return
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.retriable() and attempt < attempts - 1:
+                continue
+            raise

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, Literal, cast
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from worker.commit import PartitionKey
 from worker.config import KafkaSettings
@@ -121,7 +121,11 @@ class Source:
         on_assign: RebalanceHandler,
         on_revoke: RebalanceHandler,
         on_lost: RebalanceHandler,
+        pin_start: Literal["earliest", "latest"] | None = None,
     ) -> None:
+        """With ``pin_start`` (the group's ``auto.offset.reset``), ``pin_starts`` commits
+        where each newly assigned partition without a committed offset begins."""
+        self._pin = pin_start
         self.consumer = consumer
         self._topics = list(topics)
         self._on_assign = on_assign
@@ -135,10 +139,44 @@ class Source:
     def subscribe(self) -> None:
         self.consumer.subscribe(
             self._topics,
-            on_assign=lambda _c, parts: self._on_assign(parts),
+            on_assign=lambda _c, parts: self._assign(parts),
             on_revoke=lambda _c, parts: self._revoke(self._on_revoke, parts),
             on_lost=lambda _c, parts: self._revoke(self._on_lost, parts),
         )
+
+    def _assign(self, partitions: list[TopicPartition]) -> None:
+        if self._pin is not None and partitions:
+            self.pin_starts(partitions)
+        self._on_assign(partitions)
+
+    def pin_starts(self, partitions: list[TopicPartition], timeout: float = 10.0) -> None:
+        """Commit the start of each partition the group has no committed offset for,
+        before its first record is fetched: where ``auto.offset.reset`` puts it now (the
+        log start for earliest, the log end for latest). Without it, a rewind, or the next
+        owner after a crash, would begin again at a later end of the log and skip what
+        this worker consumed but had not committed yet. A broker that does not answer
+        leaves the partitions unpinned, with a warning."""
+        consumer = self.consumer
+        try:
+            missing = [
+                tp for tp in consumer.committed(partitions, timeout=timeout) if tp.offset < 0
+            ]
+            starts = []
+            for tp in missing:
+                low, high = consumer.get_watermark_offsets(
+                    TopicPartition(tp.topic, tp.partition), timeout=timeout, cached=False
+                )
+                starts.append(
+                    TopicPartition(tp.topic, tp.partition, low if self._pin == "earliest" else high)
+                )
+            if starts:
+                consumer.commit(offsets=starts, asynchronous=False)
+                log.info(
+                    "pinned the start of partitions the group had not committed: %s",
+                    ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in starts),
+                )
+        except KafkaException as exc:
+            log.warning("could not pin the start of newly assigned partitions: %s", exc)
 
     def _revoke(self, handler: RebalanceHandler, partitions: list[TopicPartition]) -> None:
         self._revoked.update((tp.topic, tp.partition) for tp in partitions)

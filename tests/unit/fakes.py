@@ -1,0 +1,368 @@
+"""Fakes of the Kafka clients for driving a real ``Worker`` without a broker.
+
+They behave like confluent-kafka where the worker can tell: rebalance callbacks and
+scripted events run inside ``consume``; a paused partition is not fetched and stays
+paused whoever owns it; an asynchronous commit is answered only when the test answers
+it, a synchronous one by its return value; a transactional producer delivers its
+records when the transaction commits and checks, at every commit, that the transaction
+holds the offsets of every record it answers.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import orjson
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+from prometheus_client import CollectorRegistry
+
+from streamfer_dev.modelgen import DemoModel
+from tests.unit.conftest import MemoryStore
+from worker.app import Worker
+from worker.commit import PartitionKey
+from worker.config import BatchPolicy, FeatureSpec, ModelSpec, PipelineConfig, WorkerConfig
+from worker.engines import OnnxEngine
+from worker.limits import RecordLimits
+from worker.metrics import Metrics
+from worker.pipeline import Pipeline
+from worker.sink import DeliveryTracker, Headers, Sink
+
+TOPIC = "req"
+Event = Callable[["FakeConsumer"], None]
+
+
+@dataclass
+class FakeConsumer:
+    """Partitions are logs with a fetch position; the group's committed offsets live here
+    too (synchronous commits at once, asynchronous ones when answered without error)."""
+
+    logs: dict[PartitionKey, list[Message]] = field(default_factory=dict)
+    positions: dict[PartitionKey, int] = field(default_factory=dict)
+    group_offsets: dict[PartitionKey, int] = field(default_factory=dict)
+    owned: set[PartitionKey] = field(default_factory=set)
+    paused: set[PartitionKey] = field(default_factory=set)
+    events: list[Event] = field(default_factory=list)
+    async_commits: list[list[TopicPartition]] = field(default_factory=list)
+    sync_commits: list[list[tuple[str, int, int]]] = field(default_factory=list)
+    seeks: list[tuple[PartitionKey, int]] = field(default_factory=list)
+    callbacks: dict[str, Any] = field(default_factory=dict)
+
+    # -- the test's hands --------------------------------------------------------------
+
+    def produce(self, partition: int, n: int) -> None:
+        """Append ``n`` requests to a partition's log."""
+        log = self.logs.setdefault((TOPIC, partition), [])
+        log += requests(partition, n, start=len(log))
+
+    def assign(self, *keys: PartitionKey) -> None:
+        """Fetching starts at the committed offset, read after the callback (librdkafka
+        fetches it once the assignment is in place); none committed: the log start."""
+        self.owned |= set(keys)
+        self.callbacks["on_assign"](self, [TopicPartition(t, p) for t, p in keys])
+        for key in keys:
+            self.positions[key] = self.group_offsets.get(key, 0)
+
+    def revoke(self, *keys: PartitionKey) -> None:
+        self.callbacks["on_revoke"](self, [TopicPartition(t, p) for t, p in keys])
+        self.owned -= set(keys)
+
+    def lose(self, *keys: PartitionKey) -> None:
+        self.callbacks["on_lost"](self, [TopicPartition(t, p) for t, p in keys])
+        self.owned -= set(keys)
+
+    def answer(self, worker: Worker, err: KafkaError | None) -> None:
+        """Answer every asynchronous commit so far, as the broker would."""
+        answers, self.async_commits = self.async_commits, []
+        for offsets in answers:
+            if err is None:
+                for tp in offsets:
+                    self.group_offsets[(tp.topic, tp.partition)] = tp.offset
+            worker.on_commit(err, offsets)
+
+    # -- confluent_kafka.Consumer ------------------------------------------------------
+
+    def subscribe(self, topics: list[str], **callbacks: Any) -> None:
+        self.callbacks = callbacks
+
+    def consume(self, num_messages: int, timeout: float) -> list[Message]:
+        while self.events:
+            self.events.pop(0)(self)
+        out: list[Message] = []
+        for key in sorted(self.owned - self.paused):
+            log, at = self.logs.get(key, []), self.positions.get(key, 0)
+            take = log[at : at + num_messages - len(out)]
+            self.positions[key] = at + len(take)
+            out += take
+        if not out:
+            time.sleep(min(timeout, 0.002))
+        return out
+
+    def poll(self, timeout: float) -> Message | None:
+        got = self.consume(1, timeout)
+        return got[0] if got else None
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        self.paused |= {(tp.topic, tp.partition) for tp in partitions}
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        self.paused -= {(tp.topic, tp.partition) for tp in partitions}
+
+    def store_offsets(self, *, offsets: list[TopicPartition]) -> None:
+        return None
+
+    def commit(
+        self, *, offsets: list[TopicPartition], asynchronous: bool
+    ) -> list[TopicPartition] | None:
+        if asynchronous:
+            self.async_commits.append(offsets)
+            return None
+        self.sync_commits.append(sorted((tp.topic, tp.partition, tp.offset) for tp in offsets))
+        for tp in offsets:
+            self.group_offsets[(tp.topic, tp.partition)] = tp.offset
+        return [TopicPartition(tp.topic, tp.partition, tp.offset) for tp in offsets]
+
+    def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        offsets = self.group_offsets
+        return [
+            TopicPartition(tp.topic, tp.partition, offsets.get((tp.topic, tp.partition), -1001))
+            for tp in partitions
+        ]
+
+    def get_watermark_offsets(
+        self, partition: TopicPartition, timeout: float, cached: bool = False
+    ) -> tuple[int, int]:
+        return 0, len(self.logs.get((partition.topic, partition.partition), []))
+
+    def seek(self, partition: TopicPartition) -> None:
+        key = (partition.topic, partition.partition)
+        end = len(self.logs.get(key, []))
+        offset = {OFFSET_END: end, OFFSET_BEGINNING: 0}.get(partition.offset, partition.offset)
+        self.seeks.append((key, offset))
+        self.positions[key] = offset
+
+    def consumer_group_metadata(self) -> object:
+        return "group-metadata"
+
+    def close(self) -> None:
+        return None
+
+
+@dataclass
+class FakeSink:
+    """Takes records like ``Sink``; each is acknowledged at the next poll or flush."""
+
+    limit: RecordLimits = field(default_factory=RecordLimits.unread)
+    sent: list[tuple[str, bytes]] = field(default_factory=list)
+    unacked: list[DeliveryTracker] = field(default_factory=list)
+
+    def send(
+        self,
+        tracker: DeliveryTracker,
+        topic: str,
+        value: bytes,
+        key: bytes | None,
+        headers: Headers | None,
+    ) -> bool:
+        tracker.sent += 1
+        self.sent.append((topic, value))
+        self.unacked.append(tracker)
+        return True
+
+    def poll(self, timeout: float = 0.0) -> int:
+        acked, self.unacked = self.unacked, []
+        for tracker in acked:
+            tracker.acked += 1
+        return len(acked)
+
+    def flush(self, timeout: float) -> int:
+        self.poll()
+        return 0
+
+
+@dataclass
+class Transaction:
+    records: list[tuple[str, bytes, Headers, Any]] = field(default_factory=list)
+    offsets: dict[PartitionKey, int] = field(default_factory=dict)
+
+
+@dataclass
+class FakeTransactionalProducer:
+    """Records go into the open transaction and are delivered when it commits. Errors
+    scripted in ``fail_commit`` are raised by the next commits, one each. Every committed
+    transaction must hold, for each result and dead letter, its source partition's offset
+    past the source record, and only for partitions ``owner`` owns at commit time."""
+
+    owner: FakeConsumer
+    open: Transaction | None = None
+    committed: list[Transaction] = field(default_factory=list)
+    aborted: list[Transaction] = field(default_factory=list)
+    fail_commit: list[KafkaError] = field(default_factory=list)
+    init_calls: int = 0
+
+    def init_transactions(self, timeout: float) -> None:
+        self.init_calls += 1
+
+    def begin_transaction(self) -> None:
+        assert self.open is None, "a transaction is already open"
+        self.open = Transaction()
+
+    def produce(self, topic: str, value: bytes, key: bytes | None, **kw: Any) -> None:
+        if self.open is None:
+            raise KafkaException(KafkaError(KafkaError._STATE, "no open transaction"))
+        self.open.records.append((topic, value, kw.get("headers") or [], kw["on_delivery"]))
+
+    def send_offsets_to_transaction(
+        self, offsets: Sequence[TopicPartition], metadata: object, timeout: float
+    ) -> None:
+        assert self.open is not None
+        self.open.offsets.update({(tp.topic, tp.partition): tp.offset for tp in offsets})
+
+    def commit_transaction(self, timeout: float) -> None:
+        txn = self.open
+        assert txn is not None
+        if self.fail_commit:
+            raise KafkaException(self.fail_commit.pop(0))
+        for topic, _value, headers, on_delivery in txn.records:
+            source = dict(cast("list[tuple[str, bytes]]", headers))
+            key = (TOPIC, int(source["streamfer.source_partition"]))
+            offset = int(source["streamfer.source_offset"])
+            assert key in txn.offsets and txn.offsets[key] > offset, (
+                f"{topic} record of {key}@{offset} committed without its offset {txn.offsets}"
+            )
+            on_delivery(None, Message(topic=topic, partition=0, offset=0))
+        assert set(txn.offsets) <= self.owner.owned, "offsets of partitions not owned"
+        for key, offset in txn.offsets.items():
+            self.owner.group_offsets[key] = offset
+        self.committed.append(txn)
+        self.open = None
+
+    def abort_transaction(self, timeout: float) -> None:
+        assert self.open is not None
+        self.aborted.append(self.open)
+        self.open = None
+
+    def poll(self, timeout: float = 0.0) -> int:
+        return 0
+
+    def flush(self, timeout: float = 0.0) -> int:
+        return 0
+
+    def __len__(self) -> int:
+        return 0
+
+    def sources(self) -> list[tuple[int, int]]:
+        """(partition, offset) of every request answered in a committed transaction."""
+        out = []
+        for txn in self.committed:
+            for _topic, _value, headers, _cb in txn.records:
+                source = dict(cast("list[tuple[str, bytes]]", headers))
+                out.append(
+                    (
+                        int(source["streamfer.source_partition"]),
+                        int(source["streamfer.source_offset"]),
+                    )
+                )
+        return sorted(out)
+
+
+class GatedStore(MemoryStore):
+    """A feature store whose fetches wait while the gate is closed: a batch stays in its
+    stage as long as a test needs."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def get_many(self, entities: Sequence[str]) -> list[list[bytes | str | None]]:
+        self.gate.wait(30)
+        return super().get_many(entities)
+
+
+def requests(partition: int, n: int, start: int = 0) -> list[Message]:
+    return [
+        Message(
+            topic=TOPIC,
+            partition=partition,
+            offset=start + i,
+            key=b"k",
+            value=orjson.dumps({"id": f"r{partition}-{start + i}", "entity": f"e{i % 20}"}),
+            timestamp=(1, int(time.time() * 1000)),
+        )
+        for i in range(n)
+    ]
+
+
+def build_worker(
+    classifier: DemoModel,
+    *,
+    batch: int = 4,
+    in_flight: int = 2,
+    exactly_once: bool = False,
+    **settings: Any,
+) -> tuple[Worker, FakeConsumer, Any, GatedStore]:
+    """A real Worker, Pipeline, engine and committer around the fakes; returns the worker,
+    the consumer, the sink (a FakeSink, or a Sink over a FakeTransactionalProducer) and
+    the store."""
+    data = {
+        f"e{i}": {f: repr(float(v)).encode() for f, v in zip(classifier.fields, row, strict=True)}
+        for i, row in enumerate(classifier.features[:20].tolist())
+    }
+    pipeline_config = PipelineConfig(
+        name="p",
+        request_topics=[TOPIC],
+        result_topic="res",
+        dead_letter_topic="dlq",
+        features=FeatureSpec(fields=classifier.fields),
+        model=ModelSpec(path=classifier.path, name="demo"),
+        batch=BatchPolicy(max_batch_size=batch, max_wait_ms=1),
+    )
+    kafka = settings.pop("kafka", {})
+    config = WorkerConfig.model_validate(
+        {
+            "pipelines": [pipeline_config.model_dump()],
+            "max_in_flight_batches": in_flight,
+            "poll_timeout_ms": 5,
+            "delivery": "exactly-once" if exactly_once else "at-least-once",
+            "kafka": kafka,
+            **settings,
+        }
+    )
+    metrics = Metrics(CollectorRegistry())
+    store = GatedStore(data, classifier.fields)
+    pipeline = Pipeline(
+        config.pipelines[0],
+        store=store,
+        engine=OnnxEngine(pipeline_config.model),
+        metrics=metrics.for_pipeline("p"),
+    )
+    consumer = FakeConsumer()
+    sink: Any = Sink(cast(Any, FakeTransactionalProducer(consumer))) if exactly_once else FakeSink()
+    worker = Worker(
+        config=config,
+        consumer=cast(Consumer, consumer),
+        sink=cast(Sink, sink),
+        pipelines=[pipeline],
+        metrics=metrics,
+    )
+    worker._source.subscribe()
+    return worker, consumer, sink, store
+
+
+def turn_until(worker: Worker, done: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "the worker did not get there"
+        worker.run_once()
