@@ -123,6 +123,8 @@ class Fleet:
     static: bool = False
     """Static membership: a replacement takes the killed worker's group.instance.id (and
     so its transactional.id), as a StatefulSet pod restart would."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment of every worker (fault injection)."""
     workers: list[WorkerProcess] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
     started: int = 0
@@ -132,17 +134,21 @@ class Fleet:
             self.started += 1
             this_slot = slot if slot is not None else self.started
             env = {"STREAMFER_KAFKA__GROUP_INSTANCE_ID": f"slot-{this_slot}"} if self.static else {}
+            env.update(self.env)
             log_path = self.logs / f"worker-{self.started}.log"
             w = WorkerProcess(self.config, log_path, env=env).start()
             self.workers.append(w)
             self.slots.append(this_slot)
             _LIVE.append(w)
 
-    def kill_busy(self, rng: random.Random) -> int:
-        """SIGKILL a worker that owns partitions (one still starting would be no test);
-        returns its slot."""
+    def busy(self, rng: random.Random) -> int:
+        """The index of a worker that owns partitions (one still starting would be no test)."""
         owning = [i for i, w in enumerate(self.workers) if _owned(w) > 0]
-        index = rng.choice(owning or list(range(len(self.workers))))
+        return rng.choice(owning or list(range(len(self.workers))))
+
+    def kill_busy(self, rng: random.Random) -> int:
+        """SIGKILL a worker that owns partitions; returns its slot."""
+        index = self.busy(rng)
         self.workers.pop(index).kill()
         return self.slots.pop(index)
 
@@ -348,6 +354,9 @@ class Run:
     started: float = 0.0
     """Monotonic time the scenario's workers were started."""
     stall_s: float | None = STALL_S
+    static: bool | None = None
+    """Static membership of the workers; None: exactly-once runs use it (a replacement
+    then fences its predecessor at once), at-least-once ones do not."""
     """How long a partition may sit short of its log end; None: no liveness check (a
     scenario that holds partitions still on purpose)."""
 
@@ -395,7 +404,8 @@ class Run:
                 max_record_bytes=max_record_bytes,
             )
         )
-        return Fleet(config, self.dir, static=self.exactly_once)
+        static = self.exactly_once if self.static is None else self.static
+        return Fleet(config, self.dir, static=static)
 
     def requests(
         self, poison_every: int = 0
@@ -534,9 +544,11 @@ def rolling_restart_scenario(env: Env, records: int) -> dict[str, Any]:
     return run.report(fleet, good, set(), tuple(codes))
 
 
-def scale_scenario(env: Env, records: int) -> dict[str, Any]:
-    """1 worker, scale out to 3, then back in to 1, all while records flow."""
-    run = Run(env, "scale", records)
+def scale_scenario(env: Env, records: int, *, exactly_once: bool = False) -> dict[str, Any]:
+    """1 worker, scale out to 3, then back in to 1, all while records flow (without static
+    membership, also in exactly-once mode)."""
+    name = "scale-exactly-once" if exactly_once else "scale"
+    run = Run(env, name, records, exactly_once=exactly_once, static=False)
     fleet = run.fleet()
     requests, good, _ = run.requests()
     run.start_workers(fleet, 1)
@@ -551,6 +563,45 @@ def scale_scenario(env: Env, records: int) -> dict[str, Any]:
             codes += [fleet.terminate(0), fleet.terminate(0)]
     stream.join()
     return run.report(fleet, good, set(), tuple(codes))
+
+
+def freeze_scenario(env: Env, records: int, *, exactly_once: bool = True) -> dict[str, Any]:
+    """SIGSTOP a busy worker of 3 past the session timeout, then SIGCONT it: the group
+    hands its partitions on meanwhile, and what it did before the freeze must neither be
+    lost nor published twice (exactly-once, no static membership)."""
+    run = Run(env, "freeze-exactly-once", records, exactly_once=exactly_once, static=False)
+    fleet = run.fleet()
+    requests, good, _ = run.requests()
+    run.start_workers(fleet, 3)
+    stream = run.stream(requests, rate=records / 20.0)
+    rng = random.Random(5)
+    for _ in _spread(stream, 1):
+        run.fault()
+        frozen = fleet.workers[fleet.busy(rng)]
+        frozen.freeze()
+        time.sleep(SESSION_TIMEOUT_MS / 1000 + 4)
+        frozen.thaw()
+    stream.join()
+    return run.report(fleet, good, set())
+
+
+ABORT_EVERY = 4
+
+
+def abort_scenario(env: Env, records: int) -> dict[str, Any]:
+    """Exactly-once with every ABORT_EVERY-th transaction aborted on the broker (fault
+    injection, STREAMFER_FAULT_ABORT_EVERY), 3 workers: each abort rewinds, and
+    read_committed readers must still see every request answered once."""
+    run = Run(env, "abort-exactly-once", records, exactly_once=True, static=False)
+    fleet = run.fleet()
+    fleet.env["STREAMFER_FAULT_ABORT_EVERY"] = str(ABORT_EVERY)
+    requests, good, _ = run.requests()
+    run.start_workers(fleet, 3)
+    stream = run.stream(requests, rate=records / 15.0)
+    stream.join()
+    report = run.report(fleet, good, set())
+    report["aborts_logged"] = fleet.logs_text().count("injected abort")
+    return report
 
 
 def broker_restart_scenario(env: Env, records: int) -> dict[str, Any]:
@@ -691,6 +742,21 @@ SCENARIOS: dict[str, tuple[Scenario, int, str]] = {
     ),
     "rolling-restart": (rolling_restart_scenario, 20_000, "SIGTERM each of 3 workers in turn"),
     "scale": (scale_scenario, 20_000, "scale 1 -> 3 -> 1 workers"),
+    "scale-exactly-once": (
+        lambda env, n: scale_scenario(env, n, exactly_once=True),
+        10_000,
+        "scale 1 -> 3 -> 1 in exactly-once mode, no static membership, read_committed",
+    ),
+    "freeze-exactly-once": (
+        freeze_scenario,
+        10_000,
+        "SIGSTOP a worker past the session timeout, then SIGCONT (exactly-once)",
+    ),
+    "abort-exactly-once": (
+        abort_scenario,
+        10_000,
+        f"every {ABORT_EVERY}th transaction aborted on the broker (exactly-once)",
+    ),
     "broker-restart": (broker_restart_scenario, 10_000, "restart Kafka on its on-disk logs"),
     "redis-outage": (redis_outage_scenario, 10_000, "Redis stopped for 30 s"),
     "slow-model": (slow_model_scenario, 48, "a model slower than max.poll.interval.ms"),

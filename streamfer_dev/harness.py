@@ -142,6 +142,7 @@ class WorkerProcess:
         """SIGTERM and wait: the worker drains, commits and leaves the group."""
         assert self.process is not None
         if self.alive():
+            os.kill(self.pid, signal.SIGCONT)  # a frozen one must run to drain
             os.kill(self.pid, signal.SIGTERM)
         try:
             return self.process.wait(timeout)
@@ -153,6 +154,14 @@ class WorkerProcess:
         if self.process is not None and self.alive():
             os.kill(self.pid, signal.SIGKILL)
             self.process.wait(10)
+
+    def freeze(self) -> None:
+        """SIGSTOP: the process keeps its sockets but answers nothing, as a worker stuck
+        in a long GC pause or on a starved node would."""
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        os.kill(self.pid, signal.SIGCONT)
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

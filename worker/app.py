@@ -28,6 +28,7 @@ to its committed offset, a fatal one also re-creates the producer.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -91,11 +92,14 @@ class Worker:
         health: HealthState | None = None,
         abort: threading.Event | None = None,
         clock: Clock = monotonic_clock,
+        fault_abort_every: int = 0,
     ) -> None:
         self.config = config
         self.metrics = metrics
         self.health = health or HealthState(liveness_timeout_s=config.liveness_timeout_s)
         self.health.models_loaded = True
+        health = self.health
+        metrics.ready.set_function(lambda: 0.0 if health.not_ready_reasons() else 1.0)
         self._abort = abort or threading.Event()
         self._consumer = consumer
         self._sink = sink
@@ -133,6 +137,7 @@ class Worker:
                 timeout_s=config.shutdown_timeout_s,
                 owned=lambda: self.assigned,
                 drop_buffered=self._drop_buffered,
+                abort_every=fault_abort_every,
             )
             if config.delivery == "exactly-once"
             else AtLeastOnce(stages)
@@ -211,6 +216,8 @@ class Worker:
             metrics=metrics,
             health=health,
             abort=abort,
+            # the fault harness's injected aborts (benchmarks/chaos.py), never set otherwise
+            fault_abort_every=int(os.environ.get("STREAMFER_FAULT_ABORT_EVERY", "0")),
         )
         built.append(worker)
         return worker

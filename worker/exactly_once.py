@@ -80,9 +80,14 @@ class Transactional:
         timeout_s: float,
         owned: Callable[[], set[PartitionKey]],
         drop_buffered: Callable[[], None],
+        abort_every: int = 0,
     ) -> None:
         """``owned`` gives the partitions to rewind; ``drop_buffered`` empties the batchers
-        (their records are consumed again after the seek)."""
+        (their records are consumed again after the seek). ``abort_every``: fault
+        injection for the fault harness, every n-th transaction is aborted on the broker
+        instead of committed."""
+        self._abort_every = abort_every
+        self._closed = 0
         self._stages = stages
         self._sink = stages.sink
         self._processor = stages.processor
@@ -186,15 +191,15 @@ class Transactional:
         offsets: dict[PartitionKey, int] = {}
         for job in txn.jobs:
             offsets.update(job.offsets)
+        self._closed += 1
         try:
             if any(job.tracker.errors for job in txn.jobs):
-                refused = KafkaError(
-                    KafkaError._INVALID_ARG, "a record was refused", txn_requires_abort=True
-                )
-                raise KafkaException(refused)
+                raise KafkaException(_abortable("a record was refused"))
             parts = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
             metadata = self._consumer.consumer_group_metadata()
             _retrying(lambda: producer.send_offsets_to_transaction(parts, metadata, 30))
+            if self._abort_every and self._closed % self._abort_every == 0:
+                raise KafkaException(_abortable("injected abort (STREAMFER_FAULT_ABORT_EVERY)"))
             _retrying(lambda: producer.commit_transaction(30))
             self._stages.metrics.commits.inc()
             log.debug(
@@ -234,6 +239,9 @@ class Transactional:
         self._rewind.set()
         if txn.jobs:
             try:
+                # What is still queued goes out first: a transaction whose records have not
+                # reached the broker yet cannot be ended there (INVALID_TXN_STATE).
+                self._sink.producer.flush(self._timeout_s)
                 self._sink.producer.abort_transaction(30)
             except KafkaException as exc:
                 raise SinkError(f"cannot abort the transaction ({exc}); stopping") from exc
@@ -283,3 +291,7 @@ def _retrying(call: Callable[[], object], attempts: int = 5) -> None:
             if isinstance(err, KafkaError) and err.retriable() and attempt < attempts - 1:
                 continue
             raise
+
+
+def _abortable(why: str) -> KafkaError:
+    return KafkaError(KafkaError._INVALID_ARG, why, txn_requires_abort=True)

@@ -89,6 +89,27 @@ def test_scaling_out_and_in_causes_no_duplicates(env: chaos.Env) -> None:
     assert report["duplicates"] == 0, report
 
 
+def test_exactly_once_scaling_without_static_membership_repeats_nothing(
+    env: chaos.Env,
+) -> None:
+    report = chaos.scale_scenario(env, 2000, exactly_once=True)
+    _assert_complete(report)
+    assert report["duplicates"] == 0, report
+
+
+def test_exactly_once_worker_frozen_past_its_session_repeats_nothing(env: chaos.Env) -> None:
+    report = chaos.freeze_scenario(env, 2000)
+    _assert_complete(report)
+    assert report["duplicates"] == 0, report
+
+
+def test_exactly_once_aborted_transactions_rewind_and_repeat_nothing(env: chaos.Env) -> None:
+    report = chaos.abort_scenario(env, 2000)
+    _assert_complete(report)
+    assert report["aborts_logged"] > 0, report
+    assert report["duplicates"] == 0, report
+
+
 def test_redis_outage_waits_without_dead_letters_and_catches_up(env: chaos.Env) -> None:
     report = chaos.redis_outage_scenario(env, 2000, outage_s=8)
     _assert_complete(report)
@@ -201,6 +222,7 @@ def test_readyz_turns_unready_while_redis_is_down_and_ready_after(
         try:
             wait_for_assignment([worker], 2, timeout=60)
             assert _status(port, "/readyz") == 200
+            assert _ready_metric(port) == 1.0, "streamfer_ready follows /readyz"
             redis_port = int(redis_svc.address.rsplit(":", 1)[1].split("/")[0])
             redis_svc.stop()
             ids = {f"o{i}" for i in range(100)}
@@ -213,9 +235,11 @@ def test_readyz_turns_unready_while_redis_is_down_and_ready_after(
                 ],
             )
             assert _eventually(lambda: _status(port, "/readyz") == 503)
+            assert _ready_metric(port) == 0.0
             assert _status(port, "/healthz") == 200
             redis_svc = start_redis(port=redis_port, persist_dir=tmp_path / "redis")
             assert _eventually(lambda: _status(port, "/readyz") == 200)
+            assert _ready_metric(port) == 1.0
             outcomes = collect_outcomes(kafka_bootstrap, t.results, t.dead_letters, ids, timeout=60)
             assert outcomes.lost(ids) == []
             assert not outcomes.dead_letters
@@ -223,6 +247,14 @@ def test_readyz_turns_unready_while_redis_is_down_and_ready_after(
             assert worker.terminate() == 0, worker.log_text()[-2000:]
     finally:
         redis_svc.stop()
+
+
+def _ready_metric(port: int) -> float:
+    """The value of streamfer_ready in what the worker really exports."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("streamfer_ready ")]
+    return float(line.split()[1])
 
 
 def _status(port: int, path: str) -> int:
