@@ -14,20 +14,18 @@ stage that refuses it returns why, and it becomes a dead letter.
     ├── CommitError            an offset commit failed
     └── StackError             a local service (Kafka, Redis, Tansu) did not start
 
-``Retryable`` marks errors that may succeed when tried again; ``Backpressure`` is
-raised by a stage that cannot take more work now.
+Only ``FeatureStoreError`` is worth retrying in place (the batch waits for Redis); the
+others stop the worker, and what it had not committed is consumed again.
 """
 
 from __future__ import annotations
 
 __all__ = [
-    "Backpressure",
     "CommitError",
     "ConfigError",
     "EngineError",
     "FeatureStoreConfigError",
     "FeatureStoreError",
-    "Retryable",
     "SinkError",
     "SourceError",
     "StackError",
@@ -37,14 +35,6 @@ __all__ = [
 
 class StreamferError(Exception):
     """Base of every error streamfer raises on purpose."""
-
-
-class Retryable:
-    """Mixin: the operation may succeed if tried again later."""
-
-
-class Backpressure(StreamferError, Retryable):
-    """A stage is full; pause the source and try again later."""
 
 
 class ConfigError(StreamferError):
@@ -67,7 +57,7 @@ class SourceError(StreamferError):
     """The Kafka consumer reported a fatal error."""
 
 
-class FeatureStoreError(StreamferError, Retryable):
+class FeatureStoreError(StreamferError):
     """The feature store could not be reached or answered unusable data."""
 
 
