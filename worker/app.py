@@ -120,11 +120,7 @@ class Worker:
             on_assign=self._on_assign,
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
-            pin_start=(
-                None
-                if config.kafka.auto_offset_reset == "error"
-                else config.kafka.auto_offset_reset
-            ),
+            pin_latest=config.kafka.auto_offset_reset == "latest",
         )
         self._processor = Processor(self._start_job)
         stages = Stages(sink, self._processor, self._committer, self._pipelines, metrics)

@@ -4,8 +4,9 @@ A worker bounds the records it has consumed but not yet committed (what a crash 
 make the group consume again). At the bound it pauses every owned partition and keeps
 polling, so the group never sees a stalled member; once half the bound has drained it
 resumes them. Pausing is per partition in librdkafka and outlives ownership: a partition
-paused, revoked and later assigned again stays paused. So every newly assigned
-partition is given the state the worker is in, explicitly, on the next decision.
+paused, revoked and later assigned again stays paused. So a newly assigned partition is
+paused while the worker is, and resumed if this worker had left it paused; others are
+not touched, since a resume restarts a partition's fetcher.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ class PausingManager:
         self._on_change = on_change
         self._paused: set[PartitionKey] = set()
         self._fresh: set[PartitionKey] = set()
+        self._left_paused: set[PartitionKey] = set()
+        """Partitions this worker paused and then lost or had revoked: librdkafka keeps
+        them paused, should they come back."""
 
     @property
     def paused(self) -> frozenset[PartitionKey]:
@@ -61,6 +65,7 @@ class PausingManager:
 
     def forget(self, partitions: Collection[PartitionKey]) -> None:
         """Partitions revoked or lost: no longer this worker's to pause or resume."""
+        self._left_paused |= self._paused.intersection(partitions)
         self._paused.difference_update(partitions)
         self._fresh.difference_update(partitions)
 
@@ -73,7 +78,12 @@ class PausingManager:
                 self._switch.pause(fresh)
                 self._paused |= fresh
             else:
-                self._switch.resume(fresh)  # in case an earlier ownership left it paused
+                # only those an earlier ownership left paused: a resume restarts the
+                # partition's fetcher, which costs most of a second before records flow
+                stale = fresh & self._left_paused
+                if stale:
+                    self._switch.resume(stale)
+            self._left_paused -= fresh
         if records >= self.bound:
             newly = owned - self._paused
             if newly:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
@@ -121,11 +121,11 @@ class Source:
         on_assign: RebalanceHandler,
         on_revoke: RebalanceHandler,
         on_lost: RebalanceHandler,
-        pin_start: Literal["earliest", "latest"] | None = None,
+        pin_latest: bool = False,
     ) -> None:
-        """With ``pin_start`` (the group's ``auto.offset.reset``), ``pin_starts`` commits
+        """With ``pin_latest`` (``auto.offset.reset = latest``), ``pin_starts`` commits
         where each newly assigned partition without a committed offset begins."""
-        self._pin = pin_start
+        self._pin_latest = pin_latest
         self.consumer = consumer
         self._topics = list(topics)
         self._on_assign = on_assign
@@ -145,30 +145,28 @@ class Source:
         )
 
     def _assign(self, partitions: list[TopicPartition]) -> None:
-        if self._pin is not None and partitions:
+        if self._pin_latest and partitions:
             self.pin_starts(partitions)
         self._on_assign(partitions)
 
     def pin_starts(self, partitions: list[TopicPartition], timeout: float = 10.0) -> None:
-        """Commit the start of each partition the group has no committed offset for,
-        before its first record is fetched: where ``auto.offset.reset`` puts it now (the
-        log start for earliest, the log end for latest). Without it, a rewind, or the next
-        owner after a crash, would begin again at a later end of the log and skip what
-        this worker consumed but had not committed yet. A broker that does not answer
-        leaves the partitions unpinned, with a warning."""
+        """Commit the log end as the start of each partition the group has no committed
+        offset for, before its first record is fetched. With ``auto.offset.reset =
+        latest`` a rewind, or the next owner after a crash, would otherwise begin again at
+        a later end of the log and skip what this worker consumed but had not committed.
+        (With ``earliest`` they begin at the log start: nothing is skipped, so nothing is
+        pinned.) A commit here delays the first fetch of the group by a second or two, once.
+        A broker that does not answer leaves the partitions unpinned, with a warning."""
         consumer = self.consumer
         try:
-            missing = [
-                tp for tp in consumer.committed(partitions, timeout=timeout) if tp.offset < 0
-            ]
+            committed = consumer.committed(partitions, timeout=timeout)
             starts = []
-            for tp in missing:
-                low, high = consumer.get_watermark_offsets(
-                    TopicPartition(tp.topic, tp.partition), timeout=timeout, cached=False
-                )
-                starts.append(
-                    TopicPartition(tp.topic, tp.partition, low if self._pin == "earliest" else high)
-                )
+            for tp in committed:
+                if tp.offset < 0:
+                    _low, high = consumer.get_watermark_offsets(
+                        TopicPartition(tp.topic, tp.partition), timeout=timeout, cached=False
+                    )
+                    starts.append(TopicPartition(tp.topic, tp.partition, high))
             if starts:
                 consumer.commit(offsets=starts, asynchronous=False)
                 log.info(

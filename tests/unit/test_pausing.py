@@ -91,3 +91,11 @@ def test_an_assignment_revoked_before_the_next_turn_is_left_alone() -> None:
 def test_partitions_are_described_by_topic() -> None:
     assert describe_partitions({("b", 1), ("a", 2), ("a", 0)}) == "a[0, 2], b[1]"
     assert describe_partitions(set()) == "nothing"
+
+
+def test_a_partition_never_paused_here_is_not_resumed_when_assigned() -> None:
+    """A resume restarts the partition's fetcher (most of a second without records)."""
+    pausing, switch, _ = make()
+    pausing.assigned({P0, P1})
+    pausing.update(0, {P0, P1})
+    assert switch.calls == []
