@@ -15,24 +15,24 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import orjson
 from confluent_kafka import Message
 
-from worker import __version__
-from worker.codec import decode_requests, encode_dead_letter, safe_text
+from worker.codec import decode_requests
 from worker.commit import PartitionKey
 from worker.config import FeatureSpec, PipelineConfig
+from worker.dead_letters import DeadLetters
 from worker.engines import InferenceEngine, Outputs
 from worker.errors import EngineError, FeatureStoreConfigError, FeatureStoreError
 from worker.features import Assembled, FeatureStore, assemble
-from worker.limits import headers_size, record_size
+from worker.headers import MAX_RESULT_HEADERS_BYTES, SourceHeaders, trace_headers
+from worker.limits import record_size
 from worker.metrics import PipelineMetrics
-from worker.sink import DeliveryTracker, Headers, Sink
-from worker.source import position
+from worker.sink import DeliveryTracker, Sink
 from worker.types import DecodedRequests, StageTimings
 
 __all__ = ["Pipeline", "Prepared", "next_offsets", "partition_counts"]
@@ -121,7 +121,7 @@ class Pipeline:
             "version": config.model.version,
             "sha256": engine.model_hash,
         }
-        self._model_tag = f"{config.model.name}:{config.model.version}"
+        self.dead_letters = DeadLetters(config, metrics)
         width = engine.n_features
         if width is not None and width != len(config.features.fields):
             raise EngineError(
@@ -202,11 +202,11 @@ class Pipeline:
         tracker. Deliveries complete asynchronously on ``sink``; the tracker says when."""
         batch, decoded = prepared.batch, prepared.decoded
         for rej in decoded.rejections:
-            self._dead_letter(
+            self.dead_letters.send(
                 sink, tracker, batch[rej.index], rej.stage, rej.code, rej.reason, None
             )
         for r, code, reason in prepared.feature_rejects:
-            self._dead_letter(
+            self.dead_letters.send(
                 sink, tracker, batch[decoded.rows[r]], "features", code, reason, decoded.ids[r]
             )
         if len(prepared.good):
@@ -318,7 +318,7 @@ class Pipeline:
         topic = self.config.result_topic
         send = sink.send
         dumps = orjson.dumps
-        headers_of = _SourceHeaders().of if self.config.source_headers else _trace_headers
+        headers_of = SourceHeaders().of if self.config.source_headers else trace_headers
         room = sink.limit(topic)
         roomy = room - MAX_RESULT_HEADERS_BYTES
         too_large = 0
@@ -328,7 +328,7 @@ class Pipeline:
             if refused and i in refused:
                 reason = failed.get(i, "model returned NaN or infinity for this row")
                 code = "model_error" if i in failed else "model_non_finite"
-                self._dead_letter(sink, tracker, msg, "infer", code, reason, ids[g])
+                self.dead_letters.send(sink, tracker, msg, "infer", code, reason, ids[g])
                 continue
             rid = ids[g]
             key = msg.key()
@@ -349,110 +349,23 @@ class Pipeline:
             ) or not send(tracker, topic, value, key, headers):
                 size = record_size(value, key, headers)
                 why = f"result of {size} bytes with key and headers; {topic} takes {room}"
-                self._dead_letter(sink, tracker, msg, "publish", "result_too_large", why, rid)
+                self.dead_letters.send(sink, tracker, msg, "publish", "result_too_large", why, rid)
                 too_large += 1
         self.metrics.results.inc(len(good) - len(refused) - too_large)
-
-    def _dead_letter(
-        self,
-        sink: Sink,
-        tracker: DeliveryTracker,
-        msg: Message,
-        stage: str,
-        code: str,
-        reason: str,
-        request_id: str | None,
-        *,
-        bare: bool = False,
-    ) -> None:
-        """Send the dead letter of ``msg``, sized to what its topic takes; ``bare`` leaves
-        the original key and value out (the dead letter itself was refused)."""
-        cfg = self.config
-        topic = cfg.dead_letter_topic
-        source_topic, partition, offset = position(msg)
-        headers: Headers = [
-            ("streamfer.error_stage", stage.encode()),
-            ("streamfer.error_code", code.encode()),
-            ("streamfer.error_reason", _header_text(reason)),
-            *_SourceHeaders().of(msg, request_id),
-        ]
-        body, key = encode_dead_letter(
-            pipeline=self.name,
-            stage=stage,
-            code=code,
-            reason=reason,
-            topic=source_topic,
-            partition=partition,
-            offset=offset,
-            timestamp_ms=msg.timestamp()[1],
-            key=None if bare else msg.key(),
-            value=None if bare else msg.value(),
-            max_value_bytes=cfg.max_record_bytes,
-            request_id=request_id,
-            worker_version=__version__,
-            model=self._model_tag,
-            max_bytes=sink.limit(topic) - headers_size(headers),
-        )
-        if not sink.send(tracker, topic, body, key, headers):
-            tracker.sent += 1
-            tracker.refused_by_producer(
-                topic, f"a dead letter of {len(body)} bytes is too large for this topic"
-            )
-        self.metrics.dead_letters.labels(self.name, code).inc()
 
     def dead_letter_undelivered(
         self, sink: Sink, tracker: DeliveryTracker, produced: Message, why: str
     ) -> None:
-        """Dead-letter the request behind a record the broker refused for itself (too
-        large for the topic, invalid for it), found in the batch from the refused record's
-        body (delivery reports carry no headers). Call only from the thread that serves
-        deliveries, once the batch is sealed. A refused dead letter is sent again without
-        the original key and value; one refused like that fails the batch, which is then
-        never committed."""
-        topic = cast(str, produced.topic())
+        """Dead-letter the request behind a record the broker refused for itself (see
+        ``DeadLetters.undelivered``). Loop thread, once the batch is sealed."""
         prepared = tracker.context
-        try:
-            doc = orjson.loads(produced.value() or b"null")
-        except orjson.JSONDecodeError:
-            doc = None
-        request = None
-        if isinstance(prepared, Prepared) and isinstance(doc, dict):
-            if topic != self.config.dead_letter_topic:
-                rid = doc.get("id")
-                request = _request_by_id(prepared, rid, produced.key())
-                if request is not None:
-                    reason = f"{topic} refused the result: {why}"
-                    self._dead_letter(
-                        sink, tracker, request, "publish", "result_refused", reason, rid
-                    )
-                    return
-            elif doc.get("key_b64") is None and doc.get("value_b64") is None:
-                tracker.fail(f"{topic} refuses even a bare dead letter: {why}")
-                return
-            else:
-                src = doc.get("source") or {}
-                at = (src.get("partition"), src.get("offset"))
-                request = next(
-                    (m for m in prepared.batch if (m.partition(), m.offset()) == at), None
-                )
-                if request is not None:
-                    stage, code = (
-                        doc.get("stage", "publish"),
-                        doc.get("code", "dead_letter_refused"),
-                    )
-                    reason = f"{why}; the original key and value are left out"
-                    rid = doc.get("request_id")
-                    self._dead_letter(sink, tracker, request, stage, code, reason, rid, bare=True)
-                    return
-        tracker.fail(f"{topic}: refused ({why}) and its request cannot be found")
-
-
-def _request_by_id(prepared: Prepared, rid: object, key: bytes | None) -> Message | None:
-    """The request of ``prepared``'s batch with id ``rid`` and Kafka key ``key`` (cold
-    path: a result the broker refused)."""
-    decoded, batch = prepared.decoded, prepared.batch
-    rows = [decoded.rows[g] for g, i in enumerate(decoded.ids) if i == rid]
-    return next((batch[r] for r in rows if batch[r].key() == key), None)
+        if not isinstance(prepared, Prepared):
+            tracker.fail(f"{produced.topic()}: refused ({why}) and its batch is unknown")
+            return
+        decoded = prepared.decoded
+        self.dead_letters.undelivered(
+            sink, tracker, produced, why, prepared.batch, decoded.ids, decoded.rows
+        )
 
 
 def next_offsets(batch: Sequence[Message]) -> dict[PartitionKey, int]:
@@ -472,58 +385,6 @@ def partition_counts(batch: Sequence[Message]) -> dict[PartitionKey, int]:
     return counts
 
 
-class _SourceHeaders:
-    """Builds the source headers of one batch's records, encoding each topic and
-    partition once instead of once per record."""
-
-    __slots__ = ("_fixed",)
-
-    def __init__(self) -> None:
-        self._fixed: dict[PartitionKey, tuple[tuple[str, bytes], tuple[str, bytes]]] = {}
-
-    def of(self, msg: Message, request_id: str | None) -> Headers:
-        where = cast(PartitionKey, (msg.topic(), msg.partition()))
-        fixed = self._fixed.get(where)
-        if fixed is None:
-            topic, partition = where
-            fixed = self._fixed[where] = (
-                ("streamfer.source_topic", topic.encode()),
-                ("streamfer.source_partition", b"%d" % partition),
-            )
-        offset = ("streamfer.source_offset", b"%d" % cast(int, msg.offset()))
-        headers: Headers = (
-            [fixed[0], fixed[1], offset]
-            if request_id is None
-            else [
-                ("streamfer.request_id", request_id.encode("utf-8", "replace")),
-                fixed[0],
-                fixed[1],
-                offset,
-            ]
-        )
-        incoming = msg.headers()
-        if incoming:
-            _copy_traceparent(cast("list[tuple[str, bytes | None]]", incoming), headers)
-        return headers
-
-
-def _trace_headers(msg: Message, _request_id: str | None) -> Headers | None:
-    """Only the W3C trace context, when the request has one."""
-    incoming = msg.headers()
-    if not incoming:
-        return None
-    headers: Headers = []
-    _copy_traceparent(cast("list[tuple[str, bytes | None]]", incoming), headers)
-    return headers or None
-
-
-def _copy_traceparent(incoming: list[tuple[str, bytes | None]], headers: Headers) -> None:
-    for name, value in incoming:
-        if name == "traceparent" and value and len(value) <= _TRACEPARENT_MAX:
-            headers.append(("traceparent", value))  # W3C trace context carries through
-            return
-
-
 def _per_row(cols: list[list[object]], n: int) -> Iterable[tuple[object, ...]]:
     """Each row's output values, in column order."""
     if not cols:
@@ -531,16 +392,6 @@ def _per_row(cols: list[list[object]], n: int) -> Iterable[tuple[object, ...]]:
     if len(cols) == 1:
         return ((v,) for v in cols[0])
     return zip(*cols, strict=True)
-
-
-_TRACEPARENT_MAX = 128
-MAX_RESULT_HEADERS_BYTES = 2048
-"""More than a result's headers can weigh: the request id (at most 256 characters), the
-source headers and a traceparent."""
-
-
-def _header_text(reason: str) -> bytes:
-    return safe_text(reason).encode("ascii")
 
 
 def _stitch(left: Outputs, right: Outputs, n_left: int, n: int) -> Outputs:
