@@ -37,7 +37,6 @@ from typing import cast
 from confluent_kafka import (
     Consumer,
     KafkaError,
-    KafkaException,
     Message,
     TopicPartition,
 )
@@ -59,6 +58,7 @@ from worker.pipeline import Pipeline, next_offsets, partition_counts
 from worker.processor import Job, Processor, Step
 from worker.sink import DeliveryTracker, Sink
 from worker.source import Source, consumer_config, position
+from worker.stages import batch_steps
 from worker.transactions import transactional_producer, verify_isolation
 
 __all__ = ["Worker"]
@@ -283,7 +283,8 @@ class Worker:
         self.health.turned()
         self._processor.check()
         if self._to_check:
-            self._check_committed_offsets()
+            keys, self._to_check = self._to_check & self.assigned, set()
+            self._source.check_retention(keys)
 
     def _fetch(self) -> list[Message]:
         """Records fetched within the earliest batch window: an open batch's deadline, or
@@ -378,32 +379,7 @@ class Worker:
         pausing.update(delivery.records_in_flight(), self.assigned, len(self._committer))
 
     def _start_job(self, job: Job) -> Step | None:
-        """The processing stages of one batch: decode and enrich, then (on the next
-        thread) infer, then (on the last) produce; a rewind skips what is left."""
-        delivery = self._delivery
-        if delivery.stale(job):
-            self._skip(job)
-            return None
-        pipeline = self._pipelines[job.pipeline]
-        prepared = pipeline.prepare(job.batch)
-
-        def infer() -> Step | None:
-            pipeline.infer(prepared)
-            return publish
-
-        def publish() -> None:
-            if delivery.stale(job):
-                self._skip(job)
-            else:
-                pipeline.publish(prepared, self._sink, job.tracker)
-                delivery.acknowledge()  # earlier batches' reports, off the loop thread
-
-        return infer
-
-    @staticmethod
-    def _skip(job: Job) -> None:
-        job.tracker.fail("skipped: a rewind is pending")
-        job.tracker.seal()
+        return batch_steps(job, self._pipelines[job.pipeline], self._sink, self._delivery)
 
     def _submit(self, name: str, batch: list[Message]) -> None:
         ts = batch[0].timestamp()[1]
@@ -414,35 +390,6 @@ class Worker:
     def _drop_buffered(self) -> None:
         for batcher in self._batchers.values():
             batcher.flush()
-
-    def _check_committed_offsets(self) -> None:
-        """Say loudly when a committed offset lies below the log start: retention deleted
-        records this group never processed, and the consumer will skip past them."""
-        keys, self._to_check = self._to_check & self.assigned, set()
-        if not keys:
-            return
-        try:
-            committed = self._consumer.committed(
-                [TopicPartition(t, p) for t, p in sorted(keys)], timeout=10
-            )
-            for tp in committed:
-                if tp.offset < 0:
-                    continue
-                low, _high = self._consumer.get_watermark_offsets(
-                    TopicPartition(tp.topic, tp.partition), timeout=10
-                )
-                if tp.offset < low:
-                    log.error(
-                        "%s[%d]: committed offset %d is below the log start %d: %d records were "
-                        "deleted by retention before this group processed them",
-                        tp.topic,
-                        tp.partition,
-                        tp.offset,
-                        low,
-                        low - tp.offset,
-                    )
-        except KafkaException as exc:
-            log.warning("could not check committed offsets: %s", exc)
 
     # -- shutdown ------------------------------------------------------------------------
 

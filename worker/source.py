@@ -176,6 +176,35 @@ class Source:
         except KafkaException as exc:
             log.warning("could not pin the start of newly assigned partitions: %s", exc)
 
+    def check_retention(self, partitions: set[PartitionKey]) -> None:
+        """Say loudly when a committed offset lies below the log start: retention deleted
+        records this group never processed, and the consumer will skip past them."""
+        if not partitions:
+            return
+        consumer = self.consumer
+        try:
+            committed = consumer.committed(
+                [TopicPartition(t, p) for t, p in sorted(partitions)], timeout=10
+            )
+            for tp in committed:
+                if tp.offset < 0:
+                    continue
+                low, _high = consumer.get_watermark_offsets(
+                    TopicPartition(tp.topic, tp.partition), timeout=10
+                )
+                if tp.offset < low:
+                    log.error(
+                        "%s[%d]: committed offset %d is below the log start %d: %d records were "
+                        "deleted by retention before this group processed them",
+                        tp.topic,
+                        tp.partition,
+                        tp.offset,
+                        low,
+                        low - tp.offset,
+                    )
+        except KafkaException as exc:
+            log.warning("could not check committed offsets: %s", exc)
+
     def _revoke(self, handler: RebalanceHandler, partitions: list[TopicPartition]) -> None:
         self._revoked.update((tp.topic, tp.partition) for tp in partitions)
         handler(partitions)

@@ -1,0 +1,42 @@
+"""The processing stages of one batch, as the ``Processor`` threads run them.
+
+Decode and enrich on the first thread, infer on the second, publish on the third, each
+a step that returns the next. A batch a rewind made stale (exactly-once) is skipped at
+the first and at the last step: nothing of it is produced, and its tracker fails so it
+is never committed.
+"""
+
+from __future__ import annotations
+
+from worker.delivery import Delivery
+from worker.pipeline import Pipeline
+from worker.processor import Job, Step
+from worker.sink import Sink
+
+__all__ = ["batch_steps"]
+
+
+def batch_steps(job: Job, pipeline: Pipeline, sink: Sink, delivery: Delivery) -> Step | None:
+    """Run the first stage of ``job`` and return the rest (``Processor`` calls it)."""
+    if delivery.stale(job):
+        _skip(job)
+        return None
+    prepared = pipeline.prepare(job.batch)
+
+    def infer() -> Step | None:
+        pipeline.infer(prepared)
+        return publish
+
+    def publish() -> None:
+        if delivery.stale(job):
+            _skip(job)
+        else:
+            pipeline.publish(prepared, sink, job.tracker)
+            delivery.acknowledge()  # earlier batches' reports, off the loop thread
+
+    return infer
+
+
+def _skip(job: Job) -> None:
+    job.tracker.fail("skipped: a rewind is pending")
+    job.tracker.seal()
