@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import csv
 import math
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from worker.batcher import Clock, monotonic_clock
 from worker.config import FeatureSpec
 from worker.errors import ConfigError, FeatureStoreError
 from worker.features import pack_vector
+from worker.progress import ProgressLine
 
 __all__ = ["LoadReport", "load_features", "read_rows"]
 
@@ -184,10 +184,9 @@ def load_features(
     return LoadReport(written, time.perf_counter() - started, layout)
 
 
-class _RowProgress:
-    """Rows written so far, as a line on ``stream`` (stderr), drawn the way ``streamfer
-    replay`` draws its own: redrawn with ``\\r`` on a terminal, else one line every 5 s so
-    logs stay readable. A CSV file's row count is unknown, so then there is no share."""
+class _RowProgress(ProgressLine):
+    """Rows written so far, drawn like ``streamfer replay``'s line. A CSV file's row count
+    is unknown, so then there is no share."""
 
     def __init__(
         self,
@@ -197,32 +196,13 @@ class _RowProgress:
         every_s: float | None = None,
         clock: Clock = monotonic_clock,
     ) -> None:
-        self._total = total
-        self._stream = stream if stream is not None else sys.stderr
-        self._tty = self._stream.isatty()
-        self._every = every_s if every_s is not None else (0.2 if self._tty else 5.0)
-        self._clock = clock
-        self._started = clock()
-        self._next = self._started + self._every
+        def describe(done: int, elapsed: float) -> str:
+            rate = done / elapsed if elapsed > 0 else 0.0
+            rows = f"{done:,}"
+            if total:
+                rows += f"/{total:,} rows {min(1.0, done / total) * 100:5.1f}%"
+            else:
+                rows += " rows"
+            return f"loading features {rows} {rate:,.0f} rows/s"
 
-    def update(self, done: int, *, force: bool = False) -> None:
-        now = self._clock()
-        if not force and now < self._next:
-            return
-        self._next = now + self._every
-        elapsed = now - self._started
-        rate = done / elapsed if elapsed > 0 else 0.0
-        rows = f"{done:,}"
-        if self._total:
-            rows += f"/{self._total:,} rows {min(1.0, done / self._total) * 100:5.1f}%"
-        else:
-            rows += " rows"
-        line = f"loading features {rows} {rate:,.0f} rows/s"
-        self._stream.write(f"\r{line}\x1b[K" if self._tty else line + "\n")
-        self._stream.flush()
-
-    def finish(self, done: int) -> None:
-        self.update(done, force=True)
-        if self._tty:
-            self._stream.write("\n")
-            self._stream.flush()
+        super().__init__(describe, stream=stream, every_s=every_s, clock=clock)

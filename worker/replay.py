@@ -47,6 +47,7 @@ from worker.commit import Committer, OffsetConsumer, PartitionKey
 from worker.config import BatchPolicy, KafkaSettings, PipelineConfig, WorkerConfig
 from worker.errors import ConfigError, SinkError, SourceError, StreamferError
 from worker.offsets import KafkaOffsets, lookup_consumer_config
+from worker.progress import ProgressLine
 from worker.ranges import Bounds, OffsetLookup, PartitionRange, resolve_ranges
 from worker.sink import DeliveryTracker, Headers, Sink, producer_config
 from worker.source import end_of_partition
@@ -258,9 +259,8 @@ def format_progress(done: int, total: int, elapsed_s: float, *, width: int = 24)
     )
 
 
-class Progress:
-    """A progress line on ``stream``: redrawn with ``\\r`` on a terminal, else one line
-    every ``every_s`` seconds (so logs stay readable)."""
+class Progress(ProgressLine):
+    """The replay's progress line: done/total, share, rate and ETA."""
 
     def __init__(
         self,
@@ -272,28 +272,12 @@ class Progress:
         clock: Clock = monotonic_clock,
     ) -> None:
         self.total = total
-        self._label = label
-        self._stream = stream if stream is not None else sys.stderr
-        self._tty = self._stream.isatty()
-        self._every = every_s if every_s is not None else (0.2 if self._tty else 5.0)
-        self._clock = clock
-        self._started = clock()
-        self._next = self._started + self._every
-
-    def update(self, done: int, *, force: bool = False) -> None:
-        now = self._clock()
-        if not force and now < self._next:
-            return
-        self._next = now + self._every
-        line = f"{self._label} {format_progress(done, self.total, now - self._started)}"
-        self._stream.write(f"\r{line}\x1b[K" if self._tty else line + "\n")
-        self._stream.flush()
-
-    def finish(self, done: int) -> None:
-        self.update(done, force=True)
-        if self._tty:
-            self._stream.write("\n")
-            self._stream.flush()
+        super().__init__(
+            lambda done, elapsed: f"{label} {format_progress(done, self.total, elapsed)}",
+            stream=stream,
+            every_s=every_s,
+            clock=clock,
+        )
 
 
 # --- the sink ---------------------------------------------------------------------------
