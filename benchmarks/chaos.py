@@ -222,6 +222,8 @@ class Stream:
 class Readout:
     results: Counter[str] = field(default_factory=Counter)
     result_times: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    result_sources: dict[str, str] = field(default_factory=dict)
+    """Request id -> the source partition/offset its result names (the last one read)."""
     dead_letters: Counter[str] = field(default_factory=Counter)
     dead_letter_codes: Counter[str] = field(default_factory=Counter)
     order_inversions: int = 0
@@ -311,6 +313,7 @@ def read_outcomes(
                     src_partition = int(headers["streamfer.source_partition"] or b"0")
                     src_offset = int(headers["streamfer.source_offset"] or b"0")
                     sequences[(msg.partition() or 0, src_partition)].append(src_offset)
+                    out.result_sources[rid] = f"{src_partition}/{src_offset}"
                 else:
                     src = doc["source"]
                     pos = f"{src['topic']}/{src['partition']}/{src['offset']}"
@@ -489,6 +492,9 @@ class Run:
             "lost": len(lost),
             "duplicates": duplicates,
             "max_duplicates_per_fault": max(per_fault.values(), default=0),
+            "duplicated_sources": sorted(
+                readout.result_sources[rid] for rid, n in readout.results.items() if n > 1
+            )[:20],
             "order_inversions": readout.order_inversions,
             "committed_at_end": not short,
             "short_of_log_end": short,

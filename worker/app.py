@@ -409,13 +409,38 @@ class Worker:
         if unfinished:
             self._abort.set()  # an unreachable feature store gives up now
         delivery.finish(deadline, at_least_s=1.0)
-        delivery.commit(asynchronous=False)
+        self._commit_before_leaving(deadline)
         if unfinished or len(self._committer):
             raise SinkError(
                 f"stopped with {len(self._committer)} batches unfinished after "
                 f"{self.config.shutdown_timeout_s:.0f}s; their records stay uncommitted and "
                 "will be consumed again"
             )
+
+    def _commit_before_leaving(self, deadline: float) -> None:
+        """The last commit of a clean stop. The broker refuses it while the group
+        rebalances (another member joins or leaves at the same moment, as when two are
+        scaled in together); then serve the rebalance, every partition paused so nothing
+        new is fetched, and commit again until the shutdown deadline: a clean stop
+        repeats nothing."""
+        delivery = self._delivery
+        while True:
+            try:
+                delivery.commit(asynchronous=False)
+                if delivery.settled():
+                    return
+                refusal = "the broker refused some partitions"
+            except CommitError as exc:
+                refusal = str(exc)
+            if time.monotonic() >= deadline:
+                raise CommitError(
+                    f"the last commit was refused until the shutdown deadline ({refusal}); "
+                    "the next owners repeat what it covered"
+                )
+            log.info("last commit refused (%s); serving the rebalance, then again", refusal)
+            self._source.pause(self.assigned)
+            # Rebalance callbacks run inside; records fetched here stay uncommitted.
+            self._source.consume(self._max_messages, 0.1)
 
     def _close(self) -> None:
         self._abort.set()

@@ -173,6 +173,24 @@ class Committer:
             self._commit(merged, asynchronous, released)
         return done
 
+    def commit_unconfirmed(self) -> int:
+        """Commit synchronously what is ready and every offset the broker has not confirmed
+        yet. For partitions about to leave (a revoke, a stop): an asynchronous commit still
+        unanswered may yet be rejected, and that answer would come after the partition is
+        gone, too late to send it again, so its new owner would repeat those records."""
+        retry, confirmed = self._retry, self._confirmed
+        for key, offset in self._committed.items():
+            if offset > confirmed.get(key, -1) and offset > retry.get(key, -1):
+                retry[key] = offset
+        return self.commit_ready(asynchronous=False)
+
+    def confirmed_all(self) -> bool:
+        """Whether the broker confirmed every offset this worker committed."""
+        confirmed = self._confirmed
+        return not self._retry and all(
+            offset <= confirmed.get(key, -1) for key, offset in self._committed.items()
+        )
+
     def clear(self) -> int:
         """Forget every batch in flight (a rewind to the committed offsets follows)."""
         dropped = len(self._queue)

@@ -70,7 +70,12 @@ class Delivery(Protocol):
         ...
 
     def commit(self, *, asynchronous: bool = True) -> None:
-        """Commit what is delivered. Raises SinkError when a delivery failed for good."""
+        """Commit what is delivered; synchronously (before partitions leave) also every
+        offset not confirmed yet. Raises SinkError when a delivery failed for good."""
+        ...
+
+    def settled(self) -> bool:
+        """Whether every commit made so far is confirmed by the broker."""
         ...
 
     def finish(self, deadline: float, *, at_least_s: float) -> None:
@@ -96,7 +101,10 @@ def commit_delivered(stages: Stages, *, asynchronous: bool, count: bool) -> None
     committer, metrics = stages.committer, stages.metrics
     started = time.perf_counter()
     try:
-        done = committer.commit_ready(asynchronous=asynchronous)
+        if asynchronous:
+            done = committer.commit_ready(asynchronous=True)
+        else:
+            done = committer.commit_unconfirmed()
     except CommitError:
         metrics.commit_failures.inc()
         raise
@@ -145,6 +153,9 @@ class AtLeastOnce:
 
     def commit(self, *, asynchronous: bool = True) -> None:
         commit_delivered(self._stages, asynchronous=asynchronous, count=True)
+
+    def settled(self) -> bool:
+        return self.committer.confirmed_all()
 
     def finish(self, deadline: float, *, at_least_s: float) -> None:
         """Wait for every outstanding delivery, dead-lettering what the broker refuses on

@@ -141,6 +141,9 @@ class Transactional:
         self._advance()
         commit_delivered(self._stages, asynchronous=asynchronous, count=False)
 
+    def settled(self) -> bool:
+        return True  # a batch's offsets commit with its transaction, or not at all
+
     def finish(self, deadline: float, *, at_least_s: float) -> None:
         self._advance(deadline=deadline)
         self._advance(deadline=deadline)  # the batches held while it closed

@@ -87,6 +87,7 @@ def test_scaling_out_and_in_causes_no_duplicates(env: chaos.Env) -> None:
     report = chaos.scale_scenario(env, 3000)
     _assert_complete(report)
     assert report["duplicates"] == 0, report
+    assert report["clean_exits"] is True, report
 
 
 def test_exactly_once_scaling_without_static_membership_repeats_nothing(

@@ -58,6 +58,8 @@ class FakeConsumer:
     sync_commits: list[list[tuple[str, int, int]]] = field(default_factory=list)
     seeks: list[tuple[PartitionKey, int]] = field(default_factory=list)
     callbacks: dict[str, Any] = field(default_factory=dict)
+    refusals: list[KafkaError] = field(default_factory=list)
+    """Errors the next synchronous commits raise, one each, as during a rebalance."""
 
     # -- the test's hands --------------------------------------------------------------
 
@@ -128,6 +130,8 @@ class FakeConsumer:
         if asynchronous:
             self.async_commits.append(offsets)
             return None
+        if self.refusals:
+            raise KafkaException(self.refusals.pop(0))
         self.sync_commits.append(sorted((tp.topic, tp.partition, tp.offset) for tp in offsets))
         for tp in offsets:
             self.group_offsets[(tp.topic, tp.partition)] = tp.offset

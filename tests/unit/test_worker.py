@@ -7,11 +7,13 @@ from __future__ import annotations
 import time
 
 import orjson
+import pytest
 from confluent_kafka import KafkaError
 
 from streamfer_dev.modelgen import DemoModel
 from tests.unit.fakes import TOPIC, build_worker, turn_until
 from worker.commit import STALLED_COMMIT_S
+from worker.errors import CommitError
 
 ILLEGAL_GENERATION = KafkaError(KafkaError.ILLEGAL_GENERATION)
 
@@ -86,3 +88,60 @@ def test_a_partition_paused_revoked_and_assigned_again_is_fetched(classifier: De
     consumer.events.append(lambda c: c.assign(p1))
     turn_until(worker, lambda: len(sink.sent) == 7)
     assert consumer.paused == set()
+
+
+def test_a_revoke_commits_again_what_an_unanswered_commit_covered(classifier: DemoModel) -> None:
+    """An asynchronous commit still unanswered when its partition is revoked may be
+    rejected afterwards, too late to send again: the revoke's commit covers it."""
+    worker, consumer, _sink, _ = build_worker(classifier)
+    p0, p1 = (TOPIC, 0), (TOPIC, 1)
+    consumer.assign(p0, p1)
+    consumer.produce(0, 4)
+    turn_until(worker, lambda: any(o[0].offset == 4 for o in consumer.async_commits))
+    consumer.revoke(p0)
+    assert (TOPIC, 0, 4) in consumer.sync_commits[-1]
+    assert consumer.group_offsets[p0] == 4
+    consumer.answer(worker, ILLEGAL_GENERATION)  # the old commit's answer, late
+    assert worker._delivery.records_in_flight() == 0
+    assert worker._delivery.settled()
+
+
+def test_a_stop_commits_what_unanswered_commits_covered(classifier: DemoModel) -> None:
+    worker, consumer, _sink, _ = build_worker(classifier)
+    consumer.assign((TOPIC, 0))
+    consumer.produce(0, 6)
+    turn_until(worker, lambda: any(o[0].offset == 6 for o in consumer.async_commits))
+    worker.stop()
+    worker.run()
+    assert consumer.sync_commits[-1] == [(TOPIC, 0, 6)]
+    assert consumer.group_offsets[(TOPIC, 0)] == 6
+
+
+def test_a_stop_during_a_rebalance_commits_once_the_group_settles(classifier: DemoModel) -> None:
+    """Scaling in two workers at once: the second one's last commit meets the rebalance
+    the first one's leaving started, and the broker refuses it for a while."""
+    worker, consumer, sink, _ = build_worker(classifier)
+    consumer.assign((TOPIC, 0), (TOPIC, 1))
+    consumer.produce(0, 5)
+    consumer.produce(1, 3)
+    turn_until(worker, lambda: len(sink.sent) == 8)
+    consumer.refusals += [
+        KafkaError(KafkaError.REBALANCE_IN_PROGRESS),
+        KafkaError(KafkaError.ILLEGAL_GENERATION),
+    ]
+    worker.stop()
+    worker.run()
+    assert not consumer.refusals
+    assert consumer.group_offsets == {(TOPIC, 0): 5, (TOPIC, 1): 3}
+    assert consumer.paused == {(TOPIC, 0), (TOPIC, 1)}  # nothing new came in meanwhile
+
+
+def test_a_stop_refused_until_the_deadline_fails_naming_it(classifier: DemoModel) -> None:
+    worker, consumer, sink, _ = build_worker(classifier, shutdown_timeout_s=0.5)
+    consumer.assign((TOPIC, 0))
+    consumer.produce(0, 4)
+    turn_until(worker, lambda: len(sink.sent) == 4)
+    consumer.refusals += [KafkaError(KafkaError.REBALANCE_IN_PROGRESS)] * 1000
+    worker.stop()
+    with pytest.raises(CommitError, match="last commit was refused until the shutdown deadline"):
+        worker.run()
