@@ -42,8 +42,9 @@ from confluent_kafka import (
 )
 from prometheus_client import CollectorRegistry
 
+from worker.batch import Job, PartitionKey
 from worker.batcher import Batcher, Clock, monotonic_clock
-from worker.commit import Committer, OffsetConsumer, PartitionKey
+from worker.commit import Committer, OffsetConsumer
 from worker.config import WorkerConfig
 from worker.delivery import AtLeastOnce, Delivery, Stages
 from worker.errors import CommitError, SinkError
@@ -54,8 +55,8 @@ from worker.limits import RecordLimits
 from worker.metrics import Metrics
 from worker.parts import open_parts
 from worker.pausing import PausingManager, describe_partitions
-from worker.pipeline import Pipeline, next_offsets, partition_counts
-from worker.processor import Job, Processor, Step
+from worker.pipeline import Pipeline
+from worker.processor import Processor, Step
 from worker.sink import DeliveryTracker, Sink
 from worker.source import Source, consumer_config, position
 from worker.stages import batch_steps
@@ -382,10 +383,7 @@ class Worker:
         return batch_steps(job, self._pipelines[job.pipeline], self._sink, self._delivery)
 
     def _submit(self, name: str, batch: list[Message]) -> None:
-        ts = batch[0].timestamp()[1]
-        tracker = self._delivery.tracker(name, ts if ts > 0 else 0)
-        offsets, counts = next_offsets(batch), partition_counts(batch)
-        self._delivery.enqueue(Job(name, batch, tracker, offsets, counts=counts))
+        self._delivery.enqueue(Job.close(name, batch, self._delivery.tracker))
 
     def _drop_buffered(self) -> None:
         for batcher in self._batchers.values():

@@ -31,14 +31,13 @@ from typing import Protocol
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from worker.batch import Job, PartitionKey
 from worker.errors import CommitError, SinkError
 from worker.sink import DeliveryTracker
 
 __all__ = ["Committer", "OffsetConsumer", "PartitionKey"]
 
 log = logging.getLogger(__name__)
-
-PartitionKey = tuple[str, int]
 
 
 class OffsetConsumer(Protocol):
@@ -49,15 +48,6 @@ class OffsetConsumer(Protocol):
     def commit(
         self, *, offsets: list[TopicPartition], asynchronous: bool
     ) -> list[TopicPartition] | None: ...
-
-
-@dataclass(slots=True)
-class _Pending:
-    tracker: DeliveryTracker
-    offsets: dict[PartitionKey, int]
-    counts: dict[PartitionKey, int]
-    """Records of the batch per partition."""
-    records: int
 
 
 STALLED_COMMIT_S = 0.5
@@ -103,7 +93,7 @@ class Committer:
         self._transactional = transactional
         self._on_done = on_done
         self._clock = clock
-        self._queue: deque[_Pending] = deque()
+        self._queue: deque[Job] = deque()
         self._committed: dict[PartitionKey, int] = {}
         self._retry: dict[PartitionKey, int] = {}
         self._awaiting: deque[_Unsettled] = deque()
@@ -125,18 +115,11 @@ class Committer:
             return self._records
         return self._records + sum(e.records for e in awaiting if e.sent_at <= stalled_before)
 
-    def track(
-        self,
-        tracker: DeliveryTracker,
-        offsets: dict[PartitionKey, int],
-        counts: Mapping[PartitionKey, int] | None = None,
-    ) -> None:
-        """Register a produced batch: the next offsets it completes and how many records
-        it holds per partition (``counts``; none: it counts nothing against the bound)."""
-        per_partition = dict(counts or {})
-        records = sum(per_partition.values())
-        self._queue.append(_Pending(tracker, offsets, per_partition, records))
-        self._records += records
+    def track(self, job: Job) -> None:
+        """Register a produced batch: the next offsets it completes, and its records
+        (counted until it is committed)."""
+        self._queue.append(job)
+        self._records += job.records
 
     def commit_ready(self, *, asynchronous: bool = True) -> int:
         """Commit every leading batch whose deliveries succeeded. Raises SinkError."""

@@ -19,11 +19,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from worker.commit import Committer, PartitionKey
+from worker.batch import Job, PartitionKey
+from worker.commit import Committer
 from worker.errors import CommitError
 from worker.metrics import Metrics
 from worker.pipeline import Pipeline
-from worker.processor import Job, Processor
+from worker.processor import Processor
 from worker.sink import DeliveryTracker, Sink
 
 __all__ = ["AtLeastOnce", "Delivery", "Stages"]
@@ -133,7 +134,7 @@ class AtLeastOnce:
         return DeliveryTracker(pipeline, oldest_ts_ms, self._undeliverable)
 
     def enqueue(self, job: Job) -> None:
-        self.committer.track(job.tracker, job.offsets, job.counts)
+        self.committer.track(job)
         self._stages.processor.submit(job)
         self._stages.metrics.in_flight_batches.set(len(self.committer))
 

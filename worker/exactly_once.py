@@ -30,11 +30,10 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from worker.commit import PartitionKey
+from worker.batch import Job, PartitionKey
 from worker.config import KafkaSettings
 from worker.delivery import Stages, commit_delivered
 from worker.errors import SinkError
-from worker.processor import Job
 from worker.sink import DeliveryTracker
 
 __all__ = ["GroupConsumer", "Transactional"]
@@ -116,7 +115,7 @@ class Transactional:
             self._sink.producer.begin_transaction()
             txn.started = time.monotonic()
         txn.jobs.append(job)
-        self.committer.track(job.tracker, job.offsets, job.counts)
+        self.committer.track(job)
         self._processor.submit(job)
         self._stages.metrics.in_flight_batches.set(len(self.committer))
 

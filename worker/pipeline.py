@@ -22,8 +22,8 @@ import numpy.typing as npt
 import orjson
 from confluent_kafka import Message
 
+from worker.batch import PartitionKey, next_offsets
 from worker.codec import decode_requests
-from worker.commit import PartitionKey
 from worker.config import FeatureSpec, PipelineConfig
 from worker.dead_letters import DeadLetters
 from worker.engines import InferenceEngine, Outputs
@@ -35,7 +35,7 @@ from worker.metrics import PipelineMetrics
 from worker.sink import DeliveryTracker, Sink
 from worker.types import DecodedRequests, StageTimings
 
-__all__ = ["Pipeline", "Prepared", "next_offsets", "partition_counts"]
+__all__ = ["Pipeline", "Prepared"]
 
 log = logging.getLogger(__name__)
 
@@ -366,23 +366,6 @@ class Pipeline:
         self.dead_letters.undelivered(
             sink, tracker, produced, why, prepared.batch, decoded.ids, decoded.rows
         )
-
-
-def next_offsets(batch: Sequence[Message]) -> dict[PartitionKey, int]:
-    """The offset to commit per partition once ``batch`` is done: last offset + 1."""
-    last: dict[Any, Any] = {(msg.topic(), msg.partition()): msg.offset() for msg in batch}
-    return {key: offset + 1 for key, offset in last.items()}
-
-
-def partition_counts(batch: Sequence[Message]) -> dict[PartitionKey, int]:
-    """Records of ``batch`` per partition: what a revoke of one partition takes off the
-    worker's count of records in flight."""
-    counts: dict[Any, int] = {}
-    get = counts.get
-    for msg in batch:
-        key = (msg.topic(), msg.partition())
-        counts[key] = get(key, 0) + 1
-    return counts
 
 
 def _per_row(cols: list[list[object]], n: int) -> Iterable[tuple[object, ...]]:

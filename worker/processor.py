@@ -16,29 +16,11 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Union
 
-from confluent_kafka import Message
+from worker.batch import Job, PartitionKey
 
-from worker.commit import PartitionKey
-from worker.sink import DeliveryTracker
-
-__all__ = ["Job", "Processor", "Start", "Step"]
-
-
-@dataclass(slots=True)
-class Job:
-    """One closed batch of one pipeline, and where its outcome is tracked."""
-
-    pipeline: str
-    batch: list[Message]
-    tracker: DeliveryTracker
-    offsets: dict[PartitionKey, int]
-    rewinds: int = 0
-    """The worker's exactly-once rewind count when the job was submitted."""
-    counts: dict[PartitionKey, int] = field(default_factory=dict)
-    """Records per partition, counted against the worker's bound until committed."""
+__all__ = ["Processor", "Start", "Step"]
 
 
 Step = Callable[[], Union["Step", None]]

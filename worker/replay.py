@@ -42,6 +42,7 @@ from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPa
 from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
 from worker.admin import admin_client
+from worker.batch import Job
 from worker.batcher import Batcher, Clock, monotonic_clock
 from worker.commit import Committer, OffsetConsumer, PartitionKey
 from worker.config import BatchPolicy, KafkaSettings, PipelineConfig, WorkerConfig
@@ -523,7 +524,7 @@ class Replay:
         sink = self._sink
         results, dead = sink.results, sink.dead_letters
         tracker, offsets = self._handler.handle(batch, sink)
-        self._committer.track(tracker, offsets)
+        self._committer.track(Job(self.plan.pipeline, list(batch), tracker, offsets))
         self._batches.append(
             _Batch(tracker, len(batch), sink.results - results, sink.dead_letters - dead)
         )

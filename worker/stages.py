@@ -8,9 +8,10 @@ is never committed.
 
 from __future__ import annotations
 
+from worker.batch import Job
 from worker.delivery import Delivery
 from worker.pipeline import Pipeline
-from worker.processor import Job, Step
+from worker.processor import Step
 from worker.sink import Sink
 
 __all__ = ["batch_steps"]

@@ -8,6 +8,7 @@ from typing import cast
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from worker.batch import Job
 from worker.commit import STALLED_COMMIT_S, Committer, PartitionKey
 from worker.errors import CommitError, SinkError
 from worker.sink import DeliveryTracker
@@ -81,6 +82,15 @@ def sent(n: int) -> DeliveryTracker:
     return tracker
 
 
+def job(
+    tracker: DeliveryTracker,
+    offsets: dict[PartitionKey, int],
+    counts: dict[PartitionKey, int] | None = None,
+) -> Job:
+    """A batch in flight without records of its own (``counts`` are what it counts)."""
+    return Job("p", [], tracker, offsets, counts=dict(counts or {}))
+
+
 def deliver(tracker: DeliveryTracker, n: int = 1, err: KafkaError | None = None) -> None:
     for _ in range(n):
         tracker.on_delivery(err, FakeMsg())  # type: ignore[arg-type]
@@ -145,7 +155,7 @@ def test_tracker_refused_counts_as_failed_delivery() -> None:
 
 def test_commits_a_delivered_batch(committer: Committer, consumer: FakeConsumer) -> None:
     t = sent(2)
-    committer.track(t, {("req", 0): 11, ("req", 1): 5})
+    committer.track(job(t, {("req", 0): 11, ("req", 1): 5}))
     assert committer.commit_ready() == 0
     assert consumer.commits == []
     deliver(t, 2)
@@ -158,15 +168,15 @@ def test_commits_a_delivered_batch(committer: Committer, consumer: FakeConsumer)
 
 def test_synchronous_commit_is_passed_through(committer: Committer, consumer: FakeConsumer) -> None:
     t = sent(0)
-    committer.track(t, {("req", 0): 1})
+    committer.track(job(t, {("req", 0): 1}))
     assert committer.commit_ready(asynchronous=False) == 1
     assert consumer.commits == [([("req", 0, 1)], False)]
 
 
 def test_later_batch_waits_for_earlier(committer: Committer, consumer: FakeConsumer) -> None:
     first, second = sent(1), sent(1)
-    committer.track(first, {("req", 0): 10})
-    committer.track(second, {("req", 0): 20})
+    committer.track(job(first, {("req", 0): 10}))
+    committer.track(job(second, {("req", 0): 20}))
     deliver(second)  # batch 2 is done, batch 1 still pending
     assert committer.commit_ready() == 0
     assert consumer.commits == []
@@ -181,8 +191,8 @@ def test_later_batch_waits_for_earlier(committer: Committer, consumer: FakeConsu
 
 def test_counts_the_records_in_flight(committer: Committer) -> None:
     first, second = sent(1), sent(1)
-    committer.track(first, {("req", 0): 10}, {("req", 0): 100})
-    committer.track(second, {("req", 0): 20}, {("req", 0): 7})
+    committer.track(job(first, {("req", 0): 10}, {("req", 0): 100}))
+    committer.track(job(second, {("req", 0): 20}, {("req", 0): 7}))
     assert committer.records == 107
     deliver(first)
     committer.commit_ready()
@@ -193,9 +203,9 @@ def test_counts_the_records_in_flight(committer: Committer) -> None:
 
 def test_commits_only_the_delivered_prefix(committer: Committer, consumer: FakeConsumer) -> None:
     a, b, c = sent(1), sent(1), sent(1)
-    committer.track(a, {("req", 0): 3})
-    committer.track(b, {("req", 1): 7})
-    committer.track(c, {("req", 0): 9})
+    committer.track(job(a, {("req", 0): 3}))
+    committer.track(job(b, {("req", 1): 7}))
+    committer.track(job(c, {("req", 0): 9}))
     deliver(a)
     deliver(c)
     assert committer.commit_ready() == 1
@@ -209,7 +219,7 @@ def test_commits_only_the_delivered_prefix(committer: Committer, consumer: FakeC
 
 def test_merges_max_offset_per_partition(committer: Committer, consumer: FakeConsumer) -> None:
     for offsets in ({("a", 0): 5, ("b", 2): 40}, {("a", 0): 9}, {("a", 1): 1, ("b", 2): 41}):
-        committer.track(sent(0), dict(offsets))
+        committer.track(job(sent(0), dict(offsets)))
     assert committer.commit_ready() == 3
     assert consumer.commits == [([("a", 0, 9), ("a", 1, 1), ("b", 2, 41)], True)]
 
@@ -223,7 +233,7 @@ def test_failed_delivery_raises_and_is_not_committed(
     committer: Committer, consumer: FakeConsumer
 ) -> None:
     t = sent(2)
-    committer.track(t, {("req", 0): 50})
+    committer.track(job(t, {("req", 0): 50}))
     deliver(t)
     deliver(t, err=KafkaError(KafkaError._MSG_TIMED_OUT))
     with pytest.raises(SinkError, match=r"1 deliveries of a batch failed"):
@@ -239,7 +249,7 @@ def test_failed_delivery_raises_and_is_not_committed(
 def test_refused_record_blocks_commit(committer: Committer, consumer: FakeConsumer) -> None:
     t = sent(1)
     t.refused_by_producer("res", "Broker: Message size too large")
-    committer.track(t, {("req", 0): 5})
+    committer.track(job(t, {("req", 0): 5}))
     with pytest.raises(SinkError, match="Message size too large"):
         committer.commit_ready()
     assert consumer.commits == []
@@ -247,8 +257,8 @@ def test_refused_record_blocks_commit(committer: Committer, consumer: FakeConsum
 
 def test_failed_batch_blocks_later_batches(committer: Committer, consumer: FakeConsumer) -> None:
     bad, good = sent(1), sent(1)
-    committer.track(bad, {("req", 0): 10})
-    committer.track(good, {("req", 0): 20})
+    committer.track(job(bad, {("req", 0): 10}))
+    committer.track(job(good, {("req", 0): 20}))
     deliver(bad, err=KafkaError(KafkaError._MSG_TIMED_OUT))
     deliver(good)
     with pytest.raises(SinkError):
@@ -260,8 +270,8 @@ def test_delivered_batches_before_a_failed_one_are_committed(
     committer: Committer, consumer: FakeConsumer
 ) -> None:
     good, bad = sent(1), sent(1)
-    committer.track(good, {("req", 0): 10})
-    committer.track(bad, {("req", 0): 20})
+    committer.track(job(good, {("req", 0): 10}))
+    committer.track(job(bad, {("req", 0): 20}))
     deliver(good)
     deliver(bad, err=KafkaError(KafkaError._MSG_TIMED_OUT))
     with pytest.raises(SinkError):
@@ -271,18 +281,18 @@ def test_delivered_batches_before_a_failed_one_are_committed(
 
 
 def test_refuses_to_move_backwards(committer: Committer, consumer: FakeConsumer) -> None:
-    committer.track(sent(0), {("req", 0): 100, ("req", 1): 3})
+    committer.track(job(sent(0), {("req", 0): 100, ("req", 1): 3}))
     committer.commit_ready()
-    committer.track(sent(0), {("req", 0): 60, ("req", 1): 4})
+    committer.track(job(sent(0), {("req", 0): 60, ("req", 1): 4}))
     assert committer.commit_ready() == 1
     assert consumer.commits[-1] == ([("req", 1, 4)], True)
     assert committer.committed() == {("req", 0): 100, ("req", 1): 4}
 
 
 def test_backwards_only_commits_nothing(committer: Committer, consumer: FakeConsumer) -> None:
-    committer.track(sent(0), {("req", 0): 100})
+    committer.track(job(sent(0), {("req", 0): 100}))
     committer.commit_ready()
-    committer.track(sent(0), {("req", 0): 99})
+    committer.track(job(sent(0), {("req", 0): 99}))
     assert committer.commit_ready() == 1
     assert len(consumer.commits) == 1
 
@@ -291,23 +301,23 @@ def test_forget_drops_partitions_from_pending_batches(
     committer: Committer, consumer: FakeConsumer
 ) -> None:
     t1, t2 = sent(0), sent(1)
-    committer.track(t1, {("req", 0): 100})
+    committer.track(job(t1, {("req", 0): 100}))
     committer.commit_ready()
-    committer.track(t2, {("req", 0): 120, ("req", 1): 8})
+    committer.track(job(t2, {("req", 0): 120, ("req", 1): 8}))
     committer.forget([("req", 0)])
     assert committer.committed() == {}
     deliver(t2)
     assert committer.commit_ready() == 1
     assert consumer.commits[-1] == ([("req", 1, 8)], True)
     # after re-assignment, an older offset of the forgotten partition is accepted again
-    committer.track(sent(0), {("req", 0): 50})
+    committer.track(job(sent(0), {("req", 0): 50}))
     committer.commit_ready()
     assert committer.committed()[("req", 0)] == 50
 
 
 def test_forget_leaves_other_partitions(committer: Committer) -> None:
     keep: PartitionKey = ("req", 1)
-    committer.track(sent(0), {keep: 4, ("req", 2): 6})
+    committer.track(job(sent(0), {keep: 4, ("req", 2): 6}))
     committer.commit_ready()
     committer.forget([("req", 2), ("other", 0)])
     assert committer.committed() == {keep: 4}
@@ -315,7 +325,7 @@ def test_forget_leaves_other_partitions(committer: Committer) -> None:
 
 def test_kafka_failure_becomes_commit_error(committer: Committer, consumer: FakeConsumer) -> None:
     consumer.fail_with = KafkaException(KafkaError(KafkaError._NO_OFFSET))
-    committer.track(sent(0), {("req", 0): 1})
+    committer.track(job(sent(0), {("req", 0): 1}))
     with pytest.raises(CommitError, match="commit of 1 partitions failed"):
         committer.commit_ready()
     assert consumer.commits == []
@@ -325,7 +335,7 @@ def test_kafka_failure_becomes_commit_error(committer: Committer, consumer: Fake
 
 
 def test_rejected_commit_is_sent_again(committer: Committer, consumer: FakeConsumer) -> None:
-    committer.track(sent(0), {("req", 0): 10, ("req", 1): 4})
+    committer.track(job(sent(0), {("req", 0): 10, ("req", 1): 4}))
     committer.commit_ready()
     committer.requeue_failed([TopicPartition("req", 0, 10)])
     assert committer.commit_ready() == 0  # no new batch, but the retry goes out
@@ -338,18 +348,18 @@ def test_rejected_commit_is_sent_again(committer: Committer, consumer: FakeConsu
 def test_rejected_commit_merges_with_newer_batch(
     committer: Committer, consumer: FakeConsumer
 ) -> None:
-    committer.track(sent(0), {("req", 0): 10})
+    committer.track(job(sent(0), {("req", 0): 10}))
     committer.commit_ready()
     committer.requeue_failed([TopicPartition("req", 0, 10)])
-    committer.track(sent(0), {("req", 0): 15, ("req", 1): 2})
+    committer.track(job(sent(0), {("req", 0): 15, ("req", 1): 2}))
     assert committer.commit_ready() == 1
     assert consumer.commits[-1] == ([("req", 0, 15), ("req", 1, 2)], True)
 
 
 def test_stale_rejection_is_ignored(committer: Committer, consumer: FakeConsumer) -> None:
-    committer.track(sent(0), {("req", 0): 10})
+    committer.track(job(sent(0), {("req", 0): 10}))
     committer.commit_ready()
-    committer.track(sent(0), {("req", 0): 20})
+    committer.track(job(sent(0), {("req", 0): 20}))
     committer.commit_ready()
     committer.requeue_failed([TopicPartition("req", 0, 10)])  # superseded by 20
     assert committer.commit_ready() == 0
@@ -358,7 +368,7 @@ def test_stale_rejection_is_ignored(committer: Committer, consumer: FakeConsumer
 
 
 def test_forget_drops_pending_retry(committer: Committer, consumer: FakeConsumer) -> None:
-    committer.track(sent(0), {("req", 0): 10})
+    committer.track(job(sent(0), {("req", 0): 10}))
     committer.commit_ready()
     committer.requeue_failed([TopicPartition("req", 0, 10)])
     committer.forget([("req", 0)])
@@ -379,13 +389,13 @@ REBALANCING = KafkaError(KafkaError.REBALANCE_IN_PROGRESS)
 def test_rejected_commit_counts_its_records_until_a_later_commit_succeeds(
     committer: Committer, consumer: FakeConsumer
 ) -> None:
-    committer.track(sent(0), {("req", 0): 10, ("req", 1): 4}, {("req", 0): 30, ("req", 1): 20})
+    committer.track(job(sent(0), {("req", 0): 10, ("req", 1): 4}, {("req", 0): 30, ("req", 1): 20}))
     committer.commit_ready()
     assert committer.records == 0  # sent: nothing left to replay if it succeeds
     failed = committer.settle(REBALANCING, _answer({("req", 0): 10, ("req", 1): 4}))
     assert [(tp.partition, tp.offset) for tp in failed] == [(0, 10), (1, 4)]
     assert committer.records == 50, "a crash now would replay them"
-    committer.track(sent(0), {("req", 0): 12}, {("req", 0): 5})
+    committer.track(job(sent(0), {("req", 0): 12}, {("req", 0): 5}))
     committer.commit_ready()  # the retry goes out with the newer batch
     assert consumer.commits[-1] == ([("req", 0, 12), ("req", 1, 4)], True)
     assert committer.records == 50
@@ -394,7 +404,7 @@ def test_rejected_commit_counts_its_records_until_a_later_commit_succeeds(
 
 
 def test_partly_redone_commit_still_counts(committer: Committer) -> None:
-    committer.track(sent(0), {("req", 0): 10, ("req", 1): 4}, {("req", 0): 30, ("req", 1): 20})
+    committer.track(job(sent(0), {("req", 0): 10, ("req", 1): 4}, {("req", 0): 30, ("req", 1): 20}))
     committer.commit_ready()
     committer.settle(REBALANCING, _answer({("req", 0): 10, ("req", 1): 4}))
     committer.settle(None, _answer({("req", 0): 10}))
@@ -404,8 +414,8 @@ def test_partly_redone_commit_still_counts(committer: Committer) -> None:
 
 
 def test_good_answers_change_nothing(committer: Committer) -> None:
-    committer.track(sent(0), {("req", 0): 10}, {("req", 0): 50})
-    committer.track(sent(1), {("req", 0): 20}, {("req", 0): 7})
+    committer.track(job(sent(0), {("req", 0): 10}, {("req", 0): 50}))
+    committer.track(job(sent(1), {("req", 0): 20}, {("req", 0): 7}))
     committer.commit_ready()
     assert committer.settle(None, _answer({("req", 0): 10})) == []
     assert committer.records == 7
@@ -415,7 +425,7 @@ def test_good_answers_change_nothing(committer: Committer) -> None:
 
 
 def _reject_a_commit_of_50_records(committer: Committer) -> None:
-    committer.track(sent(0), {("req", 0): 10}, {("req", 0): 50})
+    committer.track(job(sent(0), {("req", 0): 10}, {("req", 0): 50}))
     committer.commit_ready()
     committer.settle(REBALANCING, _answer({("req", 0): 10}))
 
@@ -437,12 +447,12 @@ def test_clear_forgets_rejected_commits(committer: Committer) -> None:
 def test_unanswered_commit_counts_once_stalled(consumer: FakeConsumer) -> None:
     now = [100.0]
     committer = Committer(consumer, clock=lambda: now[0])
-    committer.track(sent(0), {("req", 0): 10}, {("req", 0): 50})
+    committer.track(job(sent(0), {("req", 0): 10}, {("req", 0): 50}))
     committer.commit_ready()
     assert committer.records == 0  # answers take milliseconds
     now[0] += STALLED_COMMIT_S
     assert committer.records == 50, "held back during a rebalance: a crash would replay them"
-    committer.track(sent(0), {("req", 0): 12}, {("req", 0): 5})
+    committer.track(job(sent(0), {("req", 0): 12}, {("req", 0): 5}))
     committer.commit_ready()
     assert committer.records == 50  # the newer commit is not stalled yet
     now[0] += STALLED_COMMIT_S
@@ -456,9 +466,9 @@ def test_unanswered_commit_counts_once_stalled(consumer: FakeConsumer) -> None:
 def test_a_later_good_commit_settles_older_unanswered_ones(consumer: FakeConsumer) -> None:
     now = [0.0]
     committer = Committer(consumer, clock=lambda: now[0])
-    committer.track(sent(0), {("req", 0): 10}, {("req", 0): 50})
+    committer.track(job(sent(0), {("req", 0): 10}, {("req", 0): 50}))
     committer.commit_ready()
-    committer.track(sent(0), {("req", 0): 12}, {("req", 0): 5})
+    committer.track(job(sent(0), {("req", 0): 12}, {("req", 0): 5}))
     committer.commit_ready()
     now[0] += 1.0
     committer.settle(None, _answer({("req", 0): 12}))
@@ -473,8 +483,8 @@ ILLEGAL_GENERATION = KafkaError(KafkaError.ILLEGAL_GENERATION)
 def _two_partitions_rejected(committer: Committer) -> None:
     """Two partitions tracked and committed asynchronously, both commits rejected while
     the group rebalances (as after a member is killed)."""
-    committer.track(sent(0), {("req", 2): 429}, {("req", 2): 150})
-    committer.track(sent(0), {("req", 3): 453}, {("req", 3): 196})
+    committer.track(job(sent(0), {("req", 2): 429}, {("req", 2): 150}))
+    committer.track(job(sent(0), {("req", 3): 453}, {("req", 3): 196}))
     committer.commit_ready()
     committer.settle(ILLEGAL_GENERATION, _answer({("req", 2): 429, ("req", 3): 453}))
     assert committer.records == 346
@@ -526,7 +536,7 @@ def test_a_synchronous_commit_that_raises_keeps_its_offsets_for_the_next_commit(
 def test_a_new_batch_committed_synchronously_that_raises_counts_until_redone(
     committer: Committer, consumer: FakeConsumer
 ) -> None:
-    committer.track(sent(0), {("req", 0): 10}, {("req", 0): 40})
+    committer.track(job(sent(0), {("req", 0): 10}, {("req", 0): 40}))
     consumer.fail_with = KafkaException(KafkaError(KafkaError.REBALANCE_IN_PROGRESS))
     with pytest.raises(CommitError):
         committer.commit_ready(asynchronous=False)
@@ -540,7 +550,7 @@ def test_a_new_batch_committed_synchronously_that_raises_counts_until_redone(
 def test_an_answer_for_a_commit_trimmed_by_a_revoke_still_settles_it(
     committer: Committer, consumer: FakeConsumer
 ) -> None:
-    committer.track(sent(0), {("req", 0): 10, ("req", 1): 4}, {("req", 0): 30, ("req", 1): 20})
+    committer.track(job(sent(0), {("req", 0): 10, ("req", 1): 4}, {("req", 0): 30, ("req", 1): 20}))
     committer.commit_ready()
     committer.forget([("req", 1)])
     failed = committer.settle(REBALANCING, _answer({("req", 0): 10, ("req", 1): 4}))

@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from worker.processor import Job, Processor, Step
+from worker.batch import Job
+from worker.processor import Processor, Step
 from worker.sink import DeliveryTracker
 
 
