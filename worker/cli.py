@@ -101,7 +101,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_replay_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``replay`` and ``offsets`` (issue 5); their work is in worker.replay/worker.offsets."""
+    """``replay`` and ``offsets``; their work is in worker.replay and worker.offsets."""
     config_help = "TOML config file [env: STREAMFER_CONFIG]"
     config_default = os.environ.get("STREAMFER_CONFIG")
     replay = sub.add_parser(

@@ -4,6 +4,7 @@ replay loop over a fake consumer and producer with the real pipeline and ONNX mo
 from __future__ import annotations
 
 import io
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -162,8 +163,10 @@ class FakeMessage:
         offset: int,
         value: bytes | None,
         error: KafkaError | None = None,
+        key: bytes | None = None,
     ) -> None:
         self._t, self._p, self._o, self._v, self._e = topic, partition, offset, value, error
+        self._k = key if key is not None else b"k%d" % offset
 
     def topic(self) -> str:
         return self._t
@@ -178,7 +181,7 @@ class FakeMessage:
         return self._v
 
     def key(self) -> bytes | None:
-        return b"k%d" % self._o
+        return self._k
 
     def timestamp(self) -> tuple[int, int]:
         return (1, 1_700_000_000_000 + self._o)
@@ -249,32 +252,34 @@ class FakeConsumer:
         return merged
 
 
-class FakeError:
-    def str(self) -> str:
-        return "Broker: Message size too large"
-
-
 class FakeProducer:
-    """Delivers on ``poll``; values whose request id is in ``fail`` are refused."""
+    """Delivers on ``poll`` (from any thread, as the worker's stages poll too); a result
+    whose request id is in ``fail`` is refused with ``error``."""
 
-    def __init__(self, fail: set[str] | None = None) -> None:
-        self.pending: list[tuple[str, bytes, list[Any], Any]] = []
+    def __init__(self, fail: set[str] | None = None, error: int = KafkaError.MSG_SIZE_TOO_LARGE):
+        self.pending: list[tuple[str, bytes, bytes | None, list[Any], Any]] = []
         self.delivered: list[tuple[str, bytes, list[Any]]] = []
         self.fail = fail or set()
+        self.error = error
+        self._lock = threading.Lock()
 
     def produce(
         self, topic: str, value: bytes, key: bytes | None, *, headers: Any, on_delivery: Any
     ) -> None:
-        self.pending.append((topic, value, headers, on_delivery))
+        with self._lock:
+            self.pending.append((topic, value, key, headers, on_delivery))
 
     def poll(self, timeout: float = 0) -> int:
-        done, self.pending = self.pending, []
-        for topic, value, headers, callback in done:
-            rid = orjson.loads(value).get("id") or orjson.loads(value).get("request_id")
-            err = FakeError() if rid in self.fail else None
-            callback(err, FakeMessage(topic, 0, 0, value))
+        with self._lock:
+            done, self.pending = self.pending, []
+        for topic, value, key, headers, callback in done:
+            doc = orjson.loads(value)
+            refused = topic == "res.replay.1" and doc.get("id") in self.fail
+            err = KafkaError(self.error) if refused else None
+            callback(err, FakeMessage(topic, 0, 0, value, key=key))
             if err is None:
-                self.delivered.append((topic, value, headers))
+                with self._lock:
+                    self.delivered.append((topic, value, headers))
         return len(done)
 
     def flush(self, timeout: float = 0) -> int:
@@ -331,7 +336,7 @@ def _replay(
         positions=positions or {r.key: r.start for r in plan.ranges},
         consumer=consumer,  # type: ignore[arg-type]
         sink=ReplaySink(producer, "r1", "dlq.replay.1"),  # type: ignore[arg-type]
-        handler=pipeline,
+        pipeline=pipeline,
         batch=BatchPolicy(max_batch_size=4, max_wait_ms=0),
         checkpoint_interval_s=0.0,
     )
@@ -402,14 +407,29 @@ def test_stopped_replay_resumes_from_its_checkpoint_without_a_gap(pipeline: Pipe
     assert second.committed() == {("req", 0): 30, ("req", 1): 30}
 
 
-def test_a_refused_delivery_fails_the_replay_and_is_never_checkpointed(
+def test_a_result_the_broker_refuses_becomes_its_dead_letter_and_the_replay_goes_on(
     pipeline: Pipeline,
 ) -> None:
     logs = {("req", 0): _log(20, 0)}
     consumer = FakeConsumer(logs, {("req", 0): 20})
     producer = FakeProducer(fail={"p0-9"})
     replay = _replay(_plan([PartitionRange("req", 0, 0, 20)]), consumer, producer, pipeline)
-    with pytest.raises(SinkError, match="Message size too large"):
+    replay.run()
+    assert replay.complete
+    assert (replay.results, replay.dead_letters, replay.checkpointed) == (19, 1, 20)
+    dead = [orjson.loads(v) for t, v, _ in producer.delivered if t == "dlq.replay.1"]
+    assert [(d["request_id"], d["code"]) for d in dead] == [("p0-9", "result_refused")]
+    assert consumer.committed() == {("req", 0): 20}
+
+
+def test_a_failed_delivery_fails_the_replay_and_is_never_checkpointed(
+    pipeline: Pipeline,
+) -> None:
+    logs = {("req", 0): _log(20, 0)}
+    consumer = FakeConsumer(logs, {("req", 0): 20})
+    producer = FakeProducer(fail={"p0-9"}, error=KafkaError._MSG_TIMED_OUT)
+    replay = _replay(_plan([PartitionRange("req", 0, 0, 20)]), consumer, producer, pipeline)
+    with pytest.raises(SinkError, match="timed out"):
         replay.run()
     assert not replay.complete
     assert consumer.committed().get(("req", 0), 0) <= 9
