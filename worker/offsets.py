@@ -113,6 +113,24 @@ def lookup_consumer_config(settings: KafkaSettings, group_id: str) -> dict[str, 
     return conf
 
 
+_COORDINATOR_SETTLING = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+    }
+)
+"""Answers of a group coordinator that is moving or still loading (a new group on a
+fresh cluster gets them for its first seconds): asked again, it answers."""
+
+COORDINATOR_WAIT_S = 30.0
+
+
+def _settling(exc: KafkaException) -> bool:
+    err = exc.args[0] if exc.args else None
+    return isinstance(err, KafkaError) and err.code() in _COORDINATOR_SETTLING
+
+
 class KafkaOffsets:
     """``ranges.OffsetLookup`` and committed-offset access over one assign-only ``Consumer``.
 
@@ -166,10 +184,16 @@ class KafkaOffsets:
         query = [TopicPartition(t, p) for t, p in keys]
         if not query:
             return {}
-        try:
-            found = self.consumer.committed(query, timeout=self._timeout)
-        except KafkaException as exc:
-            raise SourceError(f"cannot read committed offsets: {exc}") from exc
+        deadline = time.monotonic() + COORDINATOR_WAIT_S
+        while True:
+            try:
+                found = self.consumer.committed(query, timeout=self._timeout)
+                break
+            except KafkaException as exc:
+                if not _settling(exc) or time.monotonic() >= deadline:
+                    raise SourceError(f"cannot read committed offsets: {exc}") from exc
+                log.info("the group coordinator is not ready (%s); asking again", exc)
+                time.sleep(0.5)
         return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in found}
 
     def commit(self, offsets: dict[PartitionKey, int]) -> None:

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from worker.errors import ConfigError
-from worker.offsets import ResetTarget, parse_partitions, parse_time, plan_reset
+from worker.errors import ConfigError, SourceError
+from worker.offsets import (
+    KafkaOffsets,
+    ResetTarget,
+    parse_partitions,
+    parse_time,
+    plan_reset,
+)
 
 
 class FakeLookup:
@@ -95,3 +103,31 @@ def test_plan_reset_refuses_unknown_partitions_and_topics() -> None:
 def test_reset_target_describes_itself() -> None:
     assert ResetTarget("time", 1_767_225_600_000).describe() == "time 2026-01-01T00:00:00Z"
     assert ResetTarget("earliest").describe() == "earliest"
+
+
+class SettlingConsumer:
+    """Answers ``committed`` with NOT_COORDINATOR ``refusals`` times first, as a fresh
+    cluster's coordinator does for a new group."""
+
+    def __init__(self, refusals: int, code: int = KafkaError.NOT_COORDINATOR) -> None:
+        self.refusals, self.code, self.calls = refusals, code, 0
+
+    def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        self.calls += 1
+        if self.calls <= self.refusals:
+            raise KafkaException(KafkaError(self.code))
+        return [TopicPartition(tp.topic, tp.partition, 7) for tp in partitions]
+
+
+def test_committed_asks_again_while_the_coordinator_settles() -> None:
+    consumer = SettlingConsumer(refusals=2)
+    offsets = KafkaOffsets(cast(Consumer, consumer))
+    assert offsets.committed([("req", 0)]) == {("req", 0): 7}
+    assert consumer.calls == 3
+
+
+def test_committed_fails_at_once_on_other_errors() -> None:
+    consumer = SettlingConsumer(refusals=1, code=KafkaError.GROUP_AUTHORIZATION_FAILED)
+    with pytest.raises(SourceError, match="cannot read committed offsets"):
+        KafkaOffsets(cast(Consumer, consumer)).committed([("req", 0)])
+    assert consumer.calls == 1
