@@ -1,8 +1,7 @@
 """The worker: one consumer-group member running one or more pipelines.
 
-``Worker.from_config`` is the composition root: it loads and warms every model, checks
-Redis, and builds the real consumer, producer and stores before joining the group. The
-constructor takes those parts as keyword arguments so tests can hand in others.
+The constructor takes the consumer, producer, pipelines and metrics as keyword
+arguments (``worker.compose.build_worker`` builds the real ones), so tests hand in fakes.
 
 Four threads. The loop thread owns the consumer: it consumes, routes records to each
 pipeline's batcher, hands closed batches to the processing threads, serves delivery
@@ -14,11 +13,9 @@ processing threads (``worker.processor``) decode and enrich one batch while the 
 on the one before and the one before that is produced, each stage one batch at a time in
 order.
 
-Rebalances run inside ``consume`` on the loop thread. On revoke: buffered records of the
-revoked partitions are dropped (never produced, so the next owner serves them without
-duplicates), batches holding them are given ``revoke_timeout_s`` to finish, and what
-finished is committed synchronously. On lost: dropped without a commit. ``stop()`` (from
-a signal handler) ends the loop; the worker then drains open batches, commits and leaves.
+Rebalances run inside ``consume`` on the loop thread (``worker.membership``). ``stop()``
+(from a signal handler) ends the loop; the worker then drains open batches, commits and
+leaves.
 
 With ``delivery = "exactly-once"`` each batch is one transaction holding its results,
 dead letters and offsets; an abortable error aborts it and rewinds every owned partition
@@ -28,7 +25,6 @@ to its committed offset, a fatal one also re-creates the producer.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Sequence
@@ -40,7 +36,6 @@ from confluent_kafka import (
     Message,
     TopicPartition,
 )
-from prometheus_client import CollectorRegistry
 
 from worker.batch import Job, PartitionKey
 from worker.batcher import Batcher, Clock, monotonic_clock
@@ -51,16 +46,14 @@ from worker.errors import CommitError, SinkError
 from worker.exactly_once import GroupConsumer, Transactional
 from worker.health import HealthState
 from worker.lag import LagStats
-from worker.limits import RecordLimits
+from worker.membership import Membership
 from worker.metrics import Metrics
-from worker.parts import open_parts
-from worker.pausing import PausingManager, describe_partitions
+from worker.pausing import PausingManager
 from worker.pipeline import Pipeline
 from worker.processor import Processor, Step
 from worker.sink import DeliveryTracker, Sink
-from worker.source import Source, consumer_config, position
+from worker.source import Source, position
 from worker.stages import batch_steps
-from worker.transactions import transactional_producer, verify_isolation
 
 __all__ = ["Worker"]
 
@@ -68,15 +61,6 @@ log = logging.getLogger(__name__)
 
 _IDLE_CHECK_S = 0.005
 """Adaptive batching: how often the loop looks for an idle model while records wait."""
-
-
-def _partition_of(msg: Message) -> PartitionKey:
-    topic, partition, _ = position(msg)
-    return (topic, partition)
-
-
-def _keys(partitions: Sequence[TopicPartition]) -> set[PartitionKey]:
-    return {(tp.topic, tp.partition) for tp in partitions}
 
 
 class Worker:
@@ -118,12 +102,28 @@ class Worker:
         self._source = Source(
             consumer,
             list(self._route),
-            on_assign=self._on_assign,
-            on_revoke=self._on_revoke,
-            on_lost=self._on_lost,
+            on_assign=lambda parts: self._membership.on_assign(parts),
+            on_revoke=lambda parts: self._membership.on_revoke(parts),
+            on_lost=lambda parts: self._membership.on_lost(parts),
             pin_latest=config.kafka.auto_offset_reset == "latest",
         )
         self._processor = Processor(self._start_job)
+        self._pausing = PausingManager(
+            self._source,
+            config.max_in_flight_batches * max(p.config.batch.max_batch_size for p in pipelines),
+            metrics.paused_partitions.set,
+        )
+        self._lag = LagStats(metrics.consumer_lag, metrics.seconds_to_drain)
+        self._membership = Membership(
+            batchers=self._batchers,
+            processor=self._processor,
+            pausing=self._pausing,
+            lag=self._lag,
+            metrics=metrics,
+            health=self.health,
+            revoke_timeout_s=config.revoke_timeout_s,
+            clock=clock,
+        )
         stages = Stages(sink, self._processor, self._committer, self._pipelines, metrics)
         self._delivery: Delivery = (
             Transactional(
@@ -132,15 +132,15 @@ class Worker:
                 config.kafka,
                 interval_s=config.transaction_interval_ms / 1000.0,
                 timeout_s=config.shutdown_timeout_s,
-                owned=lambda: self.assigned,
+                owned=lambda: self._membership.assigned,
                 drop_buffered=self._drop_buffered,
                 abort_every=fault_abort_every,
             )
             if config.delivery == "exactly-once"
             else AtLeastOnce(stages)
         )
+        self._membership.delivery = self._delivery
         self._stop = threading.Event()
-        self._failed = False
         self._single = next(iter(self._batchers)) if len(self._batchers) == 1 else None
         self._max_messages = max(p.config.batch.max_batch_size for p in pipelines)
         self._poll_s = config.poll_timeout_ms / 1000.0
@@ -148,76 +148,10 @@ class Worker:
         self._fetch_started = clock()
         self._active_at = clock()
         """When records last came: burst mode stops after a long enough quiet."""
-        self._pausing = PausingManager(
-            self._source,
-            config.max_in_flight_batches * max(p.config.batch.max_batch_size for p in pipelines),
-            metrics.paused_partitions.set,
-        )
-        self._to_check: set[PartitionKey] = set()
-        self._lag = LagStats(metrics.consumer_lag, metrics.seconds_to_drain)
-        self.assigned: set[PartitionKey] = set()
-        self._assigned_at = 0.0
 
-    @classmethod
-    def from_config(cls, config: WorkerConfig, registry: CollectorRegistry | None = None) -> Worker:
-        """Build real parts; load and warm every model before the group is joined.
-
-        Raises ConfigError (including a broker without working transactions in
-        exactly-once mode), EngineError or FeatureStoreError.
-        """
-        metrics = Metrics(registry)
-        health = HealthState(liveness_timeout_s=config.liveness_timeout_s)
-        abort = threading.Event()
-
-        pipelines = []
-        for p in config.pipelines:
-            engine, store = open_parts(p, config.redis)
-            metrics.model_info.labels(
-                p.name, p.model.name, p.model.version, engine.model_hash, engine.providers[0]
-            ).set(1)
-            pipelines.append(
-                Pipeline(
-                    p,
-                    store=store,
-                    engine=engine,
-                    metrics=metrics.for_pipeline(p.name),
-                    retry_feature_store_s=config.feature_store_retry_s,
-                    abort=abort,
-                    on_feature_store=health.feature_store,
-                )
-            )
-        outputs = [t for p in config.pipelines for t in (p.result_topic, p.dead_letter_topic)]
-        limits = RecordLimits.read(config.kafka, outputs)
-        if config.delivery == "exactly-once":
-            verify_isolation(config.kafka)
-            sink = Sink(transactional_producer(config.kafka, limits), limits)
-        else:
-            sink = Sink.from_settings(config.kafka, limits)
-        sink.warm_up(outputs)
-        built: list[Worker] = []
-        consumer = Consumer(
-            consumer_config(
-                config.kafka,
-                on_commit=lambda e, p: built[0].on_commit(e, p),
-                on_error=lambda e: built[0].on_error(e),
-                on_stats=lambda s: built[0].on_stats(s),
-                statistics_interval_ms=config.statistics_interval_ms,
-                read_committed=config.delivery == "exactly-once",
-            )
-        )
-        worker = cls(
-            config=config,
-            consumer=consumer,
-            sink=sink,
-            pipelines=pipelines,
-            metrics=metrics,
-            health=health,
-            abort=abort,
-            # the fault harness's injected aborts (benchmarks/chaos.py), never set otherwise
-            fault_abort_every=int(os.environ.get("STREAMFER_FAULT_ABORT_EVERY", "0")),
-        )
-        built.append(worker)
-        return worker
+    @property
+    def assigned(self) -> set[PartitionKey]:
+        return self._membership.assigned
 
     # -- callbacks from librdkafka (loop thread) ------------------------------------------
 
@@ -260,7 +194,7 @@ class Worker:
                     break
             self._drain()
         except BaseException:
-            self._failed = True
+            self._membership.commit_on_revoke = False
             self._abort.set()
             raise
         finally:
@@ -283,9 +217,9 @@ class Worker:
     def _check_health(self) -> None:
         self.health.turned()
         self._processor.check()
-        if self._to_check:
-            keys, self._to_check = self._to_check & self.assigned, set()
-            self._source.check_retention(keys)
+        unchecked = self._membership.take_unchecked()
+        if unchecked:
+            self._source.check_retention(unchecked)
 
     def _fetch(self) -> list[Message]:
         """Records fetched within the earliest batch window: an open batch's deadline, or
@@ -343,7 +277,7 @@ class Worker:
             bool(self.assigned)
             and not len(self._committer)
             and all(len(b) == 0 for b in self._batchers.values())
-            and self._clock() - max(self._active_at, self._assigned_at) >= seconds
+            and self._clock() - max(self._active_at, self._membership.assigned_at) >= seconds
         )
 
     def _observe_done(self, tracker: DeliveryTracker) -> None:
@@ -449,65 +383,6 @@ class Worker:
         except Exception:  # close must not hide the error that brought us here
             log.exception("closing the consumer failed")
         self._delivery.close(min(5.0, self.config.shutdown_timeout_s))
-
-    # -- rebalance callbacks (inside consume, loop thread) --------------------------------
-
-    def _on_assign(self, partitions: list[TopicPartition]) -> None:
-        keys = _keys(partitions)
-        self.assigned |= keys
-        self._pausing.assigned(keys)
-        self._to_check |= keys
-        self._assigned_at = self._clock()
-        self.health.joined = True
-        self.metrics.rebalances.labels("assign").inc()
-        self.metrics.assigned_partitions.set(len(self.assigned))
-        log.info(
-            "assigned %s; owning %d partitions", describe_partitions(partitions), len(self.assigned)
-        )
-
-    def _on_revoke(self, partitions: list[TopicPartition]) -> None:
-        keys = _keys(partitions)
-        self.metrics.rebalances.labels("revoke").inc()
-        dropped = sum(b.drop(keys, _partition_of) for b in self._batchers.values())
-        if not self._failed:
-            deadline = time.monotonic() + self.config.revoke_timeout_s
-            while self._processor.busy_with(keys) and time.monotonic() < deadline:
-                self._delivery.serve(0.01)
-            if self._processor.busy_with(keys):
-                log.warning(
-                    "revoke: batches of %s still running after %.0fs; the next owner "
-                    "may repeat them",
-                    describe_partitions(partitions),
-                    self.config.revoke_timeout_s,
-                )
-            try:
-                self._delivery.finish(deadline, at_least_s=0.1)
-                self._delivery.commit(asynchronous=False)
-            except (CommitError, SinkError) as exc:
-                log.warning(
-                    "commit on revoke failed, the next owner repeats those records: %s", exc
-                )
-        self._forget(keys)
-        self._delivery.revoked(keys)
-        log.info(
-            "revoked %s (dropped %d buffered records)", describe_partitions(partitions), dropped
-        )
-
-    def _on_lost(self, partitions: list[TopicPartition]) -> None:
-        keys = _keys(partitions)
-        self.metrics.rebalances.labels("lost").inc()
-        dropped = sum(b.drop(keys, _partition_of) for b in self._batchers.values())
-        self._forget(keys)
-        self._delivery.lost(keys)
-        log.warning(
-            "lost %s (dropped %d buffered records)", describe_partitions(partitions), dropped
-        )
-
-    def _forget(self, keys: set[PartitionKey]) -> None:
-        self.assigned -= keys
-        self._pausing.forget(keys)
-        self._lag.forget(keys)
-        self.metrics.assigned_partitions.set(len(self.assigned))
 
 
 def _group_by_pipeline(messages: list[Message], route: dict[str, str]) -> dict[str, list[Message]]:

@@ -227,7 +227,7 @@ def _cmd_features_load(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from worker.app import Worker
+    from worker.compose import build_worker
     from worker.config import load_config
     from worker.logs import setup_logging
 
@@ -238,7 +238,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 2
     setup_logging(config.log_format, getattr(logging, config.log_level.upper()))
     try:
-        worker = Worker.from_config(config)
+        worker = build_worker(config)
     except StreamferError as exc:
         log.error("cannot start: %s", exc)
         return 2 if isinstance(exc, ConfigError) else 1

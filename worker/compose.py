@@ -1,0 +1,88 @@
+"""The composition root: the real parts of a worker, built from its config.
+
+Every model is loaded and warmed and Redis checked before the group is joined, so a
+worker that cannot serve never takes partitions. ``Worker`` itself takes its parts as
+keyword arguments, so tests hand in fakes instead.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from confluent_kafka import Consumer
+from prometheus_client import CollectorRegistry
+
+from worker.app import Worker
+from worker.config import WorkerConfig
+from worker.health import HealthState
+from worker.limits import RecordLimits
+from worker.metrics import Metrics
+from worker.parts import open_parts
+from worker.pipeline import Pipeline
+from worker.sink import Sink
+from worker.source import consumer_config
+from worker.transactions import transactional_producer, verify_isolation
+
+__all__ = ["build_worker"]
+
+
+def build_worker(config: WorkerConfig, registry: CollectorRegistry | None = None) -> Worker:
+    """Build real parts; load and warm every model before the group is joined.
+
+    Raises ConfigError (including a broker without working transactions in
+    exactly-once mode), EngineError or FeatureStoreError.
+    """
+    metrics = Metrics(registry)
+    health = HealthState(liveness_timeout_s=config.liveness_timeout_s)
+    abort = threading.Event()
+
+    pipelines = []
+    for p in config.pipelines:
+        engine, store = open_parts(p, config.redis)
+        metrics.model_info.labels(
+            p.name, p.model.name, p.model.version, engine.model_hash, engine.providers[0]
+        ).set(1)
+        pipelines.append(
+            Pipeline(
+                p,
+                store=store,
+                engine=engine,
+                metrics=metrics.for_pipeline(p.name),
+                retry_feature_store_s=config.feature_store_retry_s,
+                abort=abort,
+                on_feature_store=health.feature_store,
+            )
+        )
+    outputs = [t for p in config.pipelines for t in (p.result_topic, p.dead_letter_topic)]
+    limits = RecordLimits.read(config.kafka, outputs)
+    if config.delivery == "exactly-once":
+        verify_isolation(config.kafka)
+        sink = Sink(transactional_producer(config.kafka, limits), limits)
+    else:
+        sink = Sink.from_settings(config.kafka, limits)
+    sink.warm_up(outputs)
+    built: list[Worker] = []
+    consumer = Consumer(
+        consumer_config(
+            config.kafka,
+            on_commit=lambda e, p: built[0].on_commit(e, p),
+            on_error=lambda e: built[0].on_error(e),
+            on_stats=lambda s: built[0].on_stats(s),
+            statistics_interval_ms=config.statistics_interval_ms,
+            read_committed=config.delivery == "exactly-once",
+        )
+    )
+    worker = Worker(
+        config=config,
+        consumer=consumer,
+        sink=sink,
+        pipelines=pipelines,
+        metrics=metrics,
+        health=health,
+        abort=abort,
+        # the fault harness's injected aborts (benchmarks/chaos.py), never set otherwise
+        fault_abort_every=int(os.environ.get("STREAMFER_FAULT_ABORT_EVERY", "0")),
+    )
+    built.append(worker)
+    return worker
