@@ -9,7 +9,7 @@ reports, commits the delivered prefix of batches, and holds back (waiting, then 
 its partitions) while ``max_in_flight_batches`` full batches' worth of records are
 uncommitted (it keeps calling ``consume``, so slow models or an unreachable Redis never
 make it miss ``max.poll.interval.ms``). The
-processing threads (``worker.processor``) decode and enrich one batch while the model runs
+processing threads (``worker.stage_threads``) decode and enrich one batch while the model runs
 on the one before and the one before that is produced, each stage one batch at a time in
 order.
 
@@ -50,9 +50,9 @@ from worker.membership import Membership
 from worker.metrics import Metrics
 from worker.pausing import PausingManager
 from worker.pipeline import Pipeline
-from worker.processor import Processor, Step
 from worker.sink import DeliveryTracker, Sink
 from worker.source import Source, position
+from worker.stage_threads import StageThreads, Step
 from worker.stages import batch_steps
 
 __all__ = ["Worker"]
@@ -107,7 +107,7 @@ class Worker:
             on_lost=lambda parts: self._membership.on_lost(parts),
             pin_latest=config.kafka.auto_offset_reset == "latest",
         )
-        self._processor = Processor(self._start_job)
+        self._threads = StageThreads(self._start_job)
         self._pausing = PausingManager(
             self._source,
             config.max_in_flight_batches * max(p.config.batch.max_batch_size for p in pipelines),
@@ -116,7 +116,7 @@ class Worker:
         self._lag = LagStats(metrics.consumer_lag, metrics.seconds_to_drain)
         self._membership = Membership(
             batchers=self._batchers,
-            processor=self._processor,
+            threads=self._threads,
             pausing=self._pausing,
             lag=self._lag,
             metrics=metrics,
@@ -124,7 +124,7 @@ class Worker:
             revoke_timeout_s=config.revoke_timeout_s,
             clock=clock,
         )
-        stages = Stages(sink, self._processor, self._committer, self._pipelines, metrics)
+        stages = Stages(sink, self._threads, self._committer, self._pipelines, metrics)
         self._delivery: Delivery = (
             Transactional(
                 stages,
@@ -216,7 +216,7 @@ class Worker:
 
     def _check_health(self) -> None:
         self.health.turned()
-        self._processor.check()
+        self._threads.check()
         unchecked = self._membership.take_unchecked()
         if unchecked:
             self._source.check_retention(unchecked)
@@ -237,7 +237,7 @@ class Worker:
             # Take records as soon as they are there (a lone request is not held for a
             # full fetch), and while records wait for a busy model, look again every few
             # milliseconds so they go the moment it is idle.
-            if self._processor.pending() and any(map(len, batchers)):
+            if self._threads.pending() and any(map(len, batchers)):
                 timeout = min(timeout, _IDLE_CHECK_S)
             messages = self._source.consume_first(self._max_messages, timeout)
         else:
@@ -264,7 +264,7 @@ class Worker:
     def _close_windows(self) -> None:
         """Hand over batches whose window ended; adaptive: an idle model takes whatever is
         waiting, however few."""
-        idle = self._processor.pending() == 0
+        idle = self._threads.pending() == 0
         for name, batcher in self._batchers.items():
             ready = batcher.flush() if batcher.adaptive and idle else batcher.expired()
             if ready is not None:
@@ -308,7 +308,7 @@ class Worker:
             grace = min(1.0, self.config.kafka.max_poll_interval_ms / 4000.0)
             deadline = self._clock() + grace
             while pausing.full(delivery.records_in_flight()) and self._clock() < deadline:
-                self._processor.check()
+                self._threads.check()
                 delivery.serve(0.002)
                 delivery.commit()
         pausing.update(delivery.records_in_flight(), self.assigned, len(self._committer))
@@ -332,12 +332,12 @@ class Worker:
                 self._submit(name, rest)
         deadline = time.monotonic() + self.config.shutdown_timeout_s
         delivery = self._delivery
-        while self._processor.pending() and time.monotonic() < deadline:
-            self._processor.check()
+        while self._threads.pending() and time.monotonic() < deadline:
+            self._threads.check()
             delivery.serve(0.01)
             delivery.commit()
-        self._processor.check()  # a stage that failed while draining emptied the queues
-        unfinished = self._processor.pending()
+        self._threads.check()  # a stage that failed while draining emptied the queues
+        unfinished = self._threads.pending()
         if unfinished:
             self._abort.set()  # an unreachable feature store gives up now
         delivery.finish(deadline, at_least_s=1.0)
@@ -376,7 +376,7 @@ class Worker:
 
     def _close(self) -> None:
         self._abort.set()
-        if not self._processor.close(5.0):
+        if not self._threads.close(5.0):
             log.warning("the processing thread did not finish")
         try:
             self._source.close()

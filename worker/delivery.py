@@ -24,8 +24,8 @@ from worker.commit import Committer
 from worker.errors import CommitError
 from worker.metrics import Metrics
 from worker.pipeline import Pipeline
-from worker.processor import Processor
 from worker.sink import DeliveryTracker, Sink
+from worker.stage_threads import StageThreads
 
 __all__ = ["AtLeastOnce", "Delivery", "Stages"]
 
@@ -37,7 +37,7 @@ class Stages:
     """What a delivery mode shares with the worker that drives it."""
 
     sink: Sink
-    processor: Processor
+    threads: StageThreads
     committer: Committer
     pipelines: Mapping[str, Pipeline]
     metrics: Metrics
@@ -135,7 +135,7 @@ class AtLeastOnce:
 
     def enqueue(self, job: Job) -> None:
         self.committer.track(job)
-        self._stages.processor.submit(job)
+        self._stages.threads.submit(job)
         self._stages.metrics.in_flight_batches.set(len(self.committer))
 
     def records_in_flight(self) -> int:

@@ -89,7 +89,7 @@ class Transactional:
         self._closed = 0
         self._stages = stages
         self._sink = stages.sink
-        self._processor = stages.processor
+        self._threads = stages.threads
         self.committer = stages.committer
         self._consumer = consumer
         self._settings = settings
@@ -116,7 +116,7 @@ class Transactional:
             txn.started = time.monotonic()
         txn.jobs.append(job)
         self.committer.track(job)
-        self._processor.submit(job)
+        self._threads.submit(job)
         self._stages.metrics.in_flight_batches.set(len(self.committer))
 
     def records_in_flight(self) -> int:
@@ -176,7 +176,7 @@ class Transactional:
         force = deadline is not None
         if (
             not force
-            and self._processor.pending()
+            and self._threads.pending()
             and time.monotonic() - txn.started < (self._interval_s)
         ):
             return
@@ -185,7 +185,7 @@ class Transactional:
             if deadline is None:
                 return
             while not all(job.tracker.sealed for job in txn.jobs):
-                self._processor.check()
+                self._threads.check()
                 if time.monotonic() > deadline:
                     raise SinkError("batches of the open transaction did not finish in time")
                 time.sleep(0.005)
@@ -255,10 +255,10 @@ class Transactional:
     def _rewind_to_committed(self) -> None:
         """Drop all work in flight and restart from the committed offsets."""
         self._rewinds += 1
-        processor = self._processor
-        dropped = len(processor.discard_queued())
+        threads = self._threads
+        dropped = len(threads.discard_queued())
         deadline = time.monotonic() + self._timeout_s
-        while processor.pending() and time.monotonic() < deadline:
+        while threads.pending() and time.monotonic() < deadline:
             time.sleep(0.01)
         self._drop_buffered()
         self.committer.clear()

@@ -26,7 +26,7 @@ from worker.health import HealthState
 from worker.lag import LagStats
 from worker.metrics import Metrics
 from worker.pausing import PausingManager, describe_partitions
-from worker.processor import Processor
+from worker.stage_threads import StageThreads
 
 __all__ = ["Membership"]
 
@@ -49,7 +49,7 @@ class Membership:
         self,
         *,
         batchers: Mapping[str, Batcher[Message]],
-        processor: Processor,
+        threads: StageThreads,
         pausing: PausingManager,
         lag: LagStats,
         metrics: Metrics,
@@ -58,7 +58,7 @@ class Membership:
         clock: Clock,
     ) -> None:
         self._batchers = batchers
-        self._processor = processor
+        self._threads = threads
         self._pausing = pausing
         self._lag = lag
         self._metrics = metrics
@@ -93,14 +93,14 @@ class Membership:
 
     def on_revoke(self, partitions: list[TopicPartition]) -> None:
         keys = _keys(partitions)
-        delivery, processor = self._delivery(), self._processor
+        delivery, threads = self._delivery(), self._threads
         self._metrics.rebalances.labels("revoke").inc()
         dropped = sum(b.drop(keys, _partition_of) for b in self._batchers.values())
         if self.commit_on_revoke:
             deadline = time.monotonic() + self._revoke_timeout_s
-            while processor.busy_with(keys) and time.monotonic() < deadline:
+            while threads.busy_with(keys) and time.monotonic() < deadline:
                 delivery.serve(0.01)
-            if processor.busy_with(keys):
+            if threads.busy_with(keys):
                 log.warning(
                     "revoke: batches of %s still running after %.0fs; the next owner "
                     "may repeat them",

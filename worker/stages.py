@@ -1,4 +1,4 @@
-"""The processing stages of one batch, as the ``Processor`` threads run them.
+"""The processing stages of one batch, as the ``StageThreads`` threads run them.
 
 Decode and enrich on the first thread, infer on the second, publish on the third, each
 a step that returns the next. A batch a rewind made stale (exactly-once) is skipped at
@@ -11,14 +11,14 @@ from __future__ import annotations
 from worker.batch import Job
 from worker.delivery import Delivery
 from worker.pipeline import Pipeline
-from worker.processor import Step
 from worker.sink import Sink
+from worker.stage_threads import Step
 
 __all__ = ["batch_steps"]
 
 
 def batch_steps(job: Job, pipeline: Pipeline, sink: Sink, delivery: Delivery) -> Step | None:
-    """Run the first stage of ``job`` and return the rest (``Processor`` calls it)."""
+    """Run the first stage of ``job`` and return the rest (``StageThreads`` calls it)."""
     if delivery.stale(job):
         _skip(job)
         return None

@@ -1,6 +1,6 @@
 """A replay's run on the live worker's engine.
 
-The same stage threads (``worker.processor``, ``worker.stages``), the same delivery mode
+The same stage threads (``worker.stage_threads``, ``worker.stages``), the same delivery mode
 (``worker.delivery.AtLeastOnce``: a batch commits after its deliveries, and a record the
 broker refuses for itself becomes its request's dead letter) and the same committer as
 ``streamfer run``. What is a replay's own is the source and the checkpoint cadence: it
@@ -32,11 +32,11 @@ from worker.delivery import AtLeastOnce, Stages
 from worker.errors import SinkError, StreamferError
 from worker.metrics import Metrics
 from worker.pipeline import Pipeline
-from worker.processor import Processor, Step
 from worker.replay.pace import Progress, RateLimiter
 from worker.replay.plan import ReplayPlan
 from worker.sink import DeliveryTracker, Headers, Sink
 from worker.source import end_of_partition
+from worker.stage_threads import StageThreads, Step
 from worker.stages import batch_steps
 
 __all__ = ["REPLAY_ID_HEADER", "Replay", "ReplayConsumer", "ReplaySink"]
@@ -133,10 +133,10 @@ class Replay:
         self._abort = abort or threading.Event()
         self._clock = clock
         self._committer = Committer(consumer, on_done=self._retired)
-        self._processor = Processor(self._steps, name="replay")
+        self._threads = StageThreads(self._steps, name="replay")
         stages = Stages(
             sink,
-            self._processor,
+            self._threads,
             self._committer,
             {pipeline.name: pipeline},
             metrics or Metrics(CollectorRegistry()),
@@ -178,15 +178,15 @@ class Replay:
             raise
         finally:
             self._abort.set()
-            self._processor.close(5.0)
+            self._threads.close(5.0)
 
     def _loop(self, active: set[PartitionKey], batcher: Batcher[Message]) -> None:
         consumer, clock, limiter = self._consumer, self._clock, self._limiter
-        delivery, processor = self._delivery, self._processor
+        delivery, threads = self._delivery, self._threads
         max_messages = self._policy.max_batch_size
         next_checkpoint = clock() + self._interval
         while active and not self._stop.is_set():
-            processor.check()
+            threads.check()
             fetch_started = clock()
             deadline = batcher.deadline()
             timeout = self._poll_s if deadline is None else max(0.0, deadline - fetch_started)
@@ -209,7 +209,7 @@ class Replay:
                 self._submit(expired)
             delivery.serve(0)
             while self._in_flight() >= self._bound and not self._stop.is_set():
-                processor.check()
+                threads.check()
                 delivery.serve(0.005)
             if clock() >= next_checkpoint:
                 self._checkpoint()
@@ -278,11 +278,11 @@ class Replay:
         if rest:
             self._submit(rest)
         deadline = time.monotonic() + self._shutdown_s
-        processor, delivery = self._processor, self._delivery
-        while processor.pending() and time.monotonic() < deadline:
-            processor.check()
+        threads, delivery = self._threads, self._delivery
+        while threads.pending() and time.monotonic() < deadline:
+            threads.check()
             delivery.serve(0.01)
-        processor.check()
+        threads.check()
         delivery.finish(deadline, at_least_s=1.0)
         self._checkpoint()
         if self._open:

@@ -1,4 +1,4 @@
-"""The staged processor: order, overlap, bounded look-ahead, errors, rewind, close."""
+"""The staged threads: order, overlap, bounded look-ahead, errors, rewind, close."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from worker.batch import Job
-from worker.processor import Processor, Step
 from worker.sink import DeliveryTracker
+from worker.stage_threads import StageThreads, Step
 
 
 def job(n: int, partition: int = 0) -> Job:
@@ -65,78 +65,78 @@ def recorder() -> Recorder:
 
 
 @pytest.fixture
-def processor(recorder: Recorder) -> Iterator[Processor]:
-    proc = Processor(recorder.prepare, stages=3, ahead=1)
+def threads(recorder: Recorder) -> Iterator[StageThreads]:
+    proc = StageThreads(recorder.prepare, stages=3, ahead=1)
     yield proc
     for gate in recorder.gates.values():
         gate.set()
     proc.close(5.0)
 
 
-def test_jobs_publish_in_submission_order(recorder: Recorder, processor: Processor) -> None:
+def test_jobs_publish_in_submission_order(recorder: Recorder, threads: StageThreads) -> None:
     jobs = [job(n) for n in range(6)]
     for j in jobs:
         recorder.gate(j.pipeline).set()
-        processor.submit(j)
-    wait_for(lambda: processor.pending() == 0)
+        threads.submit(j)
+    wait_for(lambda: threads.pending() == 0)
     published = [e.split()[1] for e in recorder.events if e.startswith("published")]
     assert published == [j.pipeline for j in jobs]
     assert all(j.tracker.sealed for j in jobs)
 
 
 def test_later_batches_advance_while_one_publishes(
-    recorder: Recorder, processor: Processor
+    recorder: Recorder, threads: StageThreads
 ) -> None:
     for n in range(5):
-        processor.submit(job(n))
+        threads.submit(job(n))
     # p0 is held in its publish stage: p1 runs the model and waits to publish, p2 is
     # prepared and waits for the model; with ahead=1 p3 is not started
     wait_for(lambda: "infer p1" in recorder.events and "prepare p2" in recorder.events)
     time.sleep(0.05)
     assert "infer p2" not in recorder.events
     assert "prepare p3" not in recorder.events
-    assert processor.pending() == 5
-    assert processor.busy_with({("t", 0)})
+    assert threads.pending() == 5
+    assert threads.busy_with({("t", 0)})
     recorder.gate("p0").set()
     wait_for(lambda: "prepare p3" in recorder.events)
     for n in range(1, 5):
         recorder.gate(f"p{n}").set()
-    wait_for(lambda: processor.pending() == 0)
-    assert not processor.busy_with({("t", 0)})
+    wait_for(lambda: threads.pending() == 0)
+    assert not threads.busy_with({("t", 0)})
     published = [e.split()[1] for e in recorder.events if e.startswith("published")]
     assert published == [f"p{n}" for n in range(5)]
 
 
 def test_prepare_error_stops_both_stages_and_surfaces(
-    recorder: Recorder, processor: Processor
+    recorder: Recorder, threads: StageThreads
 ) -> None:
     recorder.fail_prepare = "p1"
     for n in range(4):
-        processor.submit(job(n))
+        threads.submit(job(n))
     recorder.gate("p0").set()
-    wait_for(lambda: processor.pending() == 0)
+    wait_for(lambda: threads.pending() == 0)
     with pytest.raises(RuntimeError, match="prepare of p1 failed"):
-        processor.check()
+        threads.check()
     assert "prepare p2" not in recorder.events
     assert "infer p1" not in recorder.events
 
 
-def test_discard_drops_unpublished_jobs_only(recorder: Recorder, processor: Processor) -> None:
+def test_discard_drops_unpublished_jobs_only(recorder: Recorder, threads: StageThreads) -> None:
     jobs = [job(n) for n in range(4)]
     for j in jobs:
-        processor.submit(j)
+        threads.submit(j)
     wait_for(lambda: "infer p1" in recorder.events and "prepare p2" in recorder.events)
-    dropped = processor.discard_queued()
+    dropped = threads.discard_queued()
     # p0 is publishing and finishes; p1 (inferred), p2 (prepared) and p3 are dropped
     assert [j.pipeline for j in dropped] == ["p1", "p2", "p3"]
     recorder.gate("p0").set()
-    wait_for(lambda: processor.pending() == 0)
+    wait_for(lambda: threads.pending() == 0)
     assert jobs[0].tracker.sealed
     assert not any(j.tracker.sealed for j in jobs[1:]), recorder.events
 
 
 def test_close_finishes_queued_jobs(recorder: Recorder) -> None:
-    proc = Processor(recorder.prepare, stages=3, ahead=1)
+    proc = StageThreads(recorder.prepare, stages=3, ahead=1)
     jobs = [job(n) for n in range(3)]
     for j in jobs:
         recorder.gate(j.pipeline).set()

@@ -2,7 +2,7 @@
 
 The loop thread keeps calling ``consume`` (so the group never sees a stalled member,
 however slow the model or the feature store) and hands each closed batch to the
-``Processor`` as a ``Job``. Each stage has its own thread: in the worker, one decodes
+``StageThreads`` as a ``Job``. Each stage has its own thread: in the worker, one decodes
 and enriches batch k+2 while the next runs the model on batch k+1 and the last produces
 the results of batch k. ONNX Runtime and Redis release the GIL, so the model overlaps
 the per-record Python on both sides of it. Every stage takes jobs in submission order,
@@ -20,7 +20,7 @@ from typing import Union
 
 from worker.batch import Job, PartitionKey
 
-__all__ = ["Processor", "Start", "Step"]
+__all__ = ["StageThreads", "Start", "Step"]
 
 
 Step = Callable[[], Union["Step", None]]
@@ -30,7 +30,7 @@ Start = Callable[[Job], Step | None]
 """The first stage's work on a job."""
 
 
-class Processor:
+class StageThreads:
     """Runs jobs through ``stages`` threads in a row, first in, first out."""
 
     def __init__(
