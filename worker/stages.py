@@ -1,4 +1,4 @@
-"""The processing stages of one batch, as the ``StageThreads`` threads run them.
+"""The processing stages of one batch, as ``StageThreads`` runs them.
 
 Decode and enrich on the first thread, infer on the second, publish on the third, each
 a step that returns the next. A batch a rewind made stale (exactly-once) is skipped at
