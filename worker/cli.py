@@ -37,6 +37,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def _config_argument(parser: argparse.ArgumentParser) -> None:
+    """``--config``, which ``STREAMFER_CONFIG`` supplies when it is not given (read when
+    the command line is parsed, as a container sets it)."""
+    default = os.environ.get("STREAMFER_CONFIG") or None
+    parser.add_argument(
+        "--config",
+        required=default is None,
+        default=default,
+        type=Path,
+        help="TOML config file [env: STREAMFER_CONFIG]",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="streamfer", description="Kafka stream-processing inference worker."
@@ -45,12 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command")
 
     run = sub.add_parser("run", help="run one worker of the consumer group")
-    run.add_argument(
-        "--config",
-        required=True,
-        help="TOML config file [env: STREAMFER_CONFIG]",
-        default=os.environ.get("STREAMFER_CONFIG"),
-    )
+    _config_argument(run)
     run.add_argument(
         "--burst-idle-s",
         type=float,
@@ -64,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
         help="validate a config and run one batch of each pipeline through decode, enrich "
         "(real Redis), infer and result encoding, producing nothing",
     )
-    check.add_argument("--config", required=True)
+    _config_argument(check)
     check.add_argument(
         "--print-config", action="store_true", help="print the effective config, secrets masked"
     )
@@ -102,17 +110,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def _add_replay_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``replay`` and ``offsets``; their work is in worker.replay and worker.offsets."""
-    config_help = "TOML config file [env: STREAMFER_CONFIG]"
-    config_default = os.environ.get("STREAMFER_CONFIG")
     replay = sub.add_parser(
         "replay",
         help="re-run a bounded slice of a pipeline's request topics into a replay topic",
         description="Bounds are [from, to): starts inclusive, ends exclusive. Exit codes: "
         "0 complete, 1 failed, 2 bad usage, 3 stopped early (resume with --resume ID).",
     )
-    replay.add_argument(
-        "--config", required=config_default is None, default=config_default, help=config_help
-    )
+    _config_argument(replay)
     replay.add_argument("--pipeline", help="pipeline name (optional with one pipeline)")
     start = replay.add_mutually_exclusive_group()
     start.add_argument("--from-time", help="ISO-8601 (UTC unless zoned) or epoch ms; inclusive")
@@ -162,9 +166,7 @@ def _add_replay_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     )
     reset = osub.add_parser("reset", help="move a stopped group's offsets")
     for p in (show, reset):
-        p.add_argument(
-            "--config", required=config_default is None, default=config_default, help=config_help
-        )
+        _config_argument(p)
         p.add_argument("--group", help="another group than the config's (a replay's, say)")
         p.add_argument("--pipeline", help="only this pipeline's request topics")
     show.add_argument("--json", action="store_true")
@@ -181,7 +183,7 @@ def _add_feature_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     features = sub.add_parser("features", help="manage the features a pipeline reads")
     fsub = features.add_subparsers(dest="features_command", required=True)
     load = fsub.add_parser("load", help="write features from CSV or Parquet into Redis")
-    load.add_argument("--config", required=True)
+    _config_argument(load)
     load.add_argument("--pipeline", help="pipeline whose feature spec to use (default: the first)")
     load.add_argument("--file", required=True, type=Path, help=".csv, .tsv or .parquet")
     load.add_argument("--entity-column", default="entity")
