@@ -76,6 +76,15 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--print-config", action="store_true", help="print the effective config, secrets masked"
     )
+    check.add_argument(
+        "--skip-kafka",
+        action="store_true",
+        help="check the models and the feature store only (no cluster reachable from here)",
+    )
+    check.add_argument(
+        "--kafka-timeout", type=float, default=10.0, help="seconds per Kafka request (10)"
+    )
+    check.add_argument("--json", action="store_true", help="one JSON object: every check")
     check.set_defaults(func=_cmd_check)
 
     demo = sub.add_parser("demo", help="start a local stack and stream requests through workers")
@@ -268,26 +277,48 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
+    """Exit 0 when every check passed, 1 when a Kafka check failed (each named on its
+    line), 2 when the config, a model or the feature store cannot serve."""
     import orjson
 
     from worker.check import check_pipeline
     from worker.config import load_config, redacted
+    from worker.kafka_check import CheckLine, check_kafka
 
+    lines: list[CheckLine] = []
     try:
         config = load_config(args.config)
         if args.print_config:
             print(orjson.dumps(redacted(config), option=orjson.OPT_INDENT_2).decode())
         for p in config.pipelines:
             checked = check_pipeline(p, config.redis)
-            print(
-                f"ok: pipeline {p.name}: model {p.model.name} ({checked.model_hash[:12]}), "
-                f"{len(p.features.fields)} features; one batch through decode, enrich, "
-                f"infer and encode: a {checked.result_bytes}-byte result; the lookup of a "
-                f"probe entity gave {checked.lookup_outcome}"
+            lines.append(
+                CheckLine(
+                    f"pipeline {p.name}",
+                    True,
+                    f"model {p.model.name} ({checked.model_hash[:12]}), "
+                    f"{len(p.features.fields)} features; one batch through decode, enrich, "
+                    f"infer and encode: a {checked.result_bytes}-byte result; the lookup of a "
+                    f"probe entity gave {checked.lookup_outcome}",
+                )
             )
+            if not args.json:
+                print(lines[-1].text(), flush=True)
     except StreamferError as exc:
         print(f"streamfer: {exc}", file=sys.stderr)
         return 2
+    if not args.skip_kafka:
+        for line in check_kafka(config, timeout=args.kafka_timeout):
+            lines.append(line)
+            if not args.json:
+                print(line.text(), flush=True)
+    failed = [line.name for line in lines if not line.ok]
+    if args.json:
+        doc = {"ok": not failed, "checks": [line.as_dict() for line in lines]}
+        print(orjson.dumps(doc).decode())
+    if failed:
+        print(f"streamfer check: failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 
