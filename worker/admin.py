@@ -14,14 +14,16 @@ from typing import Any
 from confluent_kafka.admin import AdminClient
 
 from worker.config import KafkaSettings
+from worker.kafka_logs import KAFKA_LOG
 
 __all__ = ["admin_client"]
 
 
 def admin_client(settings: KafkaSettings, *, logger: logging.Logger | None = None) -> AdminClient:
     """An admin client for ``settings``' cluster; librdkafka's own log lines go to
-    ``logger`` when one is given, else to stderr. Connects lazily: nothing blocks here."""
-    conf: dict[str, Any] = {"bootstrap.servers": settings.bootstrap_servers}
-    if logger is not None:
-        conf["logger"] = logger
+    ``logger`` (``KAFKA_LOG`` unless given). Connects lazily: nothing blocks here."""
+    conf: dict[str, Any] = {
+        "bootstrap.servers": settings.bootstrap_servers,
+        "logger": logger if logger is not None else KAFKA_LOG,
+    }
     return AdminClient({**conf, **settings.client_options()})

@@ -45,6 +45,7 @@ from worker.delivery import AtLeastOnce, Delivery, Stages
 from worker.errors import CommitError, SinkError
 from worker.exactly_once import GroupConsumer, Transactional
 from worker.health import HealthState
+from worker.kafka_logs import KAFKA_LOG
 from worker.lag import LagStats
 from worker.membership import Membership
 from worker.metrics import Metrics
@@ -58,6 +59,11 @@ from worker.stages import batch_steps
 __all__ = ["Worker"]
 
 log = logging.getLogger(__name__)
+
+_BROKERS_UNUSABLE = frozenset(
+    {KafkaError._ALL_BROKERS_DOWN, KafkaError._AUTHENTICATION, KafkaError._SSL}
+)
+"""Client errors after which no broker can be used until something changes."""
 
 _IDLE_CHECK_S = 0.005
 """Adaptive batching: how often the loop looks for an idle model while records wait."""
@@ -164,13 +170,16 @@ class Worker:
             self.metrics.commit_failures.inc()
 
     def on_error(self, err: KafkaError) -> None:
-        if err.code() == KafkaError._ALL_BROKERS_DOWN:
-            self.health.broker_ok = False
-        log.error("kafka: %s", err.str())
+        if err.code() in _BROKERS_UNUSABLE:
+            self.health.broker(False, err.str())
+        KAFKA_LOG.error("kafka: %s", err.str())
 
     def on_stats(self, raw: str) -> None:
         """librdkafka statistics: consumer lag per owned partition and seconds to drain."""
-        self.health.broker_ok = self._lag.update(raw, self.assigned)
+        if self._lag.update(raw, self.assigned):
+            self.health.broker(True)
+        elif self.health.broker_ok:
+            self.health.broker(False, "no broker is up in librdkafka's statistics")
 
     # -- control -------------------------------------------------------------------------
 

@@ -238,8 +238,11 @@ def _cmd_features_load(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from prometheus_client import CollectorRegistry
+
     from worker.compose import build_worker
     from worker.config import load_config
+    from worker.health import HealthServer, HealthState
     from worker.logs import setup_logging
 
     try:
@@ -248,18 +251,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"streamfer: {exc}", file=sys.stderr)
         return 2
     setup_logging(config.log_format, getattr(logging, config.log_level.upper()))
+    # Probes answer from the start: /readyz says why not ready while models load and
+    # until a broker answers.
+    registry = CollectorRegistry()
+    health = HealthState(liveness_timeout_s=config.liveness_timeout_s)
+    if config.metrics.port is not None:
+        server = HealthServer(health, registry, config.metrics.host, config.metrics.port).start()
+        log.info("metrics, /healthz and /readyz on http://%s:%d", config.metrics.host, server.port)
     try:
-        worker = build_worker(config)
+        worker = build_worker(config, registry, health)
     except StreamferError as exc:
         log.error("cannot start: %s", exc)
         return 2 if isinstance(exc, ConfigError) else 1
-    if config.metrics.port is not None:
-        from worker.health import HealthServer
-
-        server = HealthServer(
-            worker.health, worker.metrics.registry, config.metrics.host, config.metrics.port
-        ).start()
-        log.info("metrics, /healthz and /readyz on http://%s:%d", config.metrics.host, server.port)
     _install_signal_handlers(worker.stop)
     log.info(
         "streamfer %s: group %s, pipelines %s",

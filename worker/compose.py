@@ -27,14 +27,18 @@ from worker.transactions import transactional_producer, verify_isolation
 __all__ = ["build_worker"]
 
 
-def build_worker(config: WorkerConfig, registry: CollectorRegistry | None = None) -> Worker:
+def build_worker(
+    config: WorkerConfig,
+    registry: CollectorRegistry | None = None,
+    health: HealthState | None = None,
+) -> Worker:
     """Build real parts; load and warm every model before the group is joined.
 
     Raises ConfigError (including a broker without working transactions in
     exactly-once mode), EngineError or FeatureStoreError.
     """
     metrics = Metrics(registry)
-    health = HealthState(liveness_timeout_s=config.liveness_timeout_s)
+    health = health or HealthState(liveness_timeout_s=config.liveness_timeout_s)
     abort = threading.Event()
 
     pipelines = []

@@ -58,7 +58,11 @@ class HealthState:
     loop_turned_at: float = field(default_factory=time.monotonic)
     models_loaded: bool = False
     joined: bool = False
-    broker_ok: bool = True
+    broker_ok: bool = False
+    """Whether a broker answered: set by joining the group or by statistics showing a
+    broker up, cleared when every broker is down or authentication fails."""
+    broker_problem: str | None = None
+    """The last error that made the brokers unusable, for /readyz."""
     feature_store_ok: bool = True
     feature_store_problem: str | None = None
     """Why the feature store is not usable, when something more specific than unreachable
@@ -73,6 +77,11 @@ class HealthState:
         self.feature_store_problem = None if ok else problem
         self.feature_store_ok = ok
 
+    def broker(self, ok: bool, problem: str | None = None) -> None:
+        """A broker answered (``ok``), or why none can be used."""
+        self.broker_ok = ok
+        self.broker_problem = None if ok else problem
+
     def live(self) -> bool:
         return time.monotonic() - self.loop_turned_at < self.liveness_timeout_s
 
@@ -83,7 +92,9 @@ class HealthState:
         if not self.joined:
             reasons.append("not yet a member of the consumer group")
         if not self.broker_ok:
-            reasons.append("Kafka brokers unreachable")
+            problem = self.broker_problem
+            why = f"Kafka brokers unreachable: {problem}" if problem else "no Kafka broker yet"
+            reasons.append(why)
         if not self.feature_store_ok:
             problem = self.feature_store_problem
             reasons.append(f"feature store: {problem}" if problem else "feature store unreachable")

@@ -85,6 +85,7 @@ class Membership:
         self._unchecked |= keys
         self.assigned_at = self._clock()
         self._health.joined = True
+        self._health.broker(True)
         self._metrics.rebalances.labels("assign").inc()
         self._metrics.assigned_partitions.set(len(self.assigned))
         log.info(

@@ -36,6 +36,7 @@ from worker.admin import admin_client
 from worker.commit import PartitionKey
 from worker.config import KafkaSettings, WorkerConfig
 from worker.errors import CommitError, ConfigError, SourceError
+from worker.kafka_logs import KAFKA_LOG
 from worker.ranges import Bounds, OffsetLookup, resolve_ranges
 
 __all__ = [
@@ -98,7 +99,7 @@ def parse_partitions(text: str) -> list[int]:
 def lookup_consumer_config(settings: KafkaSettings, group_id: str) -> dict[str, Any]:
     """A consumer that only assigns: it never joins ``group_id``, only reads and commits
     its offsets. User options (security) apply; group-membership options do not matter."""
-    conf: dict[str, Any] = {"bootstrap.servers": settings.bootstrap_servers}
+    conf: dict[str, Any] = {"bootstrap.servers": settings.bootstrap_servers, "logger": KAFKA_LOG}
     conf.update(settings.client_options())
     conf.update(settings.consumer_options)
     conf.update(

@@ -20,6 +20,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from worker.config import KafkaSettings
+from worker.kafka_logs import KAFKA_LOG
 from worker.limits import RecordLimits, cap_batch_size
 
 __all__ = ["RECORD_ERRORS", "DeliveryTracker", "Headers", "Sink", "producer_config"]
@@ -134,6 +135,7 @@ def producer_config(settings: KafkaSettings, limits: RecordLimits | None = None)
         "linger.ms": 5,
         "compression.type": "lz4",
         "error_cb": _log_error,
+        "logger": KAFKA_LOG,
     }
     conf.update(settings.client_options())
     conf.update(settings.producer_options)
@@ -143,7 +145,7 @@ def producer_config(settings: KafkaSettings, limits: RecordLimits | None = None)
 
 
 def _log_error(err: KafkaError) -> None:
-    log.error("producer error: %s", err.str())
+    KAFKA_LOG.error("producer error: %s", err.str())
 
 
 class Sink:

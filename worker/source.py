@@ -17,6 +17,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from worker.commit import PartitionKey
 from worker.config import KafkaSettings
 from worker.errors import SourceError
+from worker.kafka_logs import KAFKA_LOG
 
 __all__ = [
     "RebalanceHandler",
@@ -88,6 +89,7 @@ def consumer_config(
         "max.poll.interval.ms": settings.max_poll_interval_ms,
         "error_cb": on_error or _log_error,
         "on_commit": on_commit or _log_commit,
+        "logger": KAFKA_LOG,
     }
     if on_stats is not None and statistics_interval_ms > 0:
         conf["stats_cb"] = on_stats
@@ -102,7 +104,7 @@ def consumer_config(
 
 
 def _log_error(err: KafkaError) -> None:
-    log.error("consumer error: %s", err.str())
+    KAFKA_LOG.error("consumer error: %s", err.str())
 
 
 def _log_commit(err: KafkaError | None, partitions: list[TopicPartition]) -> None:

@@ -22,6 +22,7 @@ from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 from worker.admin import admin_client
 from worker.config import KafkaSettings
 from worker.errors import ConfigError
+from worker.kafka_logs import KAFKA_LOG
 from worker.limits import RecordLimits
 from worker.sink import producer_config
 from worker.topics import create_missing
@@ -87,6 +88,7 @@ def verify_isolation(settings: KafkaSettings, timeout: float = 30.0) -> None:
             "group.id": f"streamfer-probe-{marker.decode()}",
             "isolation.level": "read_committed",
             "enable.auto.commit": False,
+            "logger": KAFKA_LOG,
             **settings.client_options(),
             **settings.consumer_options,
         }

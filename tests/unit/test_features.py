@@ -629,7 +629,7 @@ def test_config_refusal_waits_with_a_reason_and_never_dead_letters(
 @pytest.mark.usefixtures("quick_config_retry")
 def test_readiness_carries_the_refusal_until_the_store_answers() -> None:
     health = HealthState()
-    health.models_loaded = health.joined = True
+    health.models_loaded = health.joined = health.broker_ok = True
     seen: list[list[str]] = []
 
     class Watching(RefusingStore):

@@ -30,7 +30,7 @@ Serve = Callable[..., HealthServer]
 
 @pytest.fixture
 def state() -> HealthState:
-    return HealthState(models_loaded=True, joined=True)
+    return HealthState(models_loaded=True, joined=True, broker_ok=True)
 
 
 @pytest.fixture
@@ -225,3 +225,15 @@ def test_stop_ends_open_connections(
     server.stop()
     assert all(closed_by_server(s, within=2) for s in socks)
     assert wait_until(lambda: not new_threads(before))
+
+
+def test_not_ready_until_a_broker_answers_and_says_why() -> None:
+    state = HealthState(models_loaded=True)
+    assert "no Kafka broker yet" in state.not_ready_reasons()
+    state.broker(False, "Local: All broker connections are down")
+    assert "Kafka brokers unreachable: Local: All broker connections are down" in (
+        state.not_ready_reasons()
+    )
+    state.broker(True)
+    state.joined = True
+    assert state.not_ready_reasons() == []
