@@ -294,21 +294,34 @@ def _start_owned(
 
 
 def start_redis(
-    *, port: int | None = None, timeout: float = 20.0, persist_dir: Path | None = None
+    *,
+    port: int | None = None,
+    timeout: float = 20.0,
+    persist_dir: Path | None = None,
+    tls: tuple[Path, Path] | None = None,
 ) -> Service:
     """redis-server without automatic snapshots; with ``persist_dir`` a ``SAVE`` before
-    stopping survives into the next start there (the fault harness restarts Redis)."""
+    stopping survives into the next start there (the fault harness restarts Redis). With
+    ``tls`` (certificate and key files, PEM) it speaks TLS only, at a ``rediss://``
+    address, and asks clients for no certificate."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise StackError("redis-server not found; install it (Debian package redis-server)")
     if persist_dir is not None:
         persist_dir.mkdir(parents=True, exist_ok=True)
+
+    def listen(p: int) -> list[str]:
+        if tls is None:
+            return ["--port", str(p)]
+        cert, key = tls
+        files = ["--tls-cert-file", str(cert), "--tls-key-file", str(key)]
+        return ["--port", "0", "--tls-port", str(p), *files, "--tls-auth-clients", "no"]
+
     return _start_owned(
         "redis",
         lambda p, work: [
             binary,
-            "--port",
-            str(p),
+            *listen(p),
             "--bind",
             "127.0.0.1",
             "--save",
@@ -320,7 +333,7 @@ def start_redis(
             "--protected-mode",
             "yes",
         ],
-        lambda p: f"redis://127.0.0.1:{p}/0",
+        lambda p: f"{'redis' if tls is None else 'rediss'}://127.0.0.1:{p}/0",
         port,
         timeout,
     )
