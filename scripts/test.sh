@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Lint, type-check and run every test against real Apache Kafka and redis-server, which
-# the suite starts itself (or KAFKA_BOOTSTRAP_SERVERS / REDIS_URL). Flags go to pytest.
+# the suite starts itself (or KAFKA_BOOTSTRAP_SERVERS / REDIS_URL); then the unit tests
+# on the lowest dependency versions allowed (scripts/floors.sh). Flags go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap.sh
@@ -15,4 +16,11 @@ if [ "$rc" = 5 ]; then
     echo "streamfer: pytest collected no tests; that is a failure" >&2
     exit 1
 fi
-exit "$rc"
+if [ "$rc" != 0 ]; then
+    exit "$rc"
+fi
+# The unit tests again on the lowest dependency versions pyproject.toml allows
+# (STREAMFER_FLOORS=0 skips them).
+if [ "${STREAMFER_FLOORS:-1}" != 0 ]; then
+    bash scripts/floors.sh -p no:cacheprovider
+fi

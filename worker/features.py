@@ -352,6 +352,12 @@ def _error_code(exc: redis.RedisError) -> str:
     for cls, name in _CODE_OF_CLASS:
         if isinstance(exc, cls):
             return name
+    if isinstance(exc, redis.exceptions.AuthenticationError):  # three replies, one class
+        text = str(exc)
+        if "username-password" in text:
+            return "WRONGPASS"
+        if text.startswith("Authentication required"):
+            return "NOAUTH"
     head = str(exc).split(" ", 1)[0]
     return head if head.isalpha() and head.isupper() else "ERR"
 
