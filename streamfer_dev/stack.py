@@ -158,6 +158,38 @@ def _wait_for_port(svc: Service, port: int, timeout: float) -> None:
     raise StackError(f"{svc.name} did not listen on port {port} in {timeout:.0f}s")
 
 
+@dataclass(frozen=True)
+class SecuredListeners:
+    """What a broker needs for listeners beside its PLAINTEXT one: a server certificate
+    and key and the CA that signed the clients' certificates (PEM files), and the SCRAM
+    users created when its storage is formatted. ``ports`` get the listeners' ports."""
+
+    ca: Path
+    cert: Path
+    key: Path
+    scram_users: dict[str, str] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+    """``SASL_SSL`` (SCRAM-SHA-512) and ``SSL`` (client certificates required)."""
+
+
+def _secured_props(secured: SecuredListeners, work: Path) -> dict[str, str]:
+    keystore = work / "keystore.pem"  # Kafka's PEM keystore: the key, then the chain
+    keystore.write_text(secured.key.read_text() + secured.cert.read_text())
+    sasl, ssl = free_port(), free_port()
+    secured.ports.update({"SASL_SSL": sasl, "SSL": ssl})
+    jaas = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+    return {
+        "sasl.enabled.mechanisms": "SCRAM-SHA-512",
+        "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": jaas,
+        "listener.name.ssl.ssl.client.auth": "required",
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.location": str(keystore),
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(secured.ca),
+        "_listeners": f"SASL_SSL://127.0.0.1:{sasl},SSL://127.0.0.1:{ssl}",
+    }
+
+
 def start_kafka(
     workdir: Path | None = None,
     *,
@@ -166,11 +198,13 @@ def start_kafka(
     timeout: float = 90.0,
     features: tuple[str, ...] = (),
     initial_rebalance_delay_ms: int = 0,
+    secured: SecuredListeners | None = None,
 ) -> Service:
     """A single-node KRaft broker. With ``workdir`` its logs survive a restart.
 
     A new group's first rebalance waits ``initial_rebalance_delay_ms`` for more members
-    (Kafka's default is 3000); 0 lets tests start a lone consumer at once."""
+    (Kafka's default is 3000); 0 lets tests start a lone consumer at once. With
+    ``secured`` it also listens with SASL_SSL (SCRAM-SHA-512) and with mutual TLS."""
     java = shutil.which("java")
     if java is None:
         raise StackError("Apache Kafka needs Java 17+ ('java' not found)")
@@ -207,6 +241,13 @@ def start_kafka(
             "auto.create.topics.enable": "false",
             "log.flush.interval.ms": "60000",
         }
+        if secured is not None:
+            extra = _secured_props(secured, work)
+            more = extra.pop("_listeners")
+            props["listeners"] += f",{more}"
+            props["advertised.listeners"] += f",{more}"
+            props["listener.security.protocol.map"] += ",SASL_SSL:SASL_SSL,SSL:SSL"
+            props.update(extra)
         props_path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         (work / "log4j2.xml").write_text(_LOG4J)
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
@@ -221,6 +262,11 @@ def start_kafka(
                 "-c",
                 str(props_path),
                 *[arg for f in features for arg in ("--feature", f)],
+                *[
+                    arg
+                    for user, password in (secured.scram_users if secured else {}).items()
+                    for arg in ("--add-scram", f"SCRAM-SHA-512=[name={user},password={password}]")
+                ],
             ],
             capture_output=True,
             text=True,

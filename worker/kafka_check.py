@@ -12,6 +12,7 @@ prerequisite failed is not run: one line says why the cluster is unusable.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -19,7 +20,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from worker.admin import admin_client
+from worker.admin import admin_client, coordinator_settling
 from worker.config import WorkerConfig
 from worker.sink import producer_config
 from worker.transactions import transactional_id
@@ -51,17 +52,21 @@ class CheckLine:
 def check_kafka(config: WorkerConfig, timeout: float = 10.0) -> list[CheckLine]:
     """Run every Kafka check; the lines come back in order, failures included."""
     settings = config.kafka
-    admin = admin_client(settings, logger=_quiet)
+    errors: list[KafkaError] = []
+    admin = admin_client(settings, logger=_quiet, on_error=errors.append)
     try:
         meta = admin.list_topics(timeout=timeout)
     except KafkaException as exc:
+        # the client's own errors say more than the call's (a refused login, a
+        # certificate the CA did not sign): the last one of them, if any
+        admin.poll(0.1)  # serves them
+        why = errors[-1].str() if errors else _reason(exc)
         return [
             CheckLine(
                 "kafka",
                 False,
                 f"{settings.bootstrap_servers} did not answer within {timeout:g}s "
-                f"({_reason(exc)}); check bootstrap_servers, the network and the security "
-                "options",
+                f"({why}); check bootstrap_servers, the network and the security options",
             )
         ]
     lines = [
@@ -97,11 +102,18 @@ def _topics(config: WorkerConfig) -> list[tuple[str, str]]:
 
 
 def _check_group(describe: Callable[..., Any], group: str, timeout: float) -> CheckLine:
+    """Describe the group; a coordinator still loading (a fresh cluster) is asked again
+    within ``timeout``."""
     name = f"group {group}"
-    try:
-        found = describe([group], request_timeout=timeout)[group].result()
-    except KafkaException as exc:
-        return CheckLine(name, False, f"cannot be described: {_reason(exc)}")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            found = describe([group], request_timeout=timeout)[group].result()
+            break
+        except KafkaException as exc:
+            if not coordinator_settling(exc) or time.monotonic() >= deadline:
+                return CheckLine(name, False, f"cannot be described: {_reason(exc)}")
+            time.sleep(0.5)
     state = getattr(found.state, "name", str(found.state)).lower()
     return CheckLine(name, True, f"{state}, {len(found.members)} members")
 
@@ -129,5 +141,9 @@ def _check_producer(config: WorkerConfig, timeout: float) -> CheckLine:
 
 
 def _reason(exc: KafkaException) -> str:
+    """The error's text, with its name when the text alone says little."""
     err = exc.args[0] if exc.args else None
-    return err.str() if isinstance(err, KafkaError) else str(exc)
+    if not isinstance(err, KafkaError):
+        return str(exc)
+    text = err.str()
+    return text if len(text.rstrip(": ")) > 24 else f"{err.name()} ({text.rstrip(': ')})"

@@ -32,7 +32,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from worker.admin import admin_client
+from worker.admin import COORDINATOR_WAIT_S, admin_client, coordinator_settling
 from worker.commit import PartitionKey
 from worker.config import KafkaSettings, WorkerConfig
 from worker.errors import CommitError, ConfigError, SourceError
@@ -114,24 +114,6 @@ def lookup_consumer_config(settings: KafkaSettings, group_id: str) -> dict[str, 
     return conf
 
 
-_COORDINATOR_SETTLING = frozenset(
-    {
-        KafkaError.NOT_COORDINATOR,
-        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-        KafkaError.COORDINATOR_NOT_AVAILABLE,
-    }
-)
-"""Answers of a group coordinator that is moving or still loading (a new group on a
-fresh cluster gets them for its first seconds): asked again, it answers."""
-
-COORDINATOR_WAIT_S = 30.0
-
-
-def _settling(exc: KafkaException) -> bool:
-    err = exc.args[0] if exc.args else None
-    return isinstance(err, KafkaError) and err.code() in _COORDINATOR_SETTLING
-
-
 class KafkaOffsets:
     """``ranges.OffsetLookup`` and committed-offset access over one assign-only ``Consumer``.
 
@@ -191,7 +173,7 @@ class KafkaOffsets:
                 found = self.consumer.committed(query, timeout=self._timeout)
                 break
             except KafkaException as exc:
-                if not _settling(exc) or time.monotonic() >= deadline:
+                if not coordinator_settling(exc) or time.monotonic() >= deadline:
                     raise SourceError(f"cannot read committed offsets: {exc}") from exc
                 log.info("the group coordinator is not ready (%s); asking again", exc)
                 time.sleep(0.5)
