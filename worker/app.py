@@ -89,6 +89,7 @@ class Worker:
         self.metrics = metrics
         self.health = health or HealthState(liveness_timeout_s=config.liveness_timeout_s)
         self.health.models_loaded = True
+        self.health.turned()  # liveness counts from here, however long the models took
         health = self.health
         metrics.ready.set_function(lambda: 0.0 if health.not_ready_reasons() else 1.0)
         self._abort = abort or threading.Event()

@@ -2,10 +2,10 @@
 
 ``HealthState`` is written by the worker's threads (single writers per field, so plain
 attributes suffice) and read by the HTTP thread. ``/healthz`` answers 200 while the loop
-keeps turning; ``/readyz`` answers 200 when the worker owns partitions (or is waiting
-for an assignment in a group that has none for it), its models are loaded and the broker
-and the feature store answer, else 503 with the reasons; ``/metrics`` is Prometheus text
-from the worker's own registry.
+keeps turning (503 while the models load); ``/readyz`` answers 200 when the worker owns
+partitions (or is waiting for an assignment in a group that has none for it), its models
+are loaded and the broker and the feature store answer, else 503 with the reasons;
+``/metrics`` is Prometheus text from the worker's own registry.
 
 The server spends a thread per connection, so connections are bounded in number and in
 time: at most ``MAX_CONNECTIONS`` at once (more are closed unanswered, without a thread),
@@ -237,8 +237,11 @@ def _handler_for(
             if path == "/metrics":
                 self._reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
             elif path == "/healthz":
-                ok = state.live()
-                self._reply(200 if ok else 503, b"ok\n" if ok else b"loop stalled\n")
+                # While models load the server answers (so /readyz can say why not ready)
+                # but /healthz does not: a startup probe waits for the load, however long.
+                ok = state.models_loaded and state.live()
+                why = b"loop stalled\n" if state.models_loaded else b"loading models\n"
+                self._reply(200 if ok else 503, b"ok\n" if ok else why)
             elif path == "/readyz":
                 reasons = state.not_ready_reasons()
                 body = ("ready\n" if not reasons else "; ".join(reasons) + "\n").encode()

@@ -122,6 +122,17 @@ def test_endpoints_answer_as_before(serve: Serve, state: HealthState) -> None:
     assert get(server.port, "/healthz") == (503, b"loop stalled\n")
 
 
+def test_while_models_load_the_probes_answer_not_yet(serve: Serve, state: HealthState) -> None:
+    """The server starts before the models load: a startup probe on /healthz waits for
+    the load however long it takes, and /readyz already says why it is not ready."""
+    state.models_loaded = False
+    state.broker_ok = False
+    server = serve()
+    assert get(server.port, "/healthz") == (503, b"loading models\n")
+    status, body = get(server.port, "/readyz")
+    assert status == 503 and b"models not loaded" in body and b"no Kafka broker yet" in body
+
+
 def test_limits_must_be_positive(state: HealthState) -> None:
     with pytest.raises(ValueError, match="positive"):
         HealthServer(state, CollectorRegistry(), "127.0.0.1", 0, max_connections=0)
