@@ -63,7 +63,7 @@ def test_kafka_unreachable_is_said_once_in_a_while_and_by_readyz(
         status, body = _get(port, "/readyz")
         assert status == 503
         assert "Kafka broker" in body, body
-        assert _get(port, "/healthz")[0] == 200
+        assert _wait(lambda: _get(port, "/healthz")[0] == 200, 30)  # models loaded
         # start-up gives up on the topics' metadata after its timeouts, then the loop runs
         assert _wait(lambda: ": group " in worker.log_text(), 90), worker.log_text()[-3000:]
         time.sleep(12)  # librdkafka alone would have printed ~240 lines by now
