@@ -887,13 +887,32 @@ def test_helm_keda_scales_on_lag_up_to_the_partitions(max_replicas: int, expecte
     assert all(isinstance(v, str) for v in metadata.values()), "trigger metadata is strings"
     assert metadata["consumerGroup"] == values["kafka"]["groupId"]
     assert metadata["bootstrapServers"] == values["kafka"]["bootstrapServers"]
-    assert metadata["topic"] == values["autoscaling"]["topics"][0]
+    # one trigger on the group's summed lag: per-topic triggers would be max'ed, not summed
+    assert "topic" not in metadata
+    assert values["autoscaling"]["topics"] == []
+    assert metadata["limitToPartitionsWithLag"] == "false"
+    assert metadata["excludePersistentLag"] == "false"
     assert metadata["offsetResetPolicy"] in {"earliest", "latest"}
     assert metadata["allowIdleConsumers"] == "false"
     assert metadata["sasl"] == "scram_sha512" and metadata["tls"] == "enable"
     assert (
         trigger["authenticationRef"]["name"] == kinds["TriggerAuthentication"]["metadata"]["name"]
     )
+
+
+def test_helm_keda_listed_topics_get_a_trigger_each_and_options_pass_through() -> None:
+    overrides = {
+        **ALL_FEATURES,
+        "autoscaling.topics[0]": "orders",
+        "autoscaling.topics[1]": "payments",
+        "autoscaling.limitToPartitionsWithLag": "true",
+        "autoscaling.excludePersistentLag": "true",
+    }
+    triggers = by_kind(render(overrides))["ScaledObject"]["spec"]["triggers"]
+    assert [t["metadata"]["topic"] for t in triggers] == ["orders", "payments"]
+    for trigger in triggers:
+        assert trigger["metadata"]["limitToPartitionsWithLag"] == "true"
+        assert trigger["metadata"]["excludePersistentLag"] == "true"
 
 
 def test_helm_monitoring_objects_embed_the_ops_files() -> None:
