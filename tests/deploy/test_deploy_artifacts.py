@@ -672,7 +672,7 @@ def test_chart_values_referenced_by_templates_exist() -> None:
 
 
 def chart_env(values: dict[str, Any]) -> dict[str, str]:
-    """The STREAMFER_ variables templates/deployment.yaml sets, for the default values."""
+    """The STREAMFER_ variables templates/workload.yaml sets, for the default values."""
     return {
         "STREAMFER_KAFKA__BOOTSTRAP_SERVERS": values["kafka"]["bootstrapServers"],
         "STREAMFER_KAFKA__GROUP_ID": values["kafka"]["groupId"],
@@ -757,7 +757,23 @@ CRD_KINDS = {
 }
 
 
-@pytest.mark.parametrize("overrides", [{}, ALL_FEATURES], ids=["defaults", "all-features"])
+STATEFUL_WITH_EXTRAS = {
+    **ALL_FEATURES,
+    "workload": "StatefulSet",
+    "extraVolumes[0].name": "kafka-tls",
+    "extraVolumes[0].secret.secretName": "kafka-client-tls",
+    "extraVolumeMounts[0].name": "kafka-tls",
+    "extraVolumeMounts[0].mountPath": "/etc/kafka-tls",
+    "extraVolumeMounts[0].readOnly": "true",
+    "extraEnvFrom[0].configMapRef.name": "streamfer-overrides",
+}
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, ALL_FEATURES, STATEFUL_WITH_EXTRAS],
+    ids=["defaults", "all-features", "statefulset-extras"],
+)
 def test_helm_manifests_match_kubernetes_schemas(overrides: dict[str, str]) -> None:
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     docs = render(overrides)
@@ -915,6 +931,42 @@ def test_helm_keda_listed_topics_get_a_trigger_each_and_options_pass_through() -
         assert trigger["metadata"]["excludePersistentLag"] == "true"
 
 
+def test_helm_statefulset_mode_gives_each_pod_its_name_as_group_instance_id() -> None:
+    kinds = by_kind(render(STATEFUL_WITH_EXTRAS))
+    assert "Deployment" not in kinds
+    workload = kinds["StatefulSet"]
+    spec = workload["spec"]
+    assert spec["serviceName"] == kinds["Service"]["metadata"]["name"]
+    assert spec["podManagementPolicy"] == "Parallel"
+    assert "strategy" not in spec and spec["updateStrategy"]["type"] == "RollingUpdate"
+    worker = container(workload)
+    (instance,) = [e for e in worker["env"] if e["name"] == "STREAMFER_KAFKA__GROUP_INSTANCE_ID"]
+    assert instance["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    target = kinds["ScaledObject"]["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == ("StatefulSet", workload["metadata"]["name"])
+    pod = spec["template"]["spec"]
+    assert {"name": "kafka-tls", "secret": {"secretName": "kafka-client-tls"}} in pod["volumes"]
+    mounts = {m["name"]: m for m in worker["volumeMounts"]}
+    assert mounts["kafka-tls"] == {
+        "name": "kafka-tls",
+        "mountPath": "/etc/kafka-tls",
+        "readOnly": True,
+    }
+    assert worker["envFrom"] == [{"configMapRef": {"name": "streamfer-overrides"}}]
+
+
+def test_helm_deployment_mode_sets_no_group_instance_id_and_a_budget_guards_drains() -> None:
+    kinds = by_kind(render())
+    worker = container(kinds["Deployment"])
+    assert not [e for e in worker["env"] if e["name"] == "STREAMFER_KAFKA__GROUP_INSTANCE_ID"]
+    assert "envFrom" not in worker
+    budget = kinds["PodDisruptionBudget"]["spec"]
+    assert budget["maxUnavailable"] == 1
+    pod_labels = kinds["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    assert budget["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert "PodDisruptionBudget" not in by_kind(render({"podDisruptionBudget.enabled": "false"}))
+
+
 def test_helm_monitoring_objects_embed_the_ops_files() -> None:
     kinds = by_kind(render(ALL_FEATURES))
     rule = kinds["PrometheusRule"]
@@ -938,6 +990,7 @@ def test_helm_monitoring_objects_embed_the_ops_files() -> None:
     [
         ({"kafka.sasl.enabled": "true"}, "kafka.sasl.existingSecret"),
         ({"autoscaling.enabled": "true", "kafka.autoOffsetReset": "error"}, "offsetResetPolicy"),
+        ({"workload": "DaemonSet"}, "expected Deployment or StatefulSet"),
     ],
 )
 def test_helm_refuses_values_that_cannot_work(overrides: dict[str, str], message: str) -> None:

@@ -65,6 +65,9 @@ app.kubernetes.io/component: worker
 
 {{/* Refuse values that cannot work, with a message naming the value. */}}
 {{- define "streamfer.validate" -}}
+{{- if not (has .Values.workload (list "Deployment" "StatefulSet")) }}
+{{- fail (printf "workload %q: expected Deployment or StatefulSet" .Values.workload) }}
+{{- end }}
 {{- if lt (int .Values.partitions) 1 }}
 {{- fail "partitions must be at least 1" }}
 {{- end }}
