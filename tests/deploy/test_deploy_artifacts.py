@@ -990,7 +990,11 @@ def test_helm_monitoring_objects_embed_the_ops_files() -> None:
     [
         ({"kafka.sasl.enabled": "true"}, "kafka.sasl.existingSecret"),
         ({"autoscaling.enabled": "true", "kafka.autoOffsetReset": "error"}, "offsetResetPolicy"),
-        ({"workload": "DaemonSet"}, "expected Deployment or StatefulSet"),
+        ({"workload": "DaemonSet"}, "workload"),
+        ({"workers": "3"}, "Additional property workers is not allowed"),  # a typo
+        ({"partitions": "0"}, "partitions: Must be greater than or equal to 1"),
+        ({"kafka.autoOffsetReset": "smallest"}, "kafka.autoOffsetReset"),
+        ({"autoscaling.lagThreshold": "lots"}, "autoscaling.lagThreshold"),
     ],
 )
 def test_helm_refuses_values_that_cannot_work(overrides: dict[str, str], message: str) -> None:
