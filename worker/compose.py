@@ -7,6 +7,7 @@ keyword arguments, so tests hand in fakes instead.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 
@@ -25,6 +26,8 @@ from worker.source import consumer_config
 from worker.transactions import transactional_producer, verify_isolation
 
 __all__ = ["build_worker"]
+
+log = logging.getLogger(__name__)
 
 
 def build_worker(
@@ -61,7 +64,13 @@ def build_worker(
     outputs = [t for p in config.pipelines for t in (p.result_topic, p.dead_letter_topic)]
     limits = RecordLimits.read(config.kafka, outputs)
     if config.delivery == "exactly-once":
-        verify_isolation(config.kafka)
+        if config.exactly_once_probe:
+            verify_isolation(config.kafka, topic=config.exactly_once_probe_topic)
+        else:
+            log.warning(
+                "exactly_once_probe = false: starting without proof that this broker hides "
+                "aborted records from read_committed readers"
+            )
         sink = Sink(transactional_producer(config.kafka, limits), limits)
     else:
         sink = Sink.from_settings(config.kafka, limits)

@@ -211,6 +211,14 @@ class WorkerConfig(_Frozen):
     delivery: Literal["at-least-once", "exactly-once"] = "at-least-once"
     transaction_interval_ms: float = Field(default=100.0, ge=0, le=60_000)
     """exactly-once: batches waiting behind each other share one transaction this long."""
+    exactly_once_probe: bool = True
+    """exactly-once: prove at start-up that the broker hides aborted records from
+    read_committed readers, on ``exactly_once_probe_topic``. False skips it (a warning)."""
+    exactly_once_probe_topic: str = Field(
+        default="__streamfer_transaction_probe", min_length=1, max_length=249
+    )
+    """Created (one partition, the cluster's default replication) when missing; where the
+    worker's user may not create topics, create it beforehand and allow it to use it."""
     max_in_flight_batches: int = Field(default=4, ge=1, le=1024)
     """Records produced but not yet committed stay under this many full batches' worth
     (x max_batch_size); beyond it the loop waits, then pauses its partitions."""

@@ -20,7 +20,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
 from worker.admin import admin_client
-from worker.config import KafkaSettings
+from worker.config import KafkaSettings, WorkerConfig
 from worker.errors import ConfigError
 from worker.kafka_logs import KAFKA_LOG
 from worker.limits import RecordLimits
@@ -29,7 +29,7 @@ from worker.topics import create_missing
 
 __all__ = ["PROBE_TOPIC", "transactional_producer", "verify_isolation"]
 
-PROBE_TOPIC = "__streamfer_transaction_probe"
+PROBE_TOPIC: str = WorkerConfig.model_fields["exactly_once_probe_topic"].default
 
 
 def transactional_id(settings: KafkaSettings) -> str:
@@ -62,21 +62,47 @@ def transactional_producer(
     return producer
 
 
-def verify_isolation(settings: KafkaSettings, timeout: float = 30.0) -> None:
+def _ensure_probe_topic(settings: KafkaSettings, topic: str, timeout: float) -> None:
+    """The probe topic, created when missing with the cluster's default replication (a
+    cluster that wants 3 replicas gets them). A user who may not create topics can still
+    probe on one made for it: existence is asked first, since a refused creation would
+    also refuse an existing topic."""
+    admin = admin_client(settings)
+    try:
+        found = admin.list_topics(topic, timeout=timeout).topics.get(topic)
+    except KafkaException as exc:
+        raise ConfigError(f"cannot read the metadata of {topic!r}: {exc}") from exc
+    if found is not None and found.error is None:
+        return
+    try:
+        new = NewTopic(topic, num_partitions=1, replication_factor=-1)
+        create_missing(admin, [new], timeout=timeout, error=ConfigError)
+    except ConfigError as exc:
+        raise ConfigError(
+            f"delivery = 'exactly-once' proves read_committed isolation at start-up on the "
+            f"topic {topic!r}, which is missing and could not be created ({exc}); create it "
+            "(one partition) and let "
+            "this user write and read it, name another with exactly_once_probe_topic, or set "
+            "exactly_once_probe = false to start without the proof"
+        ) from None
+
+
+def verify_isolation(
+    settings: KafkaSettings, timeout: float = 30.0, *, topic: str = PROBE_TOPIC
+) -> None:
     """Abort one record and commit another on the probe topic; a read_committed reader must
     see only the committed one. Raises ConfigError otherwise."""
-    probe_topic = NewTopic(PROBE_TOPIC, num_partitions=1, replication_factor=1)
-    create_missing(admin_client(settings), [probe_topic])
+    _ensure_probe_topic(settings, topic, timeout)
     probe = settings.model_copy(update={"group_instance_id": None})
     producer = transactional_producer(probe, timeout=timeout)
     marker = uuid.uuid4().hex.encode()
     try:
         producer.begin_transaction()
-        producer.produce(PROBE_TOPIC, b"aborted-" + marker, partition=0)
+        producer.produce(topic, b"aborted-" + marker, partition=0)
         producer.flush(timeout)
         producer.abort_transaction(timeout)
         producer.begin_transaction()
-        producer.produce(PROBE_TOPIC, b"committed-" + marker, partition=0)
+        producer.produce(topic, b"committed-" + marker, partition=0)
         producer.commit_transaction(timeout)
     except KafkaException as exc:
         raise ConfigError(
@@ -95,8 +121,8 @@ def verify_isolation(settings: KafkaSettings, timeout: float = 30.0) -> None:
     )
     seen: list[bytes] = []
     try:
-        low, high = consumer.get_watermark_offsets(TopicPartition(PROBE_TOPIC, 0), timeout=timeout)
-        consumer.assign([TopicPartition(PROBE_TOPIC, 0, max(low, high - 50))])
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout)
+        consumer.assign([TopicPartition(topic, 0, max(low, high - 50))])
         for _ in range(int(timeout * 5)):
             for msg in consumer.consume(100, 0.2):
                 if msg.error() is None and (msg.value() or b"").endswith(marker):
