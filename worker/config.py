@@ -106,6 +106,9 @@ class RedisSettings(_Frozen):
     password_file: Path | None = None
     ssl_ca_certs: Path | None = None
     socket_timeout_s: float = Field(default=5.0, gt=0)
+    cluster: bool = False
+    """``url`` is a seed node of a Redis Cluster: each batch's keys go to the nodes that
+    own their slots, one pipelined write per node, all sent before any reply is read."""
 
     def checked_url(self, source: str | None = None) -> str:
         """The URL, once it is known that redis-py reads it as written. Raises

@@ -28,6 +28,7 @@ from worker.config import FeatureSpec
 from worker.errors import ConfigError, FeatureStoreError
 from worker.features import pack_vector
 from worker.progress import ProgressLine
+from worker.redis_io import RedisClient
 
 __all__ = ["LoadReport", "load_features", "read_rows"]
 
@@ -139,7 +140,7 @@ def _number(path: Path, line: int, column: str, text: str) -> float:
 
 
 def load_features(
-    client: redis.Redis,
+    client: RedisClient,
     spec: FeatureSpec,
     path: Path,
     *,

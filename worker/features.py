@@ -25,30 +25,36 @@ batch wait with readiness false.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 import redis
 
 from worker.config import FeatureSpec, RedisSettings
-from worker.errors import FeatureStoreConfigError, FeatureStoreError
+from worker.errors import FeatureStoreError
+from worker.redis_io import (
+    Command,
+    RedisClient,
+    cluster_round_trip,
+    ping,
+    redis_client,
+    round_trip,
+    settle,
+)
 
 __all__ = [
     "PROBE_ENTITY",
-    "REDIS_ERROR_KINDS",
     "STORES",
     "Assembled",
     "FeatureStore",
     "Fetched",
     "RedisHashStore",
     "RedisPackedStore",
-    "RedisTrouble",
     "RowStore",
     "assemble",
-    "classify_redis_error",
     "connect_store",
     "pack_vector",
 ]
@@ -57,31 +63,6 @@ RawRow = Sequence[bytes | str | None]
 
 PROBE_ENTITY = "streamfer-probe"
 """The entity whose key ``probe`` reads at start-up; a valid entity id, absent in practice."""
-
-RedisTrouble = Literal["record", "outage", "config"]
-"""What a Redis error means for a batch: ``record``, the requests of that one entity are
-dead letters; ``outage``, the batch waits and retries; ``config``, an operator must act."""
-
-REDIS_ERROR_KINDS: dict[str, RedisTrouble] = {
-    # about the one key the command names
-    "WRONGTYPE": "record",
-    # the server is there but cannot answer now
-    "LOADING": "outage",
-    "BUSY": "outage",
-    "MASTERDOWN": "outage",
-    "TRYAGAIN": "outage",
-    "CLUSTERDOWN": "outage",
-    # how this worker is set up against this server
-    "NOPERM": "config",
-    "NOAUTH": "config",
-    "WRONGPASS": "config",
-    "CROSSSLOT": "config",
-    "MOVED": "config",
-    "ASK": "config",
-}
-"""Error reply codes (the reply's first word) by kind. Any other code, ``ERR`` included
-(an unknown or renamed command, wrong arguments), counts as ``config``: a reply nobody
-here can explain must not cost records, and readiness shows it word for word."""
 
 Problem = tuple[str, str]
 """(dead-letter code, reason) for an entity whose requests cannot be served."""
@@ -143,21 +124,21 @@ class RedisHashStore(RowStore):
     itself at batch sizes in the hundreds.
     """
 
-    def __init__(self, client: redis.Redis, spec: FeatureSpec) -> None:
+    def __init__(self, client: RedisClient, spec: FeatureSpec) -> None:
         self._client = client
         self._prefix, self._suffix = spec.key_template.split("{entity}", 1)
         self.fields = list(spec.fields)
         encoded = [f.encode() for f in spec.fields]
         self._head = b"*%d\r\n$5\r\nHMGET\r\n" % (2 + len(encoded))
         self._tail = b"".join(b"$%d\r\n%s\r\n" % (len(f), f) for f in encoded)
-        self._command = _Command.of("HMGET", client, spec)
+        self._command = Command.of("HMGET", client, spec)
 
     @classmethod
     def connect(cls, settings: RedisSettings, spec: FeatureSpec) -> RedisHashStore:
         return cls(redis_client(settings), spec)
 
     def ping(self) -> None:
-        _ping(self._client)
+        ping(self._client)
 
     def probe(self) -> None:
         """Start-up check with the command a batch sends: HMGET of ``PROBE_ENTITY``'s key,
@@ -179,18 +160,24 @@ class RedisHashStore(RowStore):
         if not entities:
             return [], {}
         prefix, suffix, head, tail = self._prefix, self._suffix, self._head, self._tail
-        parts: list[bytes] = []
-        append = parts.append
-        for entity in entities:
-            key = f"{prefix}{entity}{suffix}".encode()
-            append(head)
-            append(b"$%d\r\n%s\r\n" % (len(key), key))
-            append(tail)
+        client = self._client
         rows: list[RawRow]
-        rows, errors = _round_trip(self._client, b"".join(parts), len(entities), self._command)
+        if isinstance(client, redis.RedisCluster):
+            keys = [f"{prefix}{entity}{suffix}".encode() for entity in entities]
+            commands = [head + b"$%d\r\n%s\r\n" % (len(k), k) + tail for k in keys]
+            rows, errors = cluster_round_trip(client, commands, keys, self._command)
+        else:
+            parts: list[bytes] = []
+            append = parts.append
+            for entity in entities:
+                key = f"{prefix}{entity}{suffix}".encode()
+                append(head)
+                append(b"$%d\r\n%s\r\n" % (len(key), key))
+                append(tail)
+            rows, errors = round_trip(client, b"".join(parts), len(entities), self._command)
         if not errors:
             return rows, {}
-        refused = _settle(self._command, errors, lambda i: f"{prefix}{entities[i]}{suffix}")
+        refused = settle(self._command, errors, lambda i: f"{prefix}{entities[i]}{suffix}")
         blank = [None] * len(self.fields)
         for i in refused:
             rows[i] = blank
@@ -207,19 +194,21 @@ class RedisPackedStore:
     value, so the fetch runs several times faster than hashes for the same features.
     """
 
-    def __init__(self, client: redis.Redis, spec: FeatureSpec) -> None:
+    def __init__(self, client: RedisClient, spec: FeatureSpec) -> None:
         self._client = client
         self._prefix, self._suffix = spec.key_template.split("{entity}", 1)
         self.fields = list(spec.fields)
         self._row_bytes = 4 * len(spec.fields)
-        self._command = _Command.of("MGET", client, spec)
+        # a cluster refuses MGET across slots: one GET per key, grouped by node
+        cluster = isinstance(client, redis.RedisCluster)
+        self._command = Command.of("GET" if cluster else "MGET", client, spec)
 
     @classmethod
     def connect(cls, settings: RedisSettings, spec: FeatureSpec) -> RedisPackedStore:
         return cls(redis_client(settings), spec)
 
     def ping(self) -> None:
-        _ping(self._client)
+        ping(self._client)
 
     def probe(self) -> None:
         """Start-up check with the command a batch sends: MGET of ``PROBE_ENTITY``'s key,
@@ -233,12 +222,22 @@ class RedisPackedStore:
             return Fetched(np.zeros((0, width), np.float32), np.zeros((0, width), np.bool_), [])
         prefix, suffix = self._prefix, self._suffix
         keys = [f"{prefix}{e}{suffix}".encode() for e in entities]
-        parts = [b"*%d\r\n$4\r\nMGET\r\n" % (m + 1)]
-        parts += [b"$%d\r\n%s\r\n" % (len(k), k) for k in keys]
-        (blobs,), errors = _round_trip(self._client, b"".join(parts), 1, self._command)
-        if errors:
-            _settle(self._command, errors, None)  # one reply for all keys: names none of them
+        client = self._client
         bad: list[Problem | None] = [None] * m
+        if isinstance(client, redis.RedisCluster):
+            gets = [b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(k), k) for k in keys]
+            blobs, errors = cluster_round_trip(client, gets, keys, self._command)
+            if errors:  # a reply per key: one refused key is its entity's problem
+                refused = settle(self._command, errors, lambda i: keys[i].decode())
+                for i, reason in refused.items():
+                    bad[i] = ("feature_store_error", reason)
+        else:
+            parts = [b"*%d\r\n$4\r\nMGET\r\n" % (m + 1)]
+            parts += [b"$%d\r\n%s\r\n" % (len(k), k) for k in keys]
+            (blobs,), errors = round_trip(client, b"".join(parts), 1, self._command)
+            if errors:
+                settle(self._command, errors, None)  # one reply for all keys: names none
+
         absent = np.zeros((m, width), dtype=np.bool_)
         if all(b is not None and len(b) == size for b in blobs):
             values = np.frombuffer(b"".join(blobs), dtype="<f4").reshape(m, width)
@@ -267,212 +266,6 @@ class RedisPackedStore:
 def pack_vector(values: Sequence[float] | npt.NDArray[np.floating[Any]]) -> bytes:
     """The ``packed`` layout's value for one entity: float32 little-endian, field order."""
     return np.asarray(values, dtype="<f4").tobytes()
-
-
-def redis_client(settings: RedisSettings) -> redis.Redis:
-    """A client for the configured Redis, with AUTH/ACL user and TLS CA when set.
-
-    Connects lazily. Raises ``ConfigError`` for a URL redis-py would misread or refuse;
-    its message and traceback hold no part of the URL, which may carry the password
-    (settings built in code have not been through ``load_config``'s check).
-    """
-    from worker.errors import ConfigError
-
-    url = settings.checked_url()
-    extra: dict[str, Any] = {}
-    if settings.username is not None:
-        extra["username"] = settings.username
-    if settings.password is not None:
-        extra["password"] = settings.password.get_secret_value()
-    if settings.ssl_ca_certs is not None:
-        extra["ssl_ca_certs"] = str(settings.ssl_ca_certs)
-    try:
-        return redis.Redis.from_url(
-            url,
-            socket_timeout=settings.socket_timeout_s,
-            socket_connect_timeout=settings.socket_timeout_s,
-            **extra,
-        )
-    except (ValueError, TypeError):
-        pass  # raised below, outside this block, so no exception context can quote the URL
-    raise ConfigError(
-        "redis.url: redis-py refused its query arguments (?name=value&...): check their "
-        "names and values"
-    ) from None
-
-
-def _ping(client: redis.Redis) -> None:
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        raise FeatureStoreError(f"Redis is not reachable: {exc}") from exc
-
-
-def classify_redis_error(exc: redis.RedisError) -> tuple[RedisTrouble, str]:
-    """What ``exc`` means for a batch, and its error code (``ERR`` when it names none).
-
-    Refused credentials are ``config``; any other failure to connect, send or read (a
-    timeout, LOADING, a garbled reply) is an ``outage``; an error reply is judged by its
-    code, ``REDIS_ERROR_KINDS``.
-    """
-    code = _error_code(exc)
-    if isinstance(exc, _CREDENTIAL_ERRORS):
-        return "config", code
-    if not isinstance(exc, redis.ResponseError):
-        return "outage", code
-    return REDIS_ERROR_KINDS.get(code, "config"), code
-
-
-_CREDENTIAL_ERRORS = (
-    redis.exceptions.AuthenticationError,
-    redis.exceptions.AuthenticationWrongNumberOfArgsError,
-)
-
-# For redis-py releases whose errors carry no ``status_code``: the classes it parses
-# replies into, most specific first (MovedError is an AskError, MasterDownError a
-# ClusterDownError).
-_CODE_OF_CLASS: tuple[tuple[type[redis.RedisError], str], ...] = (
-    (redis.exceptions.NoPermissionError, "NOPERM"),
-    (redis.exceptions.BusyLoadingError, "LOADING"),
-    (redis.exceptions.MovedError, "MOVED"),
-    (redis.exceptions.AskError, "ASK"),
-    (redis.exceptions.TryAgainError, "TRYAGAIN"),
-    (redis.exceptions.MasterDownError, "MASTERDOWN"),
-    (redis.exceptions.ClusterDownError, "CLUSTERDOWN"),
-    (redis.exceptions.ClusterCrossSlotError, "CROSSSLOT"),
-)
-
-
-def _error_code(exc: redis.RedisError) -> str:
-    """The reply's code: redis-py keeps it aside for the codes it knows (and strips it
-    from the text), leaves it in the text for the others."""
-    code = getattr(exc, "status_code", None)
-    if isinstance(code, str) and code:
-        return code
-    for cls, name in _CODE_OF_CLASS:
-        if isinstance(exc, cls):
-            return name
-    if isinstance(exc, redis.exceptions.AuthenticationError):  # three replies, one class
-        text = str(exc)
-        if "username-password" in text:
-            return "WRONGPASS"
-        if text.startswith("Authentication required"):
-            return "NOAUTH"
-    head = str(exc).split(" ", 1)[0]
-    return head if head.isalpha() and head.isupper() else "ERR"
-
-
-def _reply_text(exc: redis.RedisError, code: str) -> str:
-    """The error as Redis sent it, code first."""
-    text = str(exc)
-    return text if text.startswith(code) else f"{code} {text}"
-
-
-@dataclass(frozen=True, slots=True)
-class _Command:
-    """The command a store sends per batch, to name it, and what to grant, in errors."""
-
-    name: str
-    pattern: str
-    """The ACL key pattern the store's keys fall under, e.g. ``features:*``."""
-    user: str
-    """The ACL user the client logs in as."""
-
-    @classmethod
-    def of(cls, name: str, client: redis.Redis, spec: FeatureSpec) -> _Command:
-        user = client.connection_pool.connection_kwargs.get("username") or "default"
-        return cls(name, spec.key_template.replace("{entity}", "*"), str(user))
-
-    def failed(
-        self, exc: redis.RedisError, *, key: str | None = None, outage: str | None = None
-    ) -> FeatureStoreError | FeatureStoreConfigError:
-        """The error to raise for ``exc``, which concerns the whole batch: ``outage`` (a
-        message prefix) when it is one, else what an operator has to change."""
-        kind, code = classify_redis_error(exc)
-        replied = isinstance(exc, redis.ResponseError) or code != "ERR"  # LOADING, WRONGPASS
-        text = _reply_text(exc, code) if replied else str(exc)
-        if kind == "outage":
-            return FeatureStoreError(f"{outage or f'Redis cannot answer {self.name} now'}: {text}")
-        where = f" of key {key!r}" if key is not None else ""
-        return FeatureStoreConfigError(
-            f"Redis refused {self.name}{where}: {text.rstrip('.')}; {self._advice(exc, code)}"
-        )
-
-    def _advice(self, exc: redis.RedisError, code: str) -> str:
-        if code == "NOPERM":
-            return (
-                f"the ACL user {self.user!r} needs {self.name} on keys {self.pattern!r}: "
-                f"ACL SETUSER {self.user} +{self.name.lower()} ~{self.pattern}"
-            )
-        if isinstance(exc, _CREDENTIAL_ERRORS) or code in ("NOAUTH", "WRONGPASS"):
-            return (
-                "set redis.username and redis.password (or the user and password in "
-                "redis.url) to credentials this server accepts"
-            )
-        if code in ("MOVED", "ASK", "CROSSSLOT"):
-            return (
-                "redis.url names a Redis Cluster node, and streamfer sends each batch to one "
-                "node: point redis.url at a standalone Redis or a proxy that routes keys"
-            )
-        if "unknown command" in str(exc).lower():
-            return f"this server does not accept {self.name} (renamed or disabled?): enable it"
-        return "fix the Redis server or the [redis] settings; the worker retries until then"
-
-
-def _round_trip(
-    client: redis.Redis, payload: bytes, replies: int, command: _Command
-) -> tuple[list[Any], dict[int, redis.ResponseError]]:
-    """Send pre-encoded RESP commands in one write and read ``replies`` answers (parsed by
-    hiredis when installed); an error reply leaves None in its place and is returned by
-    position, for the caller to judge. Raises FeatureStoreError when Redis cannot be
-    reached or the connection fails, FeatureStoreConfigError when it refuses the login."""
-    pool = client.connection_pool
-    try:
-        conn: Any = pool.get_connection()
-    except redis.RedisError as exc:
-        raise command.failed(exc, outage="Redis is not reachable") from exc
-    answers: list[Any] = []
-    errors: dict[int, redis.ResponseError] = {}
-    try:
-        conn.send_packed_command([payload])
-        read, append = conn.read_response, answers.append
-        for i in range(replies):
-            try:
-                append(read())
-            except redis.ResponseError as exc:  # one whole reply was read: still in step
-                errors[i] = exc
-                append(None)
-    except redis.RedisError as exc:
-        conn.disconnect()
-        outage = f"Redis round trip of {replies} {command.name}s failed"
-        raise command.failed(exc, outage=outage) from exc
-    finally:
-        pool.release(conn)
-    return answers, errors
-
-
-def _settle(
-    command: _Command,
-    errors: dict[int, redis.ResponseError],
-    key_of: Callable[[int], str] | None,
-) -> dict[int, str]:
-    """Dead-letter reasons, by position, for the replies Redis refused about their own
-    key (``key_of`` names it; None when a reply covers several keys). Raises when any
-    refusal concerns the whole batch: FeatureStoreConfigError before FeatureStoreError."""
-    refused: dict[int, str] = {}
-    worst: tuple[RedisTrouble, int] | None = None
-    for i, exc in errors.items():
-        kind, code = classify_redis_error(exc)
-        if kind == "record" and key_of is not None:
-            refused[i] = (
-                f"Redis refused {command.name} of key {key_of(i)!r}: {_reply_text(exc, code)}"
-            )
-        elif worst is None or worst[0] == "outage":
-            worst = (kind, i)
-    if worst is not None:
-        i = worst[1]
-        raise command.failed(errors[i], key=key_of(i) if key_of is not None else None)
-    return refused
 
 
 STORES: dict[str, type[RedisHashStore] | type[RedisPackedStore]] = {

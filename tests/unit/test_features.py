@@ -21,18 +21,16 @@ from worker.config import FeatureSpec, ModelSpec, PipelineConfig
 from worker.errors import FeatureStoreConfigError, FeatureStoreError
 from worker.features import (
     PROBE_ENTITY,
-    REDIS_ERROR_KINDS,
     RedisHashStore,
     RedisPackedStore,
-    RedisTrouble,
     RowStore,
     assemble,
-    classify_redis_error,
     pack_vector,
 )
 from worker.health import HealthState
 from worker.metrics import Metrics
 from worker.pipeline import Pipeline
+from worker.redis_io import REDIS_ERROR_KINDS, RedisTrouble, classify_redis_error
 
 if TYPE_CHECKING:
     from conftest import MemoryStore, StoreFactory

@@ -28,7 +28,8 @@ from worker.config import (
     redis_url_problem,
 )
 from worker.errors import ConfigError, FeatureStoreError
-from worker.features import connect_store, redis_client
+from worker.features import connect_store
+from worker.redis_io import redis_client
 
 PASSWORD = "vK7qZ/mW3xR#tY8pL?nB2c"
 """A password with every character that ends a URL's host part, in distinct pieces."""
