@@ -10,18 +10,24 @@
 # `--target demo` builds the image of the compose stack's model-init job, which adds the
 # demo extra to train the demo model.
 
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# A pinned base: a patch release, not a moving tag.
+ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 # Every dependency ships manylinux wheels for CPython 3.11, so no compiler is needed.
+# Dependencies first, from the lock, in a layer of their own: a code change reuses it
+# instead of downloading onnxruntime again.
+COPY constraints.txt ./
+RUN python -m venv /opt/streamfer \
+    && /opt/streamfer/bin/pip install --upgrade pip \
+    && /opt/streamfer/bin/pip install -r constraints.txt
 COPY pyproject.toml README.md ./
 COPY worker ./worker
 COPY streamfer_dev ./streamfer_dev
-RUN python -m venv /opt/streamfer \
-    && /opt/streamfer/bin/pip install --upgrade pip \
-    && /opt/streamfer/bin/pip install . \
+RUN /opt/streamfer/bin/pip install --no-deps . \
+    && /opt/streamfer/bin/pip check \
     && /opt/streamfer/bin/streamfer --version
 
 # The runtime plus the demo extra, for jobs that make the demo model (compose model-init).

@@ -428,8 +428,8 @@ def test_dockerfile_runtime_contract() -> None:
     bases = [rest.split()[0] for word, rest in instructions if word == "FROM"]
     for base in bases:
         base = re.sub(r"\$\{(\w+)\}", lambda m: args[m[1]], base)
-        assert re.fullmatch(r"python:3\.11-slim(-\w+)?", base), base
-    assert any(word == "RUN" and "pip install ." in rest for word, rest in instructions)
+        assert re.fullmatch(r"python:3\.11\.\d+-slim(-\w+)?", base), f"{base}: pin a patch release"
+    assert any(word == "RUN" and "pip install --no-deps ." in rest for word, rest in instructions)
     stage = final_stage()
     one = {word: rest for word, rest in stage}  # the last of each instruction counts
     user = one["USER"].split(":")[0]
@@ -475,6 +475,31 @@ def test_dockerfile_healthcheck_follows_healthz(status: int, healthy: bool) -> N
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_dependencies_install_from_the_lock_in_a_layer_before_the_code() -> None:
+    """A code change must not reinstall onnxruntime: the lock is copied and installed
+    before any source, and it pins every runtime dependency at a version its floor
+    allows (so the image runs what the tests ran against)."""
+    from packaging.requirements import Requirement
+
+    instructions = dockerfile_instructions()
+    order = [(word, rest) for word, rest in instructions if word in {"COPY", "RUN"}]
+    lock_at = next(i for i, (w, r) in enumerate(order) if w == "COPY" and "constraints.txt" in r)
+    install_at = next(i for i, (w, r) in enumerate(order) if "-r constraints.txt" in r)
+    code_at = next(i for i, (w, r) in enumerate(order) if w == "COPY" and "worker" in r)
+    assert lock_at < install_at < code_at
+    pinned = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            pinned[name.lower().replace("_", "-")] = version.strip()
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    for dep in pyproject["project"]["dependencies"]:
+        req = Requirement(dep.split("#")[0])
+        name = req.name.lower().replace("_", "-")
+        assert name in pinned, f"constraints.txt lacks {name}"
+        assert req.specifier.contains(pinned[name]), f"{name}=={pinned[name]} breaks {dep}"
 
 
 def test_dockerignore_keeps_what_pip_install_needs() -> None:
