@@ -61,6 +61,10 @@ def build_worker(
                 on_feature_store=health.feature_store,
             )
         )
+    # The models are loaded: /healthz answers 200 from here, while the Kafka clients wait
+    # for the cluster's metadata (their timeouts, not a model, hold start-up up then).
+    health.models_loaded = True
+    health.turned()
     outputs = [t for p in config.pipelines for t in (p.result_topic, p.dead_letter_topic)]
     limits = RecordLimits.read(config.kafka, outputs)
     if config.delivery == "exactly-once":
