@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -67,3 +68,39 @@ def streamfer(
         env=None if env is None else dict(env),
         check=False,
     )
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The caller's environment without STREAMFER_ overrides, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMFER_")}
+    env.update(extra)
+    return env
+
+
+def write_config_with_redis(
+    path: Path,
+    *,
+    bootstrap: str,
+    topics: Any,
+    model: Any,
+    redis_url: str,
+    redis_lines: str = "",
+    **options: Any,
+) -> Path:
+    """A one-pipeline config for ``topics`` (a ``tests.conftest.Topics``) whose ``[redis]``
+    table also holds ``redis_lines``; ``options`` go to ``worker_config_toml``."""
+    from streamfer_dev.harness import worker_config_toml
+
+    text = worker_config_toml(
+        bootstrap=bootstrap,
+        redis_url=redis_url,
+        group=topics.group,
+        request_topic=topics.requests,
+        result_topic=topics.results,
+        dead_letter_topic=topics.dead_letters,
+        model_path=model.path,
+        fields=model.fields,
+        **options,
+    )
+    path.write_text(text.replace("[redis]\n", f"[redis]\n{redis_lines}\n", 1))
+    return path

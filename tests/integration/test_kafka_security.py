@@ -6,7 +6,6 @@ listener."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from streamfer_dev.harness import (
 )
 from streamfer_dev.modelgen import DemoModel
 from streamfer_dev.stack import SecuredListeners, Service, start_kafka
-from tests.integration.helpers import assert_committed_to_end, streamfer
+from tests.integration.helpers import assert_committed_to_end, clean_env, streamfer
 from tests.integration.tls import Certificates, make_certificates, sign
 from worker.topics import ensure_topics
 
@@ -95,10 +94,6 @@ def _setup(
     return config, topics, set(), []
 
 
-def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("STREAMFER_")}
-
-
 @pytest.mark.parametrize("how", ["sasl", "mtls"])
 def test_worker_check_offsets_and_replay_connect_with_only_config(
     secured: Secured,
@@ -119,7 +114,7 @@ def test_worker_check_offsets_and_replay_connect_with_only_config(
             for n, rid in enumerate(sorted(ids))
         ],
     )
-    env = _env()
+    env = clean_env()
     check = streamfer("check", "--config", str(config), env=env)
     assert check.returncode == 0, check.stdout + check.stderr
     assert "ok: producer: connects" in check.stdout
@@ -149,7 +144,7 @@ def test_a_wrong_scram_password_fails_check_naming_the_authentication(
 ) -> None:
     config, _, _, _ = _setup(secured, model, redis_url, tmp_path, "wrong", "sasl")
     (tmp_path / "kafka-password").write_text("not-the-password\n")
-    proc = streamfer("check", "--config", str(config), "--kafka-timeout", "5", env=_env())
+    proc = streamfer("check", "--config", str(config), "--kafka-timeout", "5", env=clean_env())
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAIL: kafka:" in proc.stdout
     assert "SASL authentication error" in proc.stdout, proc.stdout
@@ -163,6 +158,6 @@ def test_a_client_without_a_certificate_is_refused_by_the_mtls_listener(
     text = config.read_text()
     text = text.replace(f', "ssl.certificate.location" = "{secured.client_cert}"', "")
     config.write_text(text.replace(f', "ssl.key.location" = "{secured.client_key}"', ""))
-    proc = streamfer("check", "--config", str(config), "--kafka-timeout", "5", env=_env())
+    proc = streamfer("check", "--config", str(config), "--kafka-timeout", "5", env=clean_env())
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAIL: kafka:" in proc.stdout

@@ -3,7 +3,6 @@ them by slot, and a worker that sends each node its share of a batch in one writ
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -12,11 +11,16 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from streamfer_dev.harness import collect_outcomes, produce_requests, worker_config_toml
+from streamfer_dev.harness import collect_outcomes, produce_requests
 from streamfer_dev.modelgen import DemoModel, seed_entities
 from streamfer_dev.stack import RedisCluster, start_redis_cluster
 from tests.conftest import Topics
-from tests.integration.helpers import assert_committed_to_end, streamfer
+from tests.integration.helpers import (
+    assert_committed_to_end,
+    clean_env,
+    streamfer,
+    write_config_with_redis,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -38,26 +42,16 @@ def cluster(model: DemoModel) -> Iterator[RedisCluster]:
 def _config(
     path: Path, bootstrap: str, t: Topics, model: DemoModel, url: str, layout: str, cluster: bool
 ) -> Path:
-    text = worker_config_toml(
+    return write_config_with_redis(
+        path,
         bootstrap=bootstrap,
+        topics=t,
+        model=model,
         redis_url=url,
-        group=t.group,
-        request_topic=t.requests,
-        result_topic=t.results,
-        dead_letter_topic=t.dead_letters,
-        model_path=model.path,
-        fields=model.fields,
+        redis_lines="cluster = true" if cluster else "",
         layout=layout,
         key_template="features:{entity}" if layout == "hash" else "packed:{entity}",
     )
-    if cluster:
-        text = text.replace("[redis]\n", "[redis]\ncluster = true\n", 1)
-    path.write_text(text)
-    return path
-
-
-def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("STREAMFER_")}
 
 
 @pytest.mark.parametrize("layout", ["hash", "packed"])
@@ -71,7 +65,7 @@ def test_a_worker_reads_features_from_every_node_of_a_cluster(
 ) -> None:
     t = fresh_topics(2)
     config = _config(tmp_path / "w.toml", kafka_bootstrap, t, model, cluster.address, layout, True)
-    check = streamfer("check", "--config", str(config), "--skip-kafka", env=_env())
+    check = streamfer("check", "--config", str(config), "--skip-kafka", env=clean_env())
     assert check.returncode == 0, check.stdout + check.stderr
 
     entities = [f"clu-{i}" for i in range(60)]
@@ -92,7 +86,7 @@ def test_a_worker_reads_features_from_every_node_of_a_cluster(
             for n, rid in enumerate(sorted(ids))
         ],
     )
-    run = streamfer("run", "--config", str(config), "--burst-idle-s", "3", env=_env())
+    run = streamfer("run", "--config", str(config), "--burst-idle-s", "3", env=clean_env())
     assert run.returncode == 0, run.stderr[-3000:]
     outcomes = collect_outcomes(kafka_bootstrap, t.results, t.dead_letters, ids, timeout=60)
     assert outcomes.lost(ids) == []
@@ -115,7 +109,7 @@ def test_a_key_of_the_wrong_type_in_a_cluster_dead_letters_only_its_requests(
         t.requests,
         [(rid, None, orjson.dumps({"id": rid, "entity": e})) for rid, e in requests],
     )
-    run = streamfer("run", "--config", str(config), "--burst-idle-s", "3", env=_env())
+    run = streamfer("run", "--config", str(config), "--burst-idle-s", "3", env=clean_env())
     assert run.returncode == 0, run.stderr[-3000:]
     ids = {"good", "wrong", "after"}
     outcomes = collect_outcomes(
@@ -136,6 +130,6 @@ def test_a_cluster_node_without_cluster_mode_says_to_set_it(
 ) -> None:
     t = fresh_topics(1)
     config = _config(tmp_path / "w.toml", kafka_bootstrap, t, model, cluster.address, "hash", False)
-    check = streamfer("check", "--config", str(config), "--skip-kafka", env=_env())
+    check = streamfer("check", "--config", str(config), "--skip-kafka", env=clean_env())
     assert check.returncode == 2, check.stdout + check.stderr
     assert "set redis.cluster = true" in check.stderr, check.stderr

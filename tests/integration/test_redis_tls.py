@@ -4,7 +4,6 @@ user allowed nothing but reads of ``features:*``."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -12,11 +11,16 @@ import orjson
 import pytest
 import redis
 
-from streamfer_dev.harness import collect_outcomes, produce_requests, worker_config_toml
+from streamfer_dev.harness import collect_outcomes, produce_requests
 from streamfer_dev.modelgen import DemoModel, seed_entities
 from streamfer_dev.stack import Service, start_redis
 from tests.conftest import Topics
-from tests.integration.helpers import assert_committed_to_end, streamfer
+from tests.integration.helpers import (
+    assert_committed_to_end,
+    clean_env,
+    streamfer,
+    write_config_with_redis,
+)
 from tests.integration.tls import Certificates, make_certificates
 
 pytestmark = pytest.mark.integration
@@ -57,22 +61,9 @@ def tls_entities(tls_redis: tuple[Service, Certificates], model: DemoModel) -> l
 def _config(
     path: Path, bootstrap: str, t: Topics, model: DemoModel, url: str, redis_lines: str
 ) -> Path:
-    text = worker_config_toml(
-        bootstrap=bootstrap,
-        redis_url=url,
-        group=t.group,
-        request_topic=t.requests,
-        result_topic=t.results,
-        dead_letter_topic=t.dead_letters,
-        model_path=model.path,
-        fields=model.fields,
+    return write_config_with_redis(
+        path, bootstrap=bootstrap, topics=t, model=model, redis_url=url, redis_lines=redis_lines
     )
-    path.write_text(text.replace("[redis]\n", f"[redis]\n{redis_lines}\n", 1))
-    return path
-
-
-def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("STREAMFER_")}
 
 
 def test_a_worker_reads_features_over_tls_as_an_acl_user(
@@ -88,7 +79,7 @@ def test_a_worker_reads_features_over_tls_as_an_acl_user(
     (tmp_path / "redis-password").write_text(PASSWORD + "\n")
     lines = f'ssl_ca_certs = "{certs.ca}"\nusername = "{USER}"\npassword_file = "redis-password"\n'
     config = _config(tmp_path / "w.toml", kafka_bootstrap, t, model, service.address, lines)
-    check = streamfer("check", "--config", str(config), env=_env())
+    check = streamfer("check", "--config", str(config), env=clean_env())
     assert check.returncode == 0, check.stdout + check.stderr
     assert "ok: pipeline demo" in check.stdout
 
@@ -101,7 +92,7 @@ def test_a_worker_reads_features_over_tls_as_an_acl_user(
             for n, rid in enumerate(sorted(ids))
         ],
     )
-    run = streamfer("run", "--config", str(config), "--burst-idle-s", "3", env=_env())
+    run = streamfer("run", "--config", str(config), "--burst-idle-s", "3", env=clean_env())
     assert run.returncode == 0, run.stderr[-3000:]
     assert PASSWORD not in run.stderr
     outcomes = collect_outcomes(kafka_bootstrap, t.results, t.dead_letters, ids, timeout=60)
@@ -122,7 +113,7 @@ def test_without_the_private_ca_the_certificate_is_refused(
     config = _config(
         tmp_path / "w.toml", kafka_bootstrap, fresh_topics(1), model, service.address, lines
     )
-    proc = streamfer("check", "--config", str(config), "--skip-kafka", env=_env())
+    proc = streamfer("check", "--config", str(config), "--skip-kafka", env=clean_env())
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "certificate verify failed" in proc.stderr, proc.stderr
     assert PASSWORD not in proc.stdout + proc.stderr
@@ -141,7 +132,7 @@ def test_a_wrong_password_over_tls_is_refused_without_echoing_it(
     config = _config(
         tmp_path / "w.toml", kafka_bootstrap, fresh_topics(1), model, service.address, lines
     )
-    proc = streamfer("check", "--config", str(config), "--skip-kafka", env=_env())
+    proc = streamfer("check", "--config", str(config), "--skip-kafka", env=clean_env())
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Redis" in proc.stderr
     assert wrong not in proc.stdout + proc.stderr

@@ -7,7 +7,6 @@ password-protected redis-server is started by this module on a free port.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import tempfile
@@ -23,7 +22,7 @@ import redis
 from streamfer_dev.harness import worker_config_toml
 from streamfer_dev.modelgen import DemoModel
 from streamfer_dev.stack import free_port
-from tests.integration.helpers import streamfer
+from tests.integration.helpers import clean_env, streamfer
 
 pytestmark = pytest.mark.integration
 
@@ -73,13 +72,6 @@ def locked_redis() -> Iterator[int]:
         proc.terminate()
         proc.wait(20)
         shutil.rmtree(work, ignore_errors=True)
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """The caller's environment without STREAMFER_ overrides, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMFER_")}
-    env.update(extra)
-    return env
 
 
 def write(
