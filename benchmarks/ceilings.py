@@ -7,8 +7,8 @@ machine's outliers do not set the ceiling), with the mean-based figure beside it
 ``redis_alone`` times the worker's own fetch, one pipelined round trip
 (``RedisHashStore.get_many``: HMGET per entity, raw values; or, for the packed layout,
 ``RedisPackedStore.fetch``: one MGET, decoded) over batches of 256 distinct entities
-drawn from the seeded ones, plus the same fetch followed by ``worker.features.assemble``
-(the worker's whole enrich stage, ending in a float32 matrix). Neither touches Kafka.
+drawn from the seeded ones, plus the same fetch followed by ``worker.feeds.assemble``
+(the worker's whole enrich stage, ending in the model's float32 input). Neither touches Kafka.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,8 +25,12 @@ import redis
 
 from benchmarks.session import load_session
 from streamfer_dev.harness import percentile
-from worker.config import FeatureSpec
-from worker.features import RedisHashStore, RedisPackedStore, assemble
+from worker.config import FeatureSpec, ModelSpec, PipelineConfig
+from worker.engines import TensorInput
+from worker.features import RedisHashStore, RedisPackedStore
+from worker.feeds import FeedPlan, assemble
+from worker.lookups import OneStore
+from worker.types import DecodedRequests
 
 __all__ = ["BATCH_SIZES", "ort_alone", "redis_alone"]
 
@@ -108,9 +113,28 @@ def redis_alone(
     try:
         it = iter(samples * 2)
         fetch = _timed(batches, 10.0, lambda: fetch_one(next(it)))
-        no_inline: list[dict[str, float] | None] = [None] * size
-        it = iter(samples * 2)
-        enrich = _timed(batches, 10.0, lambda: assemble(spec, next(it), no_inline, store))
+        plan = _one_matrix_plan(spec)
+        lookups = OneStore("entity", store)
+        decoded = [
+            DecodedRequests(list(range(size)), [""] * size, {"entity": list(sample)}, [None] * size)
+            for sample in samples
+        ]
+        it = iter(decoded * 2)
+        enrich = _timed(batches, 10.0, lambda: assemble(plan, next(it), lookups))
     finally:
         store.close()
     return {"fetch": _stats(fetch, size), "assemble": _stats(enrich, size)}
+
+
+def _one_matrix_plan(spec: FeatureSpec) -> FeedPlan:
+    """The plan of a pipeline with one lookup and a model taking one float32 matrix."""
+    config = PipelineConfig(
+        name="ceiling",
+        request_topics=["r"],
+        result_topic="o",
+        dead_letter_topic="d",
+        features=spec,
+        model=ModelSpec(path=Path("model.onnx"), name="m"),
+    )
+    matrix = TensorInput("input", "tensor(float)", np.dtype(np.float32), 2, len(spec.fields))
+    return FeedPlan.build(config, [matrix])

@@ -4,15 +4,18 @@ Loading the model and pinging Redis passed for models whose outputs could not be
 published, so the first live batch was the first failure. ``check_pipeline`` instead runs
 one batch through every stage a worker runs (decode, enrich with a real Redis round
 trip, infer, encode the results and dead letters) into a sink that keeps what it is
-handed instead of producing it. A request carrying every feature inline must come out as
-a result; one naming a probe entity exercises the lookup (its result or dead letter
-is fine, a Redis refusal is not).
+handed instead of producing it. A request carrying every feature inline (strings a
+model's encoders accept, see ``OnnxEngine.example``) must come out as a result; one
+naming a probe entity in every lookup exercises the lookups (its result or dead letter
+is fine, a Redis refusal is not). Requests are written in the pipeline's own request
+shape. ``CheckedPipeline.signature`` says how each model input is fed.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 from confluent_kafka import Message
@@ -62,13 +65,15 @@ class CheckedPipeline:
     result_bytes: int
     lookup_outcome: str
     """``result``, or the dead-letter code of the request that named the probe entity."""
+    signature: list[str] = field(default_factory=list)
+    """The model's inputs, how each is fed, and its outputs: a line each."""
 
 
 def check_pipeline(cfg: PipelineConfig, redis: RedisSettings) -> CheckedPipeline:
     """Run one batch through ``cfg``'s stages. Raises the ``StreamferError`` that would
     stop a worker: ConfigError (FeatureStoreConfigError among them), FeatureStoreError,
     or EngineError when the model loads but its outputs cannot be published."""
-    engine, store = open_parts(cfg, redis, warm_up=[1])  # proves the outputs are publishable
+    engine, store, hooks = open_parts(cfg, redis, warm_up=[1])  # outputs are publishable
     try:
         abort = threading.Event()
         abort.set()  # no waiting: the first refusal is the answer
@@ -79,11 +84,39 @@ def check_pipeline(cfg: PipelineConfig, redis: RedisSettings) -> CheckedPipeline
             metrics=Metrics(CollectorRegistry()).for_pipeline(cfg.name),
             retry_feature_store_s=None,
             abort=abort,
+            hooks=hooks,
         )
+        plan = pipeline.plan
+        example = engine.example(plan.widths())(1)
+        values: dict[str, Any] = {}
+        for feed in plan.inputs:
+            row = example[feed.name][0]
+            cells = [row] if feed.rank == 1 else list(row)
+            for name, cell in zip(feed.columns, cells, strict=True):
+                values[name] = cell if isinstance(cell, str) else float(cell)
+        request = cfg.request
+        if request.features_array is not None:
+            inline_features: Any = [
+                values.get(n, request.default_value) for n in request.features_array
+            ]
+        else:
+            inline_features = values
+        inline: dict[str, Any] = {}
+        _put(inline, request.id, INLINE_ID)
+        _put(inline, request.features, inline_features)
+        lookup: dict[str, Any] = {}
+        _put(lookup, request.id, LOOKUP_ID)
+        for lk in cfg.lookups:
+            _put(lookup, cfg.entity_path(lk.name), PROBE_ENTITY)
+        if plan.request_only:
+            only = {n: values[n] for n in plan.request_only}
+            carried: Any = (
+                [only.get(n, values.get(n, 0.0)) for n in request.features_array]
+                if request.features_array is not None
+                else only
+            )
+            _put(lookup, request.features, carried)
         topic = cfg.request_topics[0]
-        spec = cfg.features
-        inline = {"id": INLINE_ID, "features": dict.fromkeys(spec.fields, spec.default_value)}
-        lookup = {"id": LOOKUP_ID, "entity": PROBE_ENTITY}
         batch = [
             Message(topic=topic, partition=0, offset=i, key=b"check", value=orjson.dumps(doc))
             for i, doc in enumerate((inline, lookup))
@@ -92,6 +125,10 @@ def check_pipeline(cfg: PipelineConfig, redis: RedisSettings) -> CheckedPipeline
         pipeline.handle(batch, sink)  # type: ignore[arg-type]
     finally:
         store.close()
+    signature = [f"input {line}" for line in plan.describe()]
+    signature += [
+        f"output {name} <- {out} {engine.output_types[out]}" for name, out in engine.outputs.items()
+    ]
     outcomes = {}
     for out_topic, value, _ in sink.records:
         doc = orjson.loads(value)
@@ -104,4 +141,13 @@ def check_pipeline(cfg: PipelineConfig, redis: RedisSettings) -> CheckedPipeline
         raise EngineError(
             f"pipeline {cfg.name}: a request with every feature inline gave {inline_outcome}"
         )
-    return CheckedPipeline(engine.model_hash, result_bytes, outcomes[LOOKUP_ID][0])
+    return CheckedPipeline(engine.model_hash, result_bytes, outcomes[LOOKUP_ID][0], signature)
+
+
+def _put(doc: dict[str, Any], path: str, value: Any) -> None:
+    """Set ``value`` at a dotted path, making the objects on the way."""
+    *parents, last = path.split(".")
+    node = doc
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[last] = value

@@ -193,14 +193,15 @@ def _add_feature_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     fsub = features.add_subparsers(dest="features_command", required=True)
     load = fsub.add_parser("load", help="write features from CSV or Parquet into Redis")
     _config_argument(load)
-    load.add_argument("--pipeline", help="pipeline whose feature spec to use (default: the first)")
+    load.add_argument("--pipeline", help="pipeline whose lookups to use (default: the first)")
+    load.add_argument("--lookup", help="the lookup to write (default: the pipeline's first)")
     load.add_argument("--file", required=True, type=Path, help=".csv, .tsv or .parquet")
     load.add_argument("--entity-column", default="entity")
     load.add_argument(
         "--layout",
         choices=["hash", "packed"],
         default=None,
-        help="default: the pipeline's features.layout",
+        help="default: the lookup's layout",
     )
     load.add_argument("--chunk", type=int, default=5000, help="rows per pipelined write")
     load.add_argument("--no-progress", action="store_true")
@@ -217,10 +218,16 @@ def _cmd_features_load(args: argparse.Namespace) -> int:
         pipeline = (
             config.pipeline(args.pipeline) if args.pipeline is not None else config.pipelines[0]
         )
+        lookups = {lk.name: lk for lk in pipeline.lookups}
+        name = args.lookup if args.lookup is not None else next(iter(lookups), None)
+        if name not in lookups:
+            raise ConfigError(
+                f"pipeline {pipeline.name!r} has no lookup {name!r}; it has {list(lookups)}"
+            )
         client = redis_client(config.redis)
         report = load_features(
             client,
-            pipeline.features,
+            lookups[name],
             args.file,
             entity_column=args.entity_column,
             layout=args.layout,
@@ -300,13 +307,16 @@ def _cmd_check(args: argparse.Namespace) -> int:
                     f"pipeline {p.name}",
                     True,
                     f"model {p.model.name} ({checked.model_hash[:12]}), "
-                    f"{len(p.features.fields)} features; one batch through decode, enrich, "
+                    f"{len(p.lookups)} lookups; one batch through decode, enrich, "
                     f"infer and encode: a {checked.result_bytes}-byte result; the lookup of a "
                     f"probe entity gave {checked.lookup_outcome}",
                 )
             )
+            # the model's signature and how each input is fed, a line each
+            lines += [CheckLine(f"pipeline {p.name} model", True, s) for s in checked.signature]
             if not args.json:
-                print(lines[-1].text(), flush=True)
+                for line in lines[-1 - len(checked.signature) :]:
+                    print(line.text(), flush=True)
     except StreamferError as exc:
         print(f"streamfer: {exc}", file=sys.stderr)
         return 2

@@ -18,12 +18,13 @@ from __future__ import annotations
 import base64
 import math
 import re
-from collections.abc import Collection, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import orjson
 
 from worker.limits import DEFAULT_MESSAGE_MAX_BYTES, RECORD_OVERHEAD
+from worker.request_shape import RequestShape
 from worker.types import DecodedRequests, Rejection
 
 __all__ = [
@@ -51,18 +52,18 @@ _entity_ok = re.compile(ENTITY_PATTERN).fullmatch
 
 def decode_requests(
     values: Sequence[bytes | None],
-    fields: Collection[str],
+    shape: RequestShape,
     max_record_bytes: int,
 ) -> DecodedRequests:
     """Parse and check one batch of request values. Never raises for bad input."""
     rows: list[int] = []
     ids: list[str] = []
-    entities: list[str | None] = []
-    inline: list[dict[str, float] | None] = []
+    entities: dict[str, list[str | None]] = {name: [] for name, _, _ in shape.lookups}
+    inline: list[dict[str, Any] | None] = []
+    docs: list[dict[str, Any]] = []
     rejections: list[Rejection] = []
     loads = orjson.loads
-    known = fields if isinstance(fields, (set, frozenset)) else frozenset(fields)
-    n_fields = len(known)
+    check = _Checker(shape)
 
     for index, value in enumerate(values):
         if not value:
@@ -93,51 +94,137 @@ def decode_requests(
                 )
             )
             continue
-        problem = _check(doc, known, n_fields)
-        if problem is not None:
-            rejections.append(Rejection(index, "schema", problem[0], problem[1]))
+        checked = check(doc)
+        if isinstance(checked, _Problem):
+            rejections.append(Rejection(index, "schema", checked.code, checked.reason))
             continue
+        rid, ents, feats = checked
         rows.append(index)
-        ids.append(doc["id"])
-        entities.append(doc.get("entity"))
-        inline.append(doc.get("features"))
-    return DecodedRequests(rows, ids, entities, inline, rejections)
+        ids.append(rid)
+        for name, entity in zip(entities, ents, strict=True):
+            entities[name].append(entity)
+        inline.append(feats)
+        docs.append(doc)
+    return DecodedRequests(rows, ids, entities, inline, rejections, docs)
 
 
-def _check(doc: dict[str, Any], known: Collection[str], n_fields: int) -> tuple[str, str] | None:
-    rid = doc.get("id")
-    if rid is None:
-        return "missing_field", "field 'id' is required"
-    if type(rid) is not str:
-        return "wrong_type", f"field 'id' must be a string, got {_json_type(rid)}"
-    if not rid or len(rid) > MAX_ID_LENGTH:
-        return "invalid_id", f"field 'id' must be 1 to {MAX_ID_LENGTH} characters"
-    entity = doc.get("entity")
-    if entity is not None:
-        if type(entity) is not str:
-            return "wrong_type", f"field 'entity' must be a string, got {_json_type(entity)}"
-        if _entity_ok(entity) is None:
-            return "invalid_entity", (
-                f"field 'entity' must be 1 to {MAX_ENTITY_LENGTH} of A-Z a-z 0-9 . _ - @ +, "
-                f"got {safe_text(entity[:80], 64)!r}"
+_Good = tuple[str, list[str | None], dict[str, Any] | None]
+
+
+class _Problem(NamedTuple):
+    code: str
+    reason: str
+
+
+class _Checker:
+    """Checks one request against a ``RequestShape``: its id, entity ids and inline
+    features, or why not, as (code, reason)."""
+
+    __slots__ = ("_array", "_feats", "_id", "_id_name", "_kinds", "_lookups", "_single")
+
+    def __init__(self, shape: RequestShape) -> None:
+        self._id = shape.id_path
+        self._id_name = ".".join(shape.id_path)
+        self._feats = shape.features_path
+        self._array = shape.features_array
+        self._lookups = [(path, ".".join(path), fields) for _, path, fields in shape.lookups]
+        self._kinds = shape.kinds
+        # the default shape reads top-level fields only: one dict look-up each
+        self._single = len(self._id) == 1 and len(self._feats) == 1
+
+    def __call__(self, doc: dict[str, Any]) -> _Good | _Problem:
+        rid = doc.get(self._id[0]) if len(self._id) == 1 else _at(doc, self._id)
+        name = self._id_name
+        if rid is None:
+            return _Problem("missing_field", f"field {name!r} is required")
+        if type(rid) is not str:
+            return _Problem("wrong_type", f"field {name!r} must be a string, got {_json_type(rid)}")
+        if not rid or len(rid) > MAX_ID_LENGTH:
+            return _Problem("invalid_id", f"field {name!r} must be 1 to {MAX_ID_LENGTH} characters")
+        raw = doc.get(self._feats[0]) if len(self._feats) == 1 else _at(doc, self._feats)
+        feats: dict[str, Any] | None = None
+        if raw is not None:
+            checked = self._features(raw)
+            if type(checked) is _Problem:
+                return checked
+            feats = checked  # type: ignore[assignment]
+        entities: list[str | None] = []
+        for path, where, fields in self._lookups:
+            entity = doc.get(path[0]) if len(path) == 1 else _at(doc, path)
+            if entity is None:
+                if fields and (feats is None or any(f not in feats for f in fields)):
+                    if feats is None and len(self._lookups) == 1:
+                        return _Problem("missing_field", f"request needs {where!r} or 'features'")
+                    missing = sorted(f for f in fields if feats is None or f not in feats)[:5]
+                    return _Problem("missing_field", f"no {where!r} and features lack {missing}")
+                entities.append(None)
+                continue
+            if type(entity) is int:
+                entity = str(entity)  # numeric ids name keys as their digits
+            elif type(entity) is not str:
+                return _Problem(
+                    "wrong_type", f"field {where!r} must be a string, got {_json_type(entity)}"
+                )
+            if _entity_ok(entity) is None:
+                return _Problem(
+                    "invalid_entity",
+                    f"field {where!r} must be 1 to {MAX_ENTITY_LENGTH} of A-Z a-z 0-9 . _ - @ +, "
+                    f"got {safe_text(entity[:80], 64)!r}",
+                )
+            entities.append(entity)
+        return rid, entities, feats
+
+    def _features(self, raw: Any) -> dict[str, Any] | _Problem:
+        where = ".".join(self._feats)
+        if self._array is not None:
+            if type(raw) is not list:
+                return _Problem(
+                    "wrong_type", f"field {where!r} must be an array, got {_json_type(raw)}"
+                )
+            if len(raw) != len(self._array):
+                return _Problem(
+                    "wrong_type",
+                    f"field {where!r} must hold {len(self._array)} values "
+                    f"({list(self._array)[:5]}...), got {len(raw)}",
+                )
+            raw = dict(zip(self._array, raw, strict=True))
+        elif type(raw) is not dict:
+            return _Problem(
+                "wrong_type", f"field {where!r} must be an object, got {_json_type(raw)}"
             )
-    feats = doc.get("features")
-    if feats is not None:
-        if type(feats) is not dict:
-            return "wrong_type", f"field 'features' must be an object, got {_json_type(feats)}"
-        for name, v in feats.items():
-            if name not in known:
-                return "unknown_feature", f"feature {safe_text(name, 64)!r} is not in the spec"
-            if type(v) not in _NUMBER:
-                return "wrong_type", f"feature {name!r} must be a number, got {_json_type(v)}"
-            if not math.isfinite(v):
-                return "non_finite", f"feature {name!r} is not finite"
-        if entity is None and len(feats) < n_fields:
-            missing = sorted(set(known) - set(feats))[:5]
-            return "missing_field", f"no 'entity' and features lack {missing}"
-    elif entity is None:
-        return "missing_field", "request needs 'entity' or 'features'"
-    return None
+        kinds = self._kinds
+        for name, v in raw.items():
+            kind = kinds.get(name)
+            if kind is None:
+                return _Problem(
+                    "unknown_feature", f"feature {safe_text(name, 64)!r} is not in the spec"
+                )
+            t = type(v)
+            if kind == "text":
+                if t is not str:
+                    return _Problem(
+                        "wrong_type", f"feature {name!r} must be a string, got {_json_type(v)}"
+                    )
+            elif t is bool:
+                if kind != "bool":
+                    return _Problem("wrong_type", f"feature {name!r} must be a number, got boolean")
+            elif t not in _NUMBER:
+                return _Problem(
+                    "wrong_type", f"feature {name!r} must be a number, got {_json_type(v)}"
+                )
+            elif not math.isfinite(v):
+                return _Problem("non_finite", f"feature {name!r} is not finite")
+        return raw  # type: ignore[no-any-return]
+
+
+def _at(doc: dict[str, Any], path: tuple[str, ...]) -> Any:
+    """The value at a dotted path, or None when any step is missing or not an object."""
+    node: Any = doc
+    for key in path:
+        if type(node) is not dict:
+            return None
+        node = node.get(key)
+    return node
 
 
 def _json_type(value: Any) -> str:

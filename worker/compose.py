@@ -46,7 +46,7 @@ def build_worker(
 
     pipelines = []
     for p in config.pipelines:
-        engine, store = open_parts(p, config.redis)
+        engine, store, hooks = open_parts(p, config.redis)
         metrics.model_info.labels(
             p.name, p.model.name, p.model.version, engine.model_hash, engine.providers[0]
         ).set(1)
@@ -56,6 +56,7 @@ def build_worker(
                 store=store,
                 engine=engine,
                 metrics=metrics.for_pipeline(p.name),
+                hooks=hooks,
                 retry_feature_store_s=config.feature_store_retry_s,
                 abort=abort,
                 on_feature_store=health.feature_store,

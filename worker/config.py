@@ -12,9 +12,10 @@ part early, and redis-py's own errors then quote the password) is refused here, 
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,11 +27,14 @@ __all__ = [
     "LIBRDKAFKA_SECRET_OPTIONS",
     "BatchPolicy",
     "FeatureSpec",
+    "HooksSpec",
     "KafkaSettings",
+    "LookupSpec",
     "MetricsSettings",
     "ModelSpec",
     "PipelineConfig",
     "RedisSettings",
+    "RequestMapping",
     "WorkerConfig",
     "load_config",
     "parse_config",
@@ -164,12 +168,66 @@ class FeatureSpec(_Frozen):
         return self
 
 
+class LookupSpec(FeatureSpec):
+    """One feature lookup of a request: the entity id found at ``request.entities[name]``
+    (default: a field called ``name``) names the key. Every lookup of a batch shares
+    one Redis round trip."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+
+
+_PATH = r"^[^.\s]+(\.[^.\s]+)*$"
+"""A dotted path into a JSON request: ``meta.request_id``."""
+
+
+class RequestMapping(_Frozen):
+    """Where things are in a JSON request, as dotted paths.
+
+    ``features`` holds inline values: an object ``name -> value``, or, with
+    ``features_array``, an array of those features' values in that order. A feature that
+    no lookup stores comes from the request alone; a request that lacks it follows
+    ``on_missing_field``."""
+
+    id: str = Field(default="id", pattern=_PATH)
+    features: str = Field(default="features", pattern=_PATH)
+    features_array: list[str] | None = Field(default=None, min_length=1)
+    entities: dict[str, str] = Field(default_factory=dict)
+    on_missing_field: MissingPolicy = "dead_letter"
+    default_value: float = 0.0
+
+    @model_validator(mode="after")
+    def _paths_are_paths(self) -> RequestMapping:
+        for name, path in self.entities.items():
+            if not re.fullmatch(_PATH, path):
+                raise ValueError(f"entities.{name}: {path!r} is not a dotted path")
+        if self.features_array is not None and len(set(self.features_array)) != len(
+            self.features_array
+        ):
+            raise ValueError("features_array must not repeat a name")
+        return self
+
+
+_HOOK = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+
+
+class HooksSpec(_Frozen):
+    """Python functions called once per batch, as ``package.module:function``: see
+    ``worker.hooks`` for their signatures."""
+
+    prepare: str | None = Field(default=None, pattern=_HOOK)
+    postprocess: str | None = Field(default=None, pattern=_HOOK)
+
+
 class ModelSpec(_Frozen):
     """An ONNX model file, how to name it in results, and where to run it.
 
-    ``outputs`` maps result field names to model output names; by default a
-    classifier's label and probability outputs (as skl2onnx names them) become ``label``
-    and ``scores``, and any other model's outputs keep their own names.
+    ``inputs`` maps each model input to the features that fill its columns, in order; by
+    default a model with one input gets every stored feature, and a model whose inputs
+    are named after features gets each its own. ``outputs`` maps result field names to
+    model output names; by default a classifier's label and probability outputs (as
+    skl2onnx names them) become ``label`` and ``scores``, and any other model's outputs
+    keep their own names. ``class_names`` turns the ``label`` output's class index into a
+    name (it may also be written inside the ``outputs`` table).
     """
 
     path: Path
@@ -177,25 +235,114 @@ class ModelSpec(_Frozen):
     version: str = "1"
     providers: list[Provider] = Field(default_factory=lambda: [_CPU])
     intra_op_threads: int = Field(default=1, ge=0, le=256)
+    inputs: dict[str, list[str]] | None = None
     outputs: dict[str, str] | None = None
+    class_names: list[str] | None = Field(default=None, min_length=1)
     sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _class_names_may_sit_in_outputs(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("outputs"), dict):
+            outputs = dict(data["outputs"])
+            if "class_names" in outputs:
+                if "class_names" in data:
+                    raise ValueError("class_names is given twice: in model and in model.outputs")
+                data = {**data, "class_names": outputs.pop("class_names"), "outputs": outputs}
+        return data
+
+    @model_validator(mode="after")
+    def _inputs_are_columns(self) -> ModelSpec:
+        for name, columns in (self.inputs or {}).items():
+            if not columns:
+                raise ValueError(f"inputs.{name}: lists no features")
+            if len(set(columns)) != len(columns):
+                raise ValueError(f"inputs.{name}: a feature is listed twice")
+        return self
 
 
 class PipelineConfig(_Frozen):
-    """Request topics → features → model → result topic, with its own batch policy."""
+    """Request topics → features → model → result topic, with its own batch policy.
+
+    ``features`` (one lookup, its entity id in the request's ``entity`` field) is the
+    short form of ``lookups`` and becomes a lookup named ``entity``."""
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     request_topics: list[str] = Field(min_length=1)
     result_topic: str = Field(min_length=1)
     dead_letter_topic: str = Field(min_length=1)
-    features: FeatureSpec
+    request: RequestMapping = RequestMapping()
+    features: FeatureSpec | None = None
+    lookups: list[LookupSpec] = Field(default_factory=list)
     model: ModelSpec
+    hooks: HooksSpec = HooksSpec()
     batch: BatchPolicy = BatchPolicy()
     max_record_bytes: int = Field(default=1_048_576, ge=64)
     source_headers: bool = True
     """Results carry ``streamfer.request_id`` and ``streamfer.source_*`` headers. Off,
     only a request's ``traceparent`` is copied: each header costs the producer about a
     microsecond per record, and the body already holds the id and request time."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _features_is_one_lookup(cls, data: Any) -> Any:
+        """``features`` becomes the lookup ``entity`` (when it is valid: otherwise its
+        own errors, under ``features``, say what to fix)."""
+        if not isinstance(data, dict) or data.get("features") is None:
+            return data
+        features = data["features"]
+        try:
+            spec = (
+                features
+                if isinstance(features, FeatureSpec)
+                else FeatureSpec.model_validate(features)
+            )
+        except ValidationError:
+            return data
+        one = LookupSpec(name="entity", **spec.model_dump())
+        given = data.get("lookups")
+        if given:
+            same = [
+                g if isinstance(g, LookupSpec) else LookupSpec.model_validate(g) for g in given
+            ] == [one]
+            if not same:
+                raise ValueError("give either features or lookups, not both")
+        return {**data, "lookups": [one]}
+
+    @model_validator(mode="after")
+    def _lookups_are_unambiguous(self) -> PipelineConfig:
+        names = [lookup.name for lookup in self.lookups]
+        if len(set(names)) != len(names):
+            raise ValueError(f"lookup names must be unique, got {names}")
+        unknown = sorted(set(self.request.entities) - set(names))
+        if unknown:
+            raise ValueError(f"request.entities names {unknown}, which are not lookups {names}")
+        _owners(((lk.name, lk.fields) for lk in self.lookups), "feature", "lookups")
+        if not self.lookups and self.model.inputs is None and self.request.features_array is None:
+            raise ValueError(
+                "no lookups and no model.inputs: name the features (lookups, "
+                "request.features_array or model.inputs)"
+            )
+        return self
+
+    def entity_path(self, lookup: str) -> str:
+        """Where the request holds the entity id of ``lookup``."""
+        return self.request.entities.get(lookup, lookup)
+
+    def stored_fields(self) -> list[str]:
+        """Every feature the lookups store, lookup by lookup."""
+        return [field for lookup in self.lookups for field in lookup.fields]
+
+
+def _owners(groups: Iterable[tuple[str, Iterable[str]]], what: str, kind: str) -> dict[str, str]:
+    """Member -> the group that has it; a member in two groups is a ValueError."""
+    owner: dict[str, str] = {}
+    for name, members in groups:
+        for member in members:
+            if member in owner:
+                raise ValueError(f"{what} {member!r} is in {kind} {owner[member]!r} and {name!r}")
+            owner[member] = name
+    return owner
 
 
 class MetricsSettings(_Frozen):
@@ -241,14 +388,9 @@ class WorkerConfig(_Frozen):
         names = [p.name for p in self.pipelines]
         if len(set(names)) != len(names):
             raise ValueError(f"pipeline names must be unique, got {names}")
-        owner: dict[str, str] = {}
-        for p in self.pipelines:
-            for topic in p.request_topics:
-                if topic in owner:
-                    raise ValueError(
-                        f"request topic {topic!r} is in pipelines {owner[topic]!r} and {p.name!r}"
-                    )
-                owner[topic] = p.name
+        owner = _owners(
+            ((p.name, p.request_topics) for p in self.pipelines), "request topic", "pipelines"
+        )
         for p in self.pipelines:
             for out in (p.result_topic, p.dead_letter_topic):
                 if out in owner:

@@ -1,9 +1,11 @@
-"""Inference engines: one call per batch on a float32 matrix.
+"""Inference engines: one call per batch, one array per model input.
 
 ``InferenceEngine`` is the plug-in point; ``OnnxEngine`` runs ONNX Runtime on the
 execution providers the config names (CPU by default; CUDA and TensorRT with
 onnxruntime-gpu on a GPU). A session is created once per model, after its file's
 SHA-256 is checked when pinned, and warmed up before the worker joins its group.
+Inputs may be of any
+type in ``ONNX_DTYPES`` (strings too), as ``worker.feeds`` assembles them.
 ``infer`` hands back plain arrays only (numbers, bools or str, one row per input row):
 a ZipMap output, the list of ``{class: probability}`` dicts a skl2onnx classifier
 exported with default options gives, becomes a float matrix in class order, once per
@@ -18,6 +20,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,12 +31,44 @@ import orjson
 
 from worker.config import ModelSpec
 from worker.errors import EngineError
+from worker.model_graph import string_examples, zipmap_classes
 
-__all__ = ["ENGINES", "InferenceEngine", "OnnxEngine", "file_sha256", "warm_up_sizes"]
+__all__ = [
+    "ENGINES",
+    "ONNX_DTYPES",
+    "Feeds",
+    "InferenceEngine",
+    "OnnxEngine",
+    "TensorInput",
+    "file_sha256",
+    "warm_up_sizes",
+]
 
 log = logging.getLogger(__name__)
 
 Outputs = dict[str, npt.NDArray[np.generic]]
+Feeds = Mapping[str, npt.NDArray[Any]]
+Example = Callable[[int], Feeds]
+
+ONNX_DTYPES: dict[str, np.dtype[Any]] = {
+    f"tensor({onnx})": np.dtype(numpy)
+    for onnx, numpy in (
+        ("float", "float32"),
+        ("double", "float64"),
+        ("float16", "float16"),
+        ("int64", "int64"),
+        ("int32", "int32"),
+        ("int16", "int16"),
+        ("int8", "int8"),
+        ("uint64", "uint64"),
+        ("uint32", "uint32"),
+        ("uint16", "uint16"),
+        ("uint8", "uint8"),
+        ("bool", "bool"),
+        ("string", "object"),
+    )
+}
+"""The input types a worker can feed, and the numpy dtype of each."""
 
 # skl2onnx names a classifier's outputs one of these ways (ZipMap on or off).
 CLASSIFIER_LABELS = ("output_label", "label")
@@ -50,12 +85,30 @@ _PUBLISHABLE_KINDS = frozenset("biufU")
 Converter = Callable[[Any], npt.NDArray[np.generic]]
 
 
+@dataclass(frozen=True, slots=True)
+class TensorInput:
+    """One model input as the model declares it."""
+
+    name: str
+    onnx_type: str
+    """As ONNX Runtime names it: ``tensor(float)``, ``tensor(string)`` ..."""
+    dtype: np.dtype[Any] | None
+    """The numpy dtype fed to it (object for strings); None when the worker cannot feed it."""
+    rank: int
+    width: int | None
+    """Columns, when the model fixes them (rank 2), 1 for rank 1."""
+
+    def describe(self) -> str:
+        dims = "[batch]" if self.rank == 1 else f"[batch, {self.width or '?'}]"
+        return f"{self.name} {self.onnx_type.removeprefix('tensor(').rstrip(')')}{dims}"
+
+
 class InferenceEngine(Protocol):
     """Runs a model on a batch. ``infer`` may block; it is called from one thread."""
 
     @property
-    def n_features(self) -> int | None:
-        """Width of the input matrix the model expects, when the model says."""
+    def inputs(self) -> Sequence[TensorInput]:
+        """The model's inputs, in its order."""
         ...
 
     @property
@@ -63,12 +116,14 @@ class InferenceEngine(Protocol):
         """SHA-256 of the model file, for results and dead letters."""
         ...
 
-    def infer(self, batch: npt.NDArray[np.float32]) -> Outputs:
-        """Outputs keyed by result field name, each with one row per input row."""
+    def infer(self, feeds: Feeds) -> Outputs:
+        """Outputs keyed by result field name, each with one row per input row; ``feeds``
+        holds one array per model input, all with the same number of rows."""
         ...
 
-    def warm_up(self, batch_sizes: Iterable[int]) -> None:
-        """Run once per batch size so the first real batch pays no setup cost."""
+    def warm_up(self, batch_sizes: Iterable[int], example: Example | None = None) -> None:
+        """Run once per batch size so the first real batch pays no setup cost;
+        ``example(n)`` gives feeds of ``n`` rows the model accepts."""
         ...
 
 
@@ -126,57 +181,96 @@ class OnnxEngine:
             self._session = ort.InferenceSession(str(path), options, providers=providers)
         except Exception as exc:  # onnxruntime raises its own untyped errors
             raise EngineError(f"cannot load model {path}: {exc}") from exc
-        inputs = self._session.get_inputs()
-        if len(inputs) != 1:
-            raise EngineError(f"model {path} must have one input, has {len(inputs)}")
-        self._input = inputs[0].name
-        width = inputs[0].shape[-1] if inputs[0].shape else None
-        self._n_features = width if isinstance(width, int) else None
+        self._inputs = [_tensor_input(i.name, i.type, i.shape) for i in self._session.get_inputs()]
         types = {o.name: o.type for o in self._session.get_outputs()}
+        self.output_types: dict[str, str] = types
         self._outputs = _output_map(spec.outputs, list(types), path)
         self._wanted = list(self._outputs.values())
         self._converters = _converters(self._wanted, types, path)
+        self._class_names = _class_names(spec.class_names, self._outputs, types, path)
         self._run = self._session.run
         self.providers: list[str] = self._session.get_providers()
 
     @property
-    def n_features(self) -> int | None:
-        return self._n_features
+    def inputs(self) -> list[TensorInput]:
+        return list(self._inputs)
+
+    @property
+    def outputs(self) -> dict[str, str]:
+        """Result field -> model output name."""
+        return dict(self._outputs)
 
     @property
     def model_hash(self) -> str:
         return self._hash
 
-    def infer(self, batch: npt.NDArray[np.float32]) -> Outputs:
-        """Run the model once on the batch and convert each output once.
+    def infer(self, feeds: Feeds | npt.NDArray[Any]) -> Outputs:
+        """Run the model once on the batch and convert each output once. A model with
+        one input also takes its array alone.
 
         Raises EngineError when the run fails or an output cannot be converted.
         """
+        if isinstance(feeds, np.ndarray):
+            feeds = {self._inputs[0].name: feeds}
+        rows = len(next(iter(feeds.values()))) if feeds else 0
         try:
-            values = self._run(self._wanted, {self._input: batch})
+            values = self._run(self._wanted, feeds)
         except Exception as exc:
-            raise EngineError(f"model run failed on {len(batch)} rows: {exc}") from exc
+            raise EngineError(f"model run failed on {rows} rows: {exc}") from exc
         outputs: Outputs = {}
         for field, convert, value in zip(self._outputs, self._converters, values, strict=True):
             try:
                 outputs[field] = convert(value)
             except (TypeError, ValueError, KeyError) as exc:
-                raise EngineError(
-                    f"cannot convert output {field!r} of {len(batch)} rows: {exc}"
-                ) from exc
+                raise EngineError(f"cannot convert output {field!r} of {rows} rows: {exc}") from exc
+        if self._class_names is not None:
+            try:
+                outputs["label"] = _named_labels(outputs["label"], self._class_names)
+            except (ValueError, IndexError) as exc:
+                raise EngineError(f"cannot name the labels of {rows} rows: {exc}") from exc
         return outputs
 
-    def warm_up(self, batch_sizes: Iterable[int]) -> None:
+    def example(self, widths: Mapping[str, int] | None = None) -> Example:
+        """Feeds the model accepts, for warm-up: zeros, and for string columns a category
+        read from the graph (``model_graph.string_examples``). ``widths`` gives the
+        columns of inputs whose width the model leaves open."""
+        given = widths or {}
+        width_of = {t.name: t.width or given.get(t.name, 1) for t in self._inputs}
+        texts = string_examples(
+            self._path,
+            {t.name: width_of[t.name] for t in self._inputs if t.onnx_type.endswith("(string)")},
+        )
+
+        def feeds(n: int) -> Feeds:
+            out: dict[str, npt.NDArray[Any]] = {}
+            for t in self._inputs:
+                shape = (n,) if t.rank == 1 else (n, width_of[t.name])
+                if t.name in texts:
+                    row = np.array(texts[t.name], dtype=object)
+                    out[t.name] = np.tile(row, (n, 1)).reshape(shape)
+                else:
+                    out[t.name] = np.zeros(shape, dtype=t.dtype)
+            return out
+
+        return feeds
+
+    def warm_up(self, batch_sizes: Iterable[int], example: Example | None = None) -> None:
         """Run once per batch size (at least once) and check every output is publishable.
 
         Raises EngineError naming the output when one is not an array of numbers, bools
         or str with one row per input row, or when a row of it does not encode as JSON.
         """
-        width = self._n_features or 1
+        feeds = example or self.example()
         sizes = list(batch_sizes)
         started = time.perf_counter()
         for size in sizes or [1]:
-            outputs = self.infer(np.zeros((size, width), dtype=np.float32))
+            try:
+                outputs = self.infer(feeds(size))
+            except EngineError as exc:
+                raise EngineError(
+                    f"model {self._path} fails on warm-up rows (zeros, and a known category "
+                    f"for string columns): {exc}"
+                ) from exc
             for field, values in outputs.items():
                 why = _unpublishable(values, size)
                 if why is not None:
@@ -190,6 +284,39 @@ class OnnxEngine:
             sizes,
             1000 * (time.perf_counter() - started),
         )
+
+
+def _tensor_input(name: str, onnx_type: str, shape: Sequence[Any] | None) -> TensorInput:
+    rank = len(shape) if shape is not None else 0
+    width = shape[-1] if shape and rank == 2 and isinstance(shape[-1], int) else None
+    return TensorInput(name, onnx_type, ONNX_DTYPES.get(onnx_type), rank, 1 if rank == 1 else width)
+
+
+def _class_names(
+    names: Sequence[str] | None, outputs: Mapping[str, str], types: Mapping[str, str], path: Path
+) -> npt.NDArray[np.object_] | None:
+    """``class_names`` as an array to index with the label output's class indices."""
+    if names is None:
+        return None
+    if "label" not in outputs:
+        raise EngineError(
+            f"model {path}: class_names needs a result field 'label' (the class index output); "
+            f"the outputs are {dict(outputs)}"
+        )
+    label_type = types[outputs["label"]]
+    if label_type not in ("tensor(int64)", "tensor(int32)"):
+        raise EngineError(
+            f"model {path}: class_names maps class indices, but output {outputs['label']!r} "
+            f"is {label_type}"
+        )
+    return np.array(list(names), dtype=object)
+
+
+def _named_labels(labels: npt.NDArray[Any], names: npt.NDArray[np.object_]) -> npt.NDArray[Any]:
+    if labels.size and (labels.min() < 0 or labels.max() >= len(names)):
+        raise ValueError(f"a label is outside 0..{len(names) - 1}, the range of class_names")
+    named: npt.NDArray[Any] = names[labels]
+    return named
 
 
 def _output_map(
@@ -218,7 +345,7 @@ class _ZipMapScores:
     per row, keyed by int or str class labels: orjson refuses int keys, and the pipeline
     needs numbers to check for NaN. The model's class order is the ZipMap node's class
     labels (skl2onnx writes sklearn's sorted ``classes_``), or, when they are not known
-    (``classes`` None, see ``_zipmap_classes``), Runtime's own sorted order. Runtime
+    (``classes`` None, see ``model_graph.zipmap_classes``), Runtime's own sorted order. Runtime
     builds every row's dict from the same sorted map, so all rows share the first row's
     key order and only that one is compared with the class order, once per batch.
     """
@@ -262,50 +389,13 @@ def _converters(wanted: list[str], types: Mapping[str, str], path: Path) -> list
     zipmaps = {name: m[1] for name in wanted if (m := _ZIPMAP_TYPE.fullmatch(types[name]))}
     if not zipmaps:
         return [_as_array] * len(wanted)
-    classes = _zipmap_classes(path)
+    classes = zipmap_classes(path)
     return [
         _ZipMapScores(classes.get(name), _ZIPMAP_DTYPES[zipmaps[name]])
         if name in zipmaps
         else _as_array
         for name in wanted
     ]
-
-
-def _zipmap_classes(path: Path) -> dict[str, list[int | str]]:
-    """Each ZipMap node's output name -> its class labels, in the model's order.
-
-    Runtime does not expose the graph, so it is read again with ``onnx`` (without
-    external weights), only for models that have a ZipMap output. ``onnx`` is not a
-    dependency of the worker: when it is not installed this returns no labels and the
-    columns follow Runtime's map key order, which is sorted (Runtime builds every row's
-    dict from a sorted map). That is the model's class order for skl2onnx's exports,
-    whose labels are sklearn's sorted ``classes_``; a model whose ZipMap declares its
-    classes in another order needs ``onnx`` installed to get its columns in that order.
-    """
-    try:
-        import onnx
-    except ImportError:
-        log.info("model %s: onnx is not installed; ZipMap scores are in sorted class order", path)
-        return {}
-    try:
-        graph = onnx.load(str(path), load_external_data=False).graph
-    except Exception as exc:  # onnx raises protobuf's untyped errors
-        raise EngineError(f"cannot read the graph of model {path}: {exc}") from exc
-    found: dict[str, list[int | str]] = {}
-    for node in graph.node:
-        if node.op_type != "ZipMap":
-            continue
-        attrs = {a.name: a for a in node.attribute}
-        labels: list[int | str]
-        if "classlabels_int64s" in attrs:
-            labels = list(attrs["classlabels_int64s"].ints)
-        elif "classlabels_strings" in attrs:
-            labels = [s.decode("utf-8") for s in attrs["classlabels_strings"].strings]
-        else:
-            continue
-        for out in node.output:
-            found[out] = labels
-    return found
 
 
 def _unpublishable(values: object, rows: int) -> str | None:

@@ -6,7 +6,8 @@ stage that refuses it returns why, and it becomes a dead letter.
 
     StreamferError
     ├── ConfigError            bad configuration, found at start-up; names the field
-    │   └── FeatureStoreConfigError  Redis refuses how it is used (ACL, AUTH, cluster)
+    │   ├── FeatureStoreConfigError  Redis refuses how it is used (ACL, AUTH, cluster)
+    │   └── ModelMismatchError       the config does not fit the model's inputs
     ├── SourceError            the consumer failed (fatal Kafka error)
     ├── FeatureStoreError      the feature store is unreachable or answered nonsense
     ├── EngineError            the model could not be loaded or run
@@ -26,6 +27,7 @@ __all__ = [
     "EngineError",
     "FeatureStoreConfigError",
     "FeatureStoreError",
+    "ModelMismatchError",
     "SinkError",
     "SourceError",
     "StackError",
@@ -51,6 +53,12 @@ class FeatureStoreConfigError(ConfigError):
     the reason, rather than being dead-lettered or stopping the worker (the next worker
     would meet the same refusal).
     """
+
+
+class ModelMismatchError(ConfigError):
+    """The pipeline's config does not fit its model: an input it names or misses, a
+    width, a type the worker cannot feed, a string feature a packed lookup cannot hold.
+    Found when the model loads; exit code 2, like any configuration error."""
 
 
 class SourceError(StreamferError):

@@ -1,5 +1,6 @@
-"""A pipeline's serving parts, built from its config: the model, loaded and warmed up, and
-the feature store, connected and probed.
+"""A pipeline's serving parts, built from its config: the model, loaded, checked against
+the config and warmed up; the feature lookups, connected and probed; the batch hooks,
+imported.
 
 The worker, ``streamfer replay`` and ``streamfer check`` build them with ``open_parts``,
 so a config that passes ``check`` starts the same engine and store a worker would, and a
@@ -9,12 +10,21 @@ model or Redis that cannot serve fails before anything joins a group or is writt
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from worker.config import ModelSpec, PipelineConfig, RedisSettings
 from worker.engines import OnnxEngine, warm_up_sizes
-from worker.features import RedisHashStore, RedisPackedStore, connect_store
+from worker.feeds import FeedPlan
+from worker.hooks import BatchHooks, load_hooks
+from worker.lookups import RedisLookups
 
-__all__ = ["open_parts"]
+__all__ = ["Parts", "open_parts"]
+
+
+class Parts(NamedTuple):
+    engine: OnnxEngine
+    store: RedisLookups
+    hooks: BatchHooks
 
 
 def open_parts(
@@ -23,23 +33,30 @@ def open_parts(
     *,
     model: ModelSpec | None = None,
     warm_up: Iterable[int] | None = None,
-) -> tuple[OnnxEngine, RedisHashStore | RedisPackedStore]:
-    """The engine of ``model`` (default: the pipeline's), run once per ``warm_up`` batch
-    size (default: every size a worker hands it, see ``warm_up_sizes``), then the store of
-    the pipeline's features, probed with the command a batch sends. The caller closes the
-    store; it is closed here when its probe fails.
+) -> Parts:
+    """The engine of ``model`` (default: the pipeline's), checked against the config's
+    inputs and run once per ``warm_up`` batch size (default: every size a worker hands
+    it, see ``warm_up_sizes``); then the lookups, each probed with the command a batch
+    sends; then the hooks. The caller closes the store; it is closed here when its
+    probe fails.
 
-    Blocks while the model loads and runs and for one Redis round trip. Raises
-    ``EngineError`` (the model file is missing or not the pinned one, or the model cannot
-    load, run or be published), ``FeatureStoreConfigError`` (Redis refuses how it is
-    used) or ``FeatureStoreError`` (Redis is unreachable).
+    Blocks while the model loads and runs and for one Redis round trip per lookup.
+    Raises ``ModelMismatchError`` (the config does not fit the model's inputs),
+    ``ConfigError`` (a hook does not import), ``EngineError`` (the model file is missing
+    or not the pinned one, or the model cannot load, run or be published),
+    ``FeatureStoreConfigError`` (Redis refuses how it is used) or ``FeatureStoreError``
+    (Redis is unreachable).
     """
-    engine = OnnxEngine(config.model if model is None else model)
-    engine.warm_up(warm_up_sizes(config.batch.max_batch_size) if warm_up is None else warm_up)
-    store = connect_store(redis, config.features)
+    spec = config.model if model is None else model
+    engine = OnnxEngine(spec)
+    plan = FeedPlan.build(config.model_copy(update={"model": spec}), engine.inputs)
+    hooks = load_hooks(config.hooks, f"pipelines.{config.name}")
+    sizes = warm_up_sizes(config.batch.max_batch_size) if warm_up is None else warm_up
+    engine.warm_up(sizes, engine.example(plan.widths()))
+    store = RedisLookups.connect(redis, config, plan.stored_text())
     try:
         store.probe()
     except BaseException:
         store.close()
         raise
-    return engine, store
+    return Parts(engine, store, hooks)

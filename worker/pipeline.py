@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -24,14 +24,18 @@ from confluent_kafka import Message
 
 from worker.batch import PartitionKey, next_offsets
 from worker.codec import decode_requests
-from worker.config import FeatureSpec, PipelineConfig
+from worker.config import PipelineConfig
 from worker.dead_letters import DeadLetters
 from worker.engines import InferenceEngine, Outputs
 from worker.errors import EngineError, FeatureStoreConfigError, FeatureStoreError
-from worker.features import Assembled, FeatureStore, assemble
+from worker.features import FeatureStore
+from worker.feeds import Assembled, BatchFetcher, FeedPlan, Feeds, assemble
 from worker.headers import MAX_RESULT_HEADERS_BYTES, SourceHeaders, trace_headers
+from worker.hooks import BatchHooks
 from worker.limits import record_size
+from worker.lookups import OneStore
 from worker.metrics import PipelineMetrics
+from worker.request_shape import RequestShape
 from worker.sink import DeliveryTracker, Sink
 from worker.types import DecodedRequests, StageTimings
 
@@ -68,15 +72,12 @@ def _tracer() -> Any:
 _TRACER = _tracer()
 
 
-_EMPTY_MATRIX: npt.NDArray[np.float32] = np.zeros((0, 0), dtype=np.float32)
-
-
 @dataclass(slots=True)
 class Prepared:
     """A batch on its way through decode and enrich, the model, and publish.
 
-    ``good`` indexes ``decoded.rows`` (the requests that reach the model); ``matrix``
-    (their features, until the model has run), ``outputs`` and ``failed`` (row of
+    ``good`` indexes ``decoded.rows`` (the requests that reach the model); ``feeds``
+    (their model inputs, until the model has run), ``outputs`` and ``failed`` (row of
     ``good`` -> why the model refused it) are aligned with it.
     """
 
@@ -85,7 +86,7 @@ class Prepared:
     timings: StageTimings
     feature_rejects: list[tuple[int, str, str]] = field(default_factory=list)
     good: npt.NDArray[np.intp] = field(default_factory=lambda: np.zeros(0, dtype=np.intp))
-    matrix: npt.NDArray[np.float32] = field(default_factory=lambda: _EMPTY_MATRIX)
+    feeds: Feeds = field(default_factory=dict)
     outputs: Outputs = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)
 
@@ -97,19 +98,25 @@ class Pipeline:
         self,
         config: PipelineConfig,
         *,
-        store: FeatureStore,
+        store: FeatureStore | BatchFetcher,
         engine: InferenceEngine,
         metrics: PipelineMetrics,
+        hooks: BatchHooks | None = None,
         retry_feature_store_s: float | None = 30.0,
         abort: threading.Event | None = None,
         on_feature_store: Callable[[bool, str | None], None] | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
-        self._spec: FeatureSpec = config.features
-        self._fields = frozenset(config.features.fields)
-        self._store = store
+        self.plan = FeedPlan.build(config, engine.inputs)
+        self._shape = RequestShape.of(config, self.plan.kinds)
+        if hasattr(store, "fetch_all"):
+            self._store: BatchFetcher = cast(BatchFetcher, store)
+        else:  # one lookup, from any FeatureStore
+            name = config.lookups[0].name if config.lookups else "entity"
+            self._store = OneStore(name, store)
         self._engine = engine
+        self._hooks = hooks or BatchHooks()
         self.metrics = metrics
         self._retry_s = retry_feature_store_s
         self._abort = abort or threading.Event()
@@ -122,12 +129,6 @@ class Pipeline:
             "sha256": engine.model_hash,
         }
         self.dead_letters = DeadLetters(config, metrics)
-        width = engine.n_features
-        if width is not None and width != len(config.features.fields):
-            raise EngineError(
-                f"pipeline {config.name!r}: model {config.model.path} expects {width} features "
-                f"but features.fields lists {len(config.features.fields)}"
-            )
 
     def handle(
         self, batch: Sequence[Message], sink: Sink, tracker: DeliveryTracker | None = None
@@ -160,7 +161,7 @@ class Pipeline:
             m.queue_seconds.observe(timings.wait_ms / 1000.0)
 
         decoded = decode_requests(
-            [msg.value() for msg in batch], self._fields, self.config.max_record_bytes
+            [msg.value() for msg in batch], self._shape, self.config.max_record_bytes
         )
         t_decoded = _perf()
         timings.decode_ms = (t_decoded - started) * 1000.0
@@ -168,7 +169,7 @@ class Pipeline:
         prepared = Prepared(batch, decoded, timings)
         if not decoded.rows:
             return prepared
-        assembled = self._assemble(decoded.entities, decoded.inline)
+        assembled = self._assemble(decoded)
         if assembled.lookups:
             m.feature_hits.inc(assembled.lookups - assembled.misses)
             if assembled.misses:
@@ -180,10 +181,10 @@ class Pipeline:
             keep = np.ones(len(decoded.rows), dtype=np.bool_)
             keep[[r for r, _code, _reason in assembled.rejected]] = False
             prepared.good = np.flatnonzero(keep)
-            prepared.matrix = assembled.matrix[prepared.good]
+            prepared.feeds = {k: v[prepared.good] for k, v in assembled.feeds.items()}
         else:
             prepared.good = np.arange(len(decoded.rows))
-            prepared.matrix = assembled.matrix
+            prepared.feeds = assembled.feeds
         return prepared
 
     def infer(self, prepared: Prepared) -> Prepared:
@@ -191,10 +192,12 @@ class Pipeline:
         bisection and becomes a dead letter, the others still publish."""
         if len(prepared.good):
             started = _perf()
-            prepared.outputs, prepared.failed = self._infer(prepared.matrix)
+            docs = prepared.decoded.docs
+            requests = [docs[g] for g in prepared.good.tolist()] if self._hooks.active else []
+            prepared.outputs, prepared.failed = self._infer(prepared.feeds, requests)
             prepared.timings.infer_ms = (_perf() - started) * 1000.0
             self.metrics.infer_seconds.observe(prepared.timings.infer_ms / 1000.0)
-            prepared.matrix = _EMPTY_MATRIX
+            prepared.feeds = {}
         return prepared
 
     def publish(self, prepared: Prepared, sink: Sink, tracker: DeliveryTracker) -> None:
@@ -223,9 +226,7 @@ class Pipeline:
     _REPEAT_LOG_S = 60.0
     """How often an unchanged configuration refusal is logged again."""
 
-    def _assemble(
-        self, entities: list[str | None], inline: list[dict[str, float] | None]
-    ) -> Assembled:
+    def _assemble(self, decoded: DecodedRequests) -> Assembled:
         """``assemble``, waiting while the batch as a whole cannot be enriched.
 
         An outage (FeatureStoreError) is retried with backoff, 0.1 s to 5 s, until
@@ -243,7 +244,7 @@ class Pipeline:
         logged: tuple[str, float] | None = None
         while True:
             try:
-                assembled = assemble(self._spec, entities, inline, self._store)
+                assembled = assemble(self.plan, decoded, self._store)
             except (FeatureStoreError, FeatureStoreConfigError) as exc:
                 self.metrics.feature_store_errors.inc()
                 config = isinstance(exc, FeatureStoreConfigError)
@@ -275,19 +276,30 @@ class Pipeline:
                 self._on_feature_store(True, None)
             return assembled
 
-    def _infer(self, matrix: npt.NDArray[np.float32]) -> tuple[Outputs, dict[int, str]]:
-        """Run the model; on failure bisect so only the failing rows are refused."""
+    def _infer(
+        self, feeds: Feeds, requests: list[dict[str, Any]]
+    ) -> tuple[Outputs, dict[int, str]]:
+        """Run the hooks and the model; on failure bisect so only the failing rows are
+        refused."""
+        hooks = self._hooks
         try:
-            return self._engine.infer(matrix), {}
+            if not hooks.active:
+                return self._engine.infer(feeds), {}
+            return hooks.after(requests, self._engine.infer(hooks.before(requests, feeds))), {}
         except EngineError as exc:
-            if len(matrix) == 1:
+            n = len(next(iter(feeds.values())))
+            if n == 1:
                 return {}, {0: str(exc)}
-            half = len(matrix) // 2
-            left, left_failed = self._infer(matrix[:half])
-            right, right_failed = self._infer(matrix[half:])
+            half = n // 2
+            left, left_failed = self._infer(
+                {k: v[:half] for k, v in feeds.items()}, requests[:half]
+            )
+            right, right_failed = self._infer(
+                {k: v[half:] for k, v in feeds.items()}, requests[half:]
+            )
             failed = dict(left_failed)
             failed.update({half + i: why for i, why in right_failed.items()})
-            return _stitch(left, right, half, len(matrix)), failed
+            return _stitch(left, right, half, n), failed
 
     def _publish(self, sink: Sink, tracker: DeliveryTracker, prepared: Prepared) -> None:
         batch, good, failed = prepared.batch, prepared.good, prepared.failed

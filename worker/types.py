@@ -7,6 +7,7 @@ the hot path stays free of per-record Python objects beyond what decoding needs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["DecodedRequests", "Rejection", "StageTimings"]
 
@@ -31,9 +32,13 @@ class DecodedRequests:
 
     rows: list[int]
     ids: list[str]
-    entities: list[str | None]
-    inline: list[dict[str, float] | None]
+    entities: dict[str, list[str | None]]
+    """Per lookup name, each request's entity id (None: the request carries that
+    lookup's features inline)."""
+    inline: list[dict[str, Any] | None]
     rejections: list[Rejection] = field(default_factory=list)
+    docs: list[dict[str, Any]] = field(default_factory=list)
+    """The parsed requests, for batch hooks."""
 
 
 @dataclass(slots=True)

@@ -28,6 +28,7 @@ from worker.codec import (
     safe_text,
 )
 from worker.limits import DEFAULT_MESSAGE_MAX_BYTES
+from worker.request_shape import RequestShape
 from worker.types import DecodedRequests, Rejection
 
 FIELDS = ("a", "b", "c")
@@ -43,7 +44,7 @@ def decode() -> Decode:
         fields: Sequence[str] = FIELDS,
         max_record_bytes: int = LIMIT,
     ) -> DecodedRequests:
-        return decode_requests(values, fields, max_record_bytes)
+        return decode_requests(values, RequestShape.simple(fields), max_record_bytes)
 
     return run
 
@@ -55,7 +56,7 @@ def js(doc: Any) -> bytes:
 def only_rejection(out: DecodedRequests) -> Rejection:
     assert out.rows == []
     assert out.ids == []
-    assert out.entities == []
+    assert out.entities == {"entity": []}
     assert out.inline == []
     assert len(out.rejections) == 1
     return out.rejections[0]
@@ -68,7 +69,7 @@ def test_request_with_entity(decode: Decode) -> None:
     out = decode([js({"id": "r1", "entity": "e1"})])
     assert out.rows == [0]
     assert out.ids == ["r1"]
-    assert out.entities == ["e1"]
+    assert out.entities == {"entity": ["e1"]}
     assert out.inline == [None]
     assert out.rejections == []
 
@@ -83,7 +84,7 @@ def test_request_with_complete_inline_features(decode: Decode) -> None:
     out = decode([js({"id": "r2", "features": {"a": 1, "b": -2.5, "c": 0}})])
     assert out.rows == [0]
     assert out.ids == ["r2"]
-    assert out.entities == [None]
+    assert out.entities == {"entity": [None]}
     assert out.inline == [{"a": 1, "b": -2.5, "c": 0}]
     assert out.rejections == []
 
@@ -100,7 +101,19 @@ def test_id_of_max_length_is_accepted(decode: Decode) -> None:
 
 def test_empty_batch(decode: Decode) -> None:
     out = decode([])
-    assert (out.rows, out.ids, out.entities, out.inline, out.rejections) == ([], [], [], [], [])
+    assert (out.rows, out.ids, out.entities, out.inline, out.rejections) == (
+        [],
+        [],
+        {"entity": []},
+        [],
+        [],
+    )
+
+
+def test_an_integer_entity_id_names_its_key_by_its_digits(decode: Decode) -> None:
+    out = decode([js({"id": "r", "entity": 12345}), js({"id": "s", "entity": -7})])
+    assert out.entities == {"entity": ["12345", "-7"]}
+    assert out.rejections == []
 
 
 # --- decode-stage rejections -----------------------------------------------------
@@ -162,8 +175,9 @@ def test_deep_nesting_under_size_limit_does_not_crash_the_process() -> None:
     # would be a poison pill: every worker that consumes the record dies.
     script = (
         "from worker.codec import decode_requests\n"
+        "from worker.request_shape import RequestShape\n"
         "deep = b'{\"id\": \"r\", \"x\": ' + b'[' * 300000 + b']' * 300000 + b'}'\n"
-        "out = decode_requests([deep], ['a'], 1 << 20)\n"
+        "out = decode_requests([deep], RequestShape.simple(['a']), 1 << 20)\n"
         "print(out.rows, [r.code for r in out.rejections])\n"
     )
     root = Path(__file__).resolve().parents[2]
@@ -214,7 +228,8 @@ def test_not_an_object(decode: Decode, value: bytes, json_type: str) -> None:
             "1 to 256",
             id="id-too-long",
         ),
-        pytest.param({"id": "r", "entity": 5}, "wrong_type", "'entity'", id="entity-number"),
+        pytest.param({"id": "r", "entity": 5.5}, "wrong_type", "'entity'", id="entity-float"),
+        pytest.param({"id": "r", "entity": True}, "wrong_type", "'entity'", id="entity-bool"),
         pytest.param({"id": "r", "entity": ""}, "invalid_entity", "'entity'", id="entity-empty"),
         pytest.param({"id": "r", "entity": {}}, "wrong_type", "object", id="entity-object"),
         pytest.param({"id": "r", "entity": "e", "features": [1]}, "wrong_type", "array"),
@@ -311,7 +326,7 @@ BAD_ENTITIES = [
 def test_valid_entity_ids(decode: Decode, entity: str) -> None:
     out = decode([js({"id": "r", "entity": entity})])
     assert out.rejections == []
-    assert out.entities == [entity]
+    assert out.entities == {"entity": [entity]}
 
 
 @pytest.mark.parametrize("entity", BAD_ENTITIES)
@@ -326,7 +341,7 @@ def test_invalid_entity_ids(decode: Decode, entity: str) -> None:
 def test_invalid_entity_beside_good_ones_refuses_only_its_record(decode: Decode) -> None:
     out = decode([js({"id": "r0", "entity": "a:b"}), js({"id": "r1", "entity": "e1"})])
     assert out.rows == [1]
-    assert out.entities == ["e1"]
+    assert out.entities == {"entity": ["e1"]}
     assert [(r.index, r.code) for r in out.rejections] == [(0, "invalid_entity")]
 
 
@@ -385,7 +400,7 @@ def test_columns_align_with_rows_when_good_and_bad_mix(decode: Decode) -> None:
     out = decode(values)
     assert out.rows == [1, 3, 6]
     assert out.ids == ["r1", "r3", "r6"]
-    assert out.entities == ["e1", None, "e6"]
+    assert out.entities == {"entity": ["e1", None, "e6"]}
     assert out.inline == [None, {"a": 1, "b": 2, "c": 3}, {"c": 9.5}]
     got = [(r.index, r.code) for r in out.rejections]
     assert got == [

@@ -426,3 +426,95 @@ def test_feature_spec_direct() -> None:
     assert spec.on_missing_field == "default"
     with pytest.raises(ValidationError):
         FeatureSpec(fields=["a"], on_missing_entity="skip")  # type: ignore[arg-type]
+
+
+# --- request mapping, lookups, model inputs and hooks --------------------------------
+
+
+def test_features_is_the_lookup_named_entity(make_raw: Callable[..., Raw]) -> None:
+    cfg = parse_config(make_raw(), environ={})
+    (lookup,) = cfg.pipelines[0].lookups
+    assert (lookup.name, lookup.fields) == ("entity", ["a", "b"])
+    assert cfg.pipelines[0].entity_path("entity") == "entity"
+    # an override of the short form reaches the lookup
+    env = {"STREAMFER_PIPELINES__0__FEATURES__KEY_TEMPLATE": "f2:{entity}"}
+    cfg = parse_config(make_raw(), environ=env)
+    assert cfg.pipelines[0].lookups[0].key_template == "f2:{entity}"
+
+
+def test_two_lookups_with_a_nested_request_shape(make_raw: Callable[..., Raw]) -> None:
+    raw = make_raw(
+        features=None,
+        request={"id": "meta.request_id", "entities": {"user": "user.id"}},
+        lookups=[
+            {"name": "user", "key_template": "u:{entity}", "fields": ["age"]},
+            {
+                "name": "merchant",
+                "key_template": "m:{entity}",
+                "fields": ["risk"],
+                "layout": "packed",
+            },
+        ],
+        model={
+            "path": raw_model_path(make_raw),
+            "name": "m",
+            "inputs": {"x": ["amount", "age", "risk"]},
+            "outputs": {"label": "output_label", "class_names": ["legit", "fraud"]},
+        },
+    )
+    p = parse_config(raw, environ={}).pipelines[0]
+    assert [lk.name for lk in p.lookups] == ["user", "merchant"]
+    assert p.entity_path("user") == "user.id"
+    assert p.entity_path("merchant") == "merchant"  # by default, a field named after it
+    assert p.model.class_names == ["legit", "fraud"]
+    assert p.model.outputs == {"label": "output_label"}
+
+
+def raw_model_path(make_raw: Callable[..., Raw]) -> str:
+    path: str = make_raw()["pipelines"][0]["model"]["path"]
+    return path
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "message"),
+    [
+        (
+            {"lookups": [{"name": "x", "fields": ["c"]}]},
+            "give either features or lookups, not both",
+        ),
+        (
+            {
+                "features": None,
+                "lookups": [{"name": "u", "fields": ["a"]}, {"name": "m", "fields": ["a"]}],
+            },
+            "feature 'a' is in lookups 'u' and 'm'",
+        ),
+        (
+            {
+                "features": None,
+                "lookups": [{"name": "u", "fields": ["a"]}, {"name": "u", "fields": ["b"]}],
+            },
+            "lookup names must be unique",
+        ),
+        ({"request": {"entities": {"merchant": "m.id"}}}, "which are not lookups ['entity']"),
+        ({"request": {"id": "meta..id"}}, "pipelines[0].request.id"),
+        ({"request": {"entities": {"entity": "a b"}}}, "is not a dotted path"),
+        ({"hooks": {"prepare": "no_colon"}}, "pipelines[0].hooks.prepare"),
+        ({"features": None}, "no lookups and no model.inputs"),
+        ({"features": {"fields": []}}, "pipelines[0].features.fields"),
+    ],
+)
+def test_request_and_lookup_errors_name_the_field(
+    make_raw: Callable[..., Raw], pipeline: dict[str, Any], message: str
+) -> None:
+    assert message in config_error(make_raw(**pipeline))
+
+
+def test_class_names_given_twice_is_refused(make_raw: Callable[..., Raw]) -> None:
+    model = {
+        "path": raw_model_path(make_raw),
+        "name": "m",
+        "class_names": ["a"],
+        "outputs": {"class_names": ["b"]},
+    }
+    assert "class_names is given twice" in config_error(make_raw(model=model))

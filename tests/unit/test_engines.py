@@ -65,7 +65,7 @@ def test_model_fits_its_training_data(engine: OnnxEngine, classifier: DemoModel)
 
 
 def test_metadata(engine: OnnxEngine, classifier: DemoModel) -> None:
-    assert engine.n_features == 30
+    assert [(t.name, t.width, t.dtype) for t in engine.inputs] == [("X", 30, np.float32)]
     assert len(classifier.fields) == 30
     assert engine.model_hash == file_sha256(classifier.path)
     assert len(engine.model_hash) == 64
@@ -393,7 +393,7 @@ def test_zipmap_with_other_classes_than_declared_is_engine_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _model, (x, _y), engine = exported("multiclass-int")
-    labels, _ = engine._run(None, {engine._input: x[:2]})
+    labels, _ = engine._run(None, {engine.inputs[0].name: x[:2]})
     odd = [{3: 0.5, 7: 0.5, 8: 0.0}] * 2
     monkeypatch.setattr(engine, "_run", lambda names, feeds: [labels, odd])
     with pytest.raises(EngineError, match="cannot convert output 'scores' of 2 rows") as info:
@@ -471,3 +471,65 @@ def test_warm_up_runs_at_least_once(
     monkeypatch.setattr(engine, "_converters", [np.asarray, lambda _v: np.float32(0)])
     with pytest.raises(EngineError, match="output 'scores'"):
         engine.warm_up([])
+
+
+# --- several typed inputs, as scikit-learn pipelines export them -------------------------
+
+
+@pytest.fixture(scope="module")
+def two_input_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A OneHotEncoder + LogisticRegression pipeline over two string columns, exported
+    with skl2onnx's defaults: ZipMap on, and OneHotEncoder's default
+    handle_unknown="error", so Runtime refuses any category it was not fitted on (the
+    empty string too). skl2onnx picks each column with a Gather before its encoder."""
+    from skl2onnx import to_onnx
+    from skl2onnx.common.data_types import StringTensorType
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import OneHotEncoder
+
+    rng = np.random.default_rng(3)
+    cats = np.array([[rng.choice(["FR", "DE"]), rng.choice(["vip", "smb"])] for _ in range(200)])
+    y = ((cats[:, 0] == "FR") ^ (rng.random(200) < 0.2)).astype(int)
+    pipe = make_pipeline(OneHotEncoder(), LogisticRegression()).fit(cats, y)
+    onx = to_onnx(pipe, initial_types=[("cat", StringTensorType([None, 2]))])
+    path = tmp_path_factory.mktemp("two") / "two.onnx"
+    path.write_bytes(onx.SerializeToString())
+    return path
+
+
+def test_string_inputs_warm_up_with_categories_read_from_the_graph(two_input_model: Path) -> None:
+    engine = OnnxEngine(ModelSpec(path=two_input_model, name="two"))
+    assert [t.describe() for t in engine.inputs] == ["cat string[batch, 2]"]
+    example = engine.example()(2)
+    # each column's encoder's first category
+    assert example["cat"].tolist() == [["DE", "smb"], ["DE", "smb"]]
+    engine.warm_up([1, 4])
+    with pytest.raises(EngineError, match="Unknown Category"):
+        engine.infer({"cat": np.array([["", ""]], dtype=object)})
+
+
+def test_class_names_name_the_label(two_input_model: Path) -> None:
+    spec = ModelSpec(path=two_input_model, name="two", class_names=["legit", "fraud"])
+    engine = OnnxEngine(spec)
+    feeds = engine.example()(3)
+    plain = OnnxEngine(ModelSpec(path=two_input_model, name="two")).infer(feeds)["label"]
+    named = engine.infer(feeds)["label"]
+    assert named.tolist() == [["legit", "fraud"][i] for i in plain.tolist()]
+    too_few = ModelSpec(path=two_input_model, name="two", class_names=["only"])
+    engine = OnnxEngine(too_few)
+    x = engine.example()(1)
+    if plain[0] == 1:
+        with pytest.raises(EngineError, match=r"outside 0\.\.0"):
+            engine.infer(x)
+
+
+def test_class_names_need_an_integer_label(two_input_model: Path) -> None:
+    spec = ModelSpec(
+        path=two_input_model,
+        name="two",
+        outputs={"p": "output_probability"},
+        class_names=["a", "b"],
+    )
+    with pytest.raises(EngineError, match="class_names needs a result field 'label'"):
+        OnnxEngine(spec)

@@ -7,10 +7,12 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 import redis
 from prometheus_client import CollectorRegistry
@@ -18,19 +20,24 @@ from redis._parsers import BaseParser
 
 from worker.codec import ENTITY_PATTERN
 from worker.config import FeatureSpec, ModelSpec, PipelineConfig
+from worker.engines import TensorInput
 from worker.errors import FeatureStoreConfigError, FeatureStoreError
 from worker.features import (
     PROBE_ENTITY,
+    FeatureStore,
     RedisHashStore,
     RedisPackedStore,
     RowStore,
-    assemble,
     pack_vector,
 )
+from worker.feeds import Assembled, FeedPlan
+from worker.feeds import assemble as assemble_feeds
 from worker.health import HealthState
+from worker.lookups import OneStore
 from worker.metrics import Metrics
 from worker.pipeline import Pipeline
 from worker.redis_io import REDIS_ERROR_KINDS, RedisTrouble, classify_redis_error
+from worker.types import DecodedRequests
 
 if TYPE_CHECKING:
     from conftest import MemoryStore, StoreFactory
@@ -62,6 +69,45 @@ def make_spec() -> SpecFactory:
 @pytest.fixture
 def store(make_store: StoreFactory) -> MemoryStore:
     return make_store(STORED, FIELDS)
+
+
+MATRIX = TensorInput("input", "tensor(float)", np.dtype(np.float32), 2, None)
+
+
+@dataclass(frozen=True)
+class Enriched:
+    """``feeds.assemble`` for a one-lookup pipeline whose model takes one float matrix."""
+
+    matrix: npt.NDArray[np.float32]
+    rejected: list[tuple[int, str, str]]
+    lookups: int
+    misses: int
+
+
+def assemble(
+    spec: FeatureSpec,
+    entities: Sequence[str | None],
+    inline: Sequence[dict[str, Any] | None],
+    store: FeatureStore,
+) -> Enriched:
+    config = PipelineConfig(
+        name="p",
+        request_topics=["req"],
+        result_topic="res",
+        dead_letter_topic="dlq",
+        features=spec,
+        model=ModelSpec(path=Path("unused.onnx"), name="m"),
+    )
+    decoded = DecodedRequests(
+        rows=list(range(len(entities))),
+        ids=[f"r{i}" for i in range(len(entities))],
+        entities={"entity": list(entities)},
+        inline=list(inline),
+    )
+    out: Assembled = assemble_feeds(
+        FeedPlan.build(config, [MATRIX]), decoded, OneStore("entity", store)
+    )
+    return Enriched(out.feeds["input"], out.rejected, out.lookups, out.misses)
 
 
 def rows_of(rejected: Sequence[tuple[int, str, str]]) -> dict[int, str]:
@@ -556,13 +602,13 @@ class _Msg:
 
 
 class _Engine:
-    n_features = None
+    inputs: ClassVar = [MATRIX]
     model_hash = "0" * 64
 
-    def infer(self, batch: Any) -> dict[str, Any]:
+    def infer(self, feeds: Any) -> dict[str, Any]:
         return {}
 
-    def warm_up(self, batch_sizes: Any) -> None:
+    def warm_up(self, batch_sizes: Any, example: Any = None) -> None:
         return None
 
 

@@ -15,10 +15,11 @@ from confluent_kafka import Message
 from prometheus_client import CollectorRegistry
 
 from streamfer_dev.modelgen import DemoModel
-from worker.config import FeatureSpec, ModelSpec, PipelineConfig
-from worker.engines import InferenceEngine, OnnxEngine, Outputs
-from worker.errors import EngineError, FeatureStoreError
+from worker.config import FeatureSpec, HooksSpec, ModelSpec, PipelineConfig
+from worker.engines import Feeds, InferenceEngine, OnnxEngine, Outputs, TensorInput
+from worker.errors import ConfigError, EngineError, FeatureStoreError, ModelMismatchError
 from worker.features import RowStore
+from worker.hooks import BatchHooks, load_hooks
 from worker.limits import RecordLimits, record_size
 from worker.metrics import Metrics
 from worker.pipeline import Pipeline
@@ -127,6 +128,12 @@ class FakeSink:
         return out
 
 
+def matrix(feeds: Feeds) -> npt.NDArray[np.float32]:
+    """The demo model's one input."""
+    (only,) = feeds.values()
+    return only
+
+
 class WrappedEngine:
     """Delegates to the real engine; subclasses break it on purpose."""
 
@@ -135,38 +142,39 @@ class WrappedEngine:
         self.calls: list[int] = []
 
     @property
-    def n_features(self) -> int | None:
-        return self.inner.n_features
+    def inputs(self) -> Sequence[TensorInput]:
+        return self.inner.inputs
 
     @property
     def model_hash(self) -> str:
         return self.inner.model_hash
 
-    def infer(self, batch: npt.NDArray[np.float32]) -> Outputs:
-        self.calls.append(len(batch))
-        return self.inner.infer(batch)
+    def infer(self, feeds: Feeds) -> Outputs:
+        self.calls.append(len(matrix(feeds)))
+        return self.inner.infer(feeds)
 
-    def warm_up(self, batch_sizes: Sequence[int]) -> None:
-        self.inner.warm_up(batch_sizes)
+    def warm_up(self, batch_sizes: Sequence[int], example: Any = None) -> None:
+        self.inner.warm_up(batch_sizes, example)
 
 
 class PoisonEngine(WrappedEngine):
     """Fails the whole call when any row has f0 == POISON."""
 
-    def infer(self, batch: npt.NDArray[np.float32]) -> Outputs:
+    def infer(self, feeds: Feeds) -> Outputs:
+        batch = matrix(feeds)
         self.calls.append(len(batch))
         if (batch[:, 0] == POISON).any():
             raise EngineError("poison row in batch")
-        return self.inner.infer(batch)
+        return self.inner.infer(feeds)
 
 
 class NanEngine(WrappedEngine):
     """Returns NaN scores for rows whose f0 == NAN_ROW."""
 
-    def infer(self, batch: npt.NDArray[np.float32]) -> Outputs:
-        out = super().infer(batch)
+    def infer(self, feeds: Feeds) -> Outputs:
+        out = super().infer(feeds)
         scores = out["scores"].copy()
-        scores[batch[:, 0] == NAN_ROW] = np.nan
+        scores[matrix(feeds)[:, 0] == NAN_ROW] = np.nan
         return {**out, "scores": scores}
 
 
@@ -521,8 +529,10 @@ def test_feature_store_error_propagates_without_retry(
 def test_model_width_must_match_fields(
     config: PipelineConfig, onnx_engine: OnnxEngine, store: MemoryStore, metrics: Metrics
 ) -> None:
-    narrow = config.model_copy(update={"features": FeatureSpec(fields=["a", "b"])})
-    with pytest.raises(EngineError, match=r"expects 30 features but features\.fields lists 2"):
+    narrow = PipelineConfig.model_validate(
+        {**config.model_dump(exclude={"lookups"}), "features": {"fields": ["a", "b"]}}
+    )
+    with pytest.raises(ModelMismatchError, match=r"takes 30 columns but 2 features feed it"):
         Pipeline(narrow, store=store, engine=onnx_engine, metrics=metrics.for_pipeline("p"))
 
 
@@ -671,3 +681,74 @@ def test_a_dead_letter_the_broker_refuses_goes_again_bare_then_fails_the_batch(
     pipeline.dead_letter_undelivered(sink, tracker, refused(bare), "Broker: too large")
     assert len(sink.to("dlq")) == 2
     assert tracker.errors and "refuses even a bare dead letter" in tracker.errors[0]
+
+
+# --- batch hooks ------------------------------------------------------------------------
+
+
+def _docs(sink: FakeSink, topic: str) -> list[dict[str, Any]]:
+    return [s.body for s in sink.sent if s.topic == topic]
+
+
+def test_hooks_run_once_per_batch_around_the_model(
+    make_pipeline: PipelineFactory, sink: FakeSink, classifier: DemoModel, onnx_engine: OnnxEngine
+) -> None:
+    seen: list[tuple[int, list[str]]] = []
+
+    def prepare(requests: Sequence[Any], inputs: Any) -> Any:
+        seen.append((len(requests), [r["id"] for r in requests]))
+        (x,) = inputs.values()
+        return {"X": (x * 1.5).astype(np.float32)}
+
+    def postprocess(requests: Sequence[Any], outputs: Any) -> Any:
+        p = outputs["scores"][:, 1]
+        return {"fraud": p > 0.5, "score": p, "tag": np.array([r["id"] for r in requests])}
+
+    pipeline = make_pipeline(hooks=BatchHooks(prepare, postprocess))
+    handle(pipeline, messages([req("r0", "e0"), b"bad", req("r2", "e2")]), sink)
+    assert seen == [(2, ["r0", "r2"])]
+    scaled = (classifier.features[[0, 2]] * 1.5).astype(np.float32)
+    expected = onnx_engine.infer(scaled)["scores"][:, 1].tolist()
+    results = _docs(sink, "res")
+    assert [r["outputs"]["tag"] for r in results] == ["r0", "r2"]
+    assert [r["outputs"]["score"] for r in results] == pytest.approx(expected, abs=1e-6)
+    assert [r["outputs"]["fraud"] for r in results] == [p > 0.5 for p in expected]
+
+
+def test_a_hook_that_raises_on_one_row_dead_letters_that_row_only(
+    make_pipeline: PipelineFactory, sink: FakeSink
+) -> None:
+    def prepare(requests: Sequence[Any], inputs: Any) -> Any:
+        if any(r["id"] == "r1" for r in requests):
+            raise KeyError("no such merchant")
+        return inputs
+
+    pipeline = make_pipeline(hooks=BatchHooks(prepare=prepare))
+    handle(pipeline, messages([req(f"r{i}", f"e{i}") for i in range(5)]), sink)
+    assert sorted(r["id"] for r in _docs(sink, "res")) == ["r0", "r2", "r3", "r4"]
+    (dead,) = _docs(sink, "dlq")
+    assert (dead["request_id"], dead["code"]) == ("r1", "model_error")
+    assert "prepare hook raised KeyError" in dead["reason"]
+
+
+def test_a_postprocess_that_returns_the_wrong_rows_fails_its_rows(
+    make_pipeline: PipelineFactory, sink: FakeSink
+) -> None:
+    def postprocess(requests: Sequence[Any], outputs: Any) -> Any:
+        return {"score": np.zeros(len(requests) + 1)}
+
+    pipeline = make_pipeline(hooks=BatchHooks(postprocess=postprocess))
+    handle(pipeline, messages([req("r0", "e0"), req("r1", "e1")]), sink)
+    assert _docs(sink, "res") == []
+    dead = _docs(sink, "dlq")
+    assert [d["code"] for d in dead] == ["model_error", "model_error"]
+    assert "postprocess hook returned 'score' with shape (2,) for 1 rows" in dead[0]["reason"]
+
+
+def test_hooks_load_by_name_and_a_bad_name_is_a_config_error() -> None:
+    hooks = load_hooks(HooksSpec(postprocess="json:dumps"), "pipelines.p")
+    assert hooks.postprocess is not None and hooks.prepare is None
+    with pytest.raises(ConfigError, match=r"hooks.prepare: cannot import 'nowhere_x.mod'"):
+        load_hooks(HooksSpec(prepare="nowhere_x.mod:f"), "pipelines.p")
+    with pytest.raises(ConfigError, match=r"module 'json' has no function 'nope'"):
+        load_hooks(HooksSpec(prepare="json:nope"), "pipelines.p")

@@ -28,7 +28,7 @@ from worker.config import (
     redis_url_problem,
 )
 from worker.errors import ConfigError, FeatureStoreError
-from worker.features import connect_store
+from worker.features import RedisHashStore
 from worker.redis_io import redis_client
 
 PASSWORD = "vK7qZ/mW3xR#tY8pL?nB2c"
@@ -243,7 +243,7 @@ def test_connection_refused_does_not_echo_the_password(where: str) -> None:
         settings = RedisSettings(
             url=SecretStr(f"redis://127.0.0.1:{port}/0"), password=SecretStr(PASSWORD)
         )
-    store = connect_store(settings, FeatureSpec(fields=["a"]))
+    store = RedisHashStore.connect(settings, FeatureSpec(fields=["a"]))
     try:
         with pytest.raises(FeatureStoreError) as info:
             store.ping()
