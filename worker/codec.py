@@ -96,7 +96,7 @@ def decode_requests(
             continue
         checked = check(doc)
         if isinstance(checked, _Problem):
-            rejections.append(Rejection(index, "schema", checked.code, checked.reason))
+            rejections.append(Rejection(index, "schema", checked.code, checked.reason, check.rid))
             continue
         rid, ents, feats = checked
         rows.append(index)
@@ -120,7 +120,7 @@ class _Checker:
     """Checks one request against a ``RequestShape``: its id, entity ids and inline
     features, or why not, as (code, reason)."""
 
-    __slots__ = ("_array", "_feats", "_id", "_id_name", "_kinds", "_lookups", "_single")
+    __slots__ = ("_array", "_feats", "_id", "_id_name", "_kinds", "_lookups", "rid")
 
     def __init__(self, shape: RequestShape) -> None:
         self._id = shape.id_path
@@ -129,10 +129,11 @@ class _Checker:
         self._array = shape.features_array
         self._lookups = [(path, ".".join(path), fields) for _, path, fields in shape.lookups]
         self._kinds = shape.kinds
-        # the default shape reads top-level fields only: one dict look-up each
-        self._single = len(self._id) == 1 and len(self._feats) == 1
+        self.rid: str | None = None
+        """The id of the request last checked, once it passed: its dead letter names it."""
 
     def __call__(self, doc: dict[str, Any]) -> _Good | _Problem:
+        self.rid = None
         rid = doc.get(self._id[0]) if len(self._id) == 1 else _at(doc, self._id)
         name = self._id_name
         if rid is None:
@@ -141,6 +142,7 @@ class _Checker:
             return _Problem("wrong_type", f"field {name!r} must be a string, got {_json_type(rid)}")
         if not rid or len(rid) > MAX_ID_LENGTH:
             return _Problem("invalid_id", f"field {name!r} must be 1 to {MAX_ID_LENGTH} characters")
+        self.rid = rid
         raw = doc.get(self._feats[0]) if len(self._feats) == 1 else _at(doc, self._feats)
         feats: dict[str, Any] | None = None
         if raw is not None:

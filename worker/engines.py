@@ -177,15 +177,29 @@ class OnnxEngine:
         options = ort.SessionOptions()
         options.intra_op_num_threads = spec.intra_op_threads
         options.inter_op_num_threads = 1
-        try:
-            self._session = ort.InferenceSession(str(path), options, providers=providers)
-        except Exception as exc:  # onnxruntime raises its own untyped errors
-            raise EngineError(f"cannot load model {path}: {exc}") from exc
+        self._session = _session(path, options, providers)
         self._inputs = [_tensor_input(i.name, i.type, i.shape) for i in self._session.get_inputs()]
         types = {o.name: o.type for o in self._session.get_outputs()}
         self.output_types: dict[str, str] = types
         self._outputs = _output_map(spec.outputs, list(types), path)
         self._wanted = list(self._outputs.values())
+        one_row = [
+            o.name
+            for o in self._session.get_outputs()
+            if o.name in self._wanted and o.shape and o.shape[0] == 1
+        ]
+        if one_row:
+            # onnxmltools declares a LightGBM classifier's label as shape [1]: Runtime then
+            # warns on every batch that the real shape differs. Its load-time warnings
+            # were shown above; those of each run are not wanted.
+            log.warning(
+                "model %s declares outputs %s with one row but returns one per input row; "
+                "ONNX Runtime's per-batch warnings about it are silenced",
+                path.name,
+                one_row,
+            )
+            options.log_severity_level = 3
+            self._session = _session(path, options, providers)
         self._converters = _converters(self._wanted, types, path)
         self._class_names = _class_names(spec.class_names, self._outputs, types, path)
         self._run = self._session.run
@@ -284,6 +298,15 @@ class OnnxEngine:
             sizes,
             1000 * (time.perf_counter() - started),
         )
+
+
+def _session(path: Path, options: Any, providers: Sequence[str]) -> Any:
+    import onnxruntime as ort
+
+    try:
+        return ort.InferenceSession(str(path), options, providers=providers)
+    except Exception as exc:  # onnxruntime raises its own untyped errors
+        raise EngineError(f"cannot load model {path}: {exc}") from exc
 
 
 def _tensor_input(name: str, onnx_type: str, shape: Sequence[Any] | None) -> TensorInput:

@@ -253,7 +253,7 @@ def assemble(plan: FeedPlan, decoded: DecodedRequests, fetcher: BatchFetcher) ->
     rows_of: dict[str, list[int]] = {}
     for lookup in plan.lookups:
         entities = decoded.entities[lookup.name]
-        fields = lookup.fields
+        fields = [f for f in lookup.fields if f in column or f in text_column]
         if no_inline:
             rows = [r for r in range(n) if entities[r] is not None]
         else:
@@ -362,7 +362,11 @@ def _fill(
                 rejected[r] = problem
                 continue
             given = inline[r] or {}
-            missing = [f for k, f in enumerate(fields) if absent[e, k] and f not in given]
+            missing = [
+                f
+                for k, f in enumerate(fields)
+                if absent[e, k] and f not in given and (f in column or f in text_column)
+            ]
             if not missing:
                 continue  # the request carried what the store lacks
             if unknown[e]:

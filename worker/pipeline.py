@@ -206,7 +206,7 @@ class Pipeline:
         batch, decoded = prepared.batch, prepared.decoded
         for rej in decoded.rejections:
             self.dead_letters.send(
-                sink, tracker, batch[rej.index], rej.stage, rej.code, rej.reason, None
+                sink, tracker, batch[rej.index], rej.stage, rej.code, rej.reason, rej.request_id
             )
         for r, code, reason in prepared.feature_rejects:
             self.dead_letters.send(

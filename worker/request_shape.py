@@ -41,9 +41,11 @@ class RequestShape:
     def of(
         cls, config: PipelineConfig, kinds: Mapping[str, FeatureKind] | None = None
     ) -> RequestShape:
-        """The shape of ``config``'s requests; ``kinds`` names the features that are not
-        numbers (the feed plan knows them from the model)."""
+        """The shape of ``config``'s requests. ``kinds`` (from the feed plan) gives the kind
+        of each feature the model uses; a request without a lookup's entity id must then
+        carry only those of its features inline."""
         given = kinds or {}
+        every = kinds is None
         names = list(config.stored_fields())
         names += list(config.request.features_array or ())
         names += [c for columns in (config.model.inputs or {}).values() for c in columns]
@@ -53,7 +55,11 @@ class RequestShape:
             features_path=_split(request.features),
             features_array=tuple(request.features_array) if request.features_array else None,
             lookups=tuple(
-                (lk.name, _split(config.entity_path(lk.name)), tuple(lk.fields))
+                (
+                    lk.name,
+                    _split(config.entity_path(lk.name)),
+                    tuple(f for f in lk.fields if every or f in given),
+                )
                 for lk in config.lookups
             ),
             kinds={name: given.get(name, "number") for name in dict.fromkeys(names)},

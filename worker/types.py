@@ -20,6 +20,8 @@ class Rejection:
     stage: str
     code: str
     reason: str
+    request_id: str | None = None
+    """The request's id, when it was read before the record was refused."""
 
 
 @dataclass(frozen=True, slots=True)

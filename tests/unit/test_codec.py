@@ -608,3 +608,75 @@ def test_a_room_too_small_for_anything_still_gives_the_bare_dead_letter() -> Non
     assert key is None
     assert doc["value_b64"] is None and doc["value_truncated"]
     assert doc["key_b64"] is None and doc["key_truncated"]
+
+
+# --- other request shapes ----------------------------------------------------------
+
+
+NESTED = RequestShape(
+    id_path=("meta", "request_id"),
+    features_path=("x",),
+    features_array=("amount", "country"),
+    lookups=(("user", ("user", "id"), ("age",)), ("merchant", ("merchant_id",), ())),
+    kinds={"amount": "number", "country": "text", "age": "number"},
+)
+
+
+def test_nested_id_entity_paths_and_an_array_of_features() -> None:
+    doc = {"meta": {"request_id": "r1"}, "user": {"id": "u1"}, "merchant_id": 7, "x": [2.5, "FR"]}
+    out = decode_requests([js(doc)], NESTED, LIMIT)
+    assert out.ids == ["r1"]
+    assert out.entities == {"user": ["u1"], "merchant": ["7"]}
+    assert out.inline == [{"amount": 2.5, "country": "FR"}]
+    assert out.docs == [doc]
+
+
+@pytest.mark.parametrize(
+    ("doc", "code", "mentions", "request_id"),
+    [
+        (
+            {"id": "r1", "user": {"id": "u"}, "x": [1, "FR"]},
+            "missing_field",
+            "'meta.request_id'",
+            None,
+        ),
+        ({"meta": "r1", "x": [1, "FR"]}, "missing_field", "'meta.request_id'", None),
+        (
+            {"meta": {"request_id": "r2"}, "user": {"id": "u"}, "x": [1]},
+            "wrong_type",
+            "2 values",
+            "r2",
+        ),
+        (
+            {"meta": {"request_id": "r3"}, "user": {"id": "u"}, "x": [1, 2]},
+            "wrong_type",
+            "'country' must be a string",
+            "r3",
+        ),
+        (
+            {"meta": {"request_id": "r4"}, "user": {"id": "u"}, "x": ["1", "FR"]},
+            "wrong_type",
+            "'amount' must be a number",
+            "r4",
+        ),
+        (
+            {"meta": {"request_id": "r5"}, "user": {"id": 1.5}, "x": [1, "FR"]},
+            "wrong_type",
+            "'user.id'",
+            "r5",
+        ),
+        (
+            {"meta": {"request_id": "r6"}, "x": [1, "FR"]},
+            "missing_field",
+            "no 'user.id' and features lack ['age']",
+            "r6",
+        ),
+    ],
+)
+def test_nested_shape_rejections_name_the_path_and_keep_the_id(
+    doc: dict[str, Any], code: str, mentions: str, request_id: str | None
+) -> None:
+    out = decode_requests([js(doc)], NESTED, LIMIT)
+    (rej,) = out.rejections
+    assert (rej.code, rej.request_id) == (code, request_id)
+    assert mentions in rej.reason
