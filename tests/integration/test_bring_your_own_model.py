@@ -33,8 +33,9 @@ from streamfer_dev.recipes import (
     sklearn_pipeline,
     torch_style_mlp,
 )
+from streamfer_dev.stack import start_redis_cluster
 from tests.conftest import Topics
-from tests.integration.helpers import assert_committed_to_end, streamfer
+from tests.integration.helpers import assert_committed_to_end, clean_env, streamfer
 from worker.features import pack_vector
 
 pytestmark = pytest.mark.integration
@@ -67,6 +68,7 @@ def write_config(
     recipe: Recipe,
     class_names: list[str] | None,
     extra: str = "",
+    cluster: bool = False,
 ) -> Path:
     """A config shaped like the README's example: nested id, two lookups, typed inputs."""
     inputs = "\n".join(f"{name} = {_toml(cols)}" for name, cols in recipe.inputs.items())
@@ -82,6 +84,7 @@ session_timeout_ms = 10000
 
 [redis]
 url = "{redis_url}"
+cluster = {"true" if cluster else "false"}
 
 [[pipelines]]
 name = "fraud"
@@ -129,8 +132,8 @@ name = "{recipe.name}"
     return path
 
 
-def store_features(redis_url: str, tag: str, data: FraudData) -> None:
-    client = redis.Redis.from_url(redis_url)
+def store_features(redis_url: str, tag: str, data: FraudData, cluster: bool = False) -> None:
+    client: Any = (redis.RedisCluster if cluster else redis.Redis).from_url(redis_url)
     pipe = client.pipeline(transaction=False)
     for uid, feats in data.users.items():
         pipe.hset(f"{tag}:user:{uid}", mapping={k: str(v) for k, v in feats.items()})
@@ -198,11 +201,12 @@ def served_config(
     path: Path,
     class_names: list[str] | None = None,
     extra: str = "",
+    cluster: bool = False,
 ) -> Path:
     """Store the data's features under a fresh key prefix and write a config serving
     ``recipe`` from them."""
     tag = f"byo-{uuid.uuid4().hex[:8]}"
-    store_features(redis_url, tag, data)
+    store_features(redis_url, tag, data, cluster)
     return write_config(
         path,
         bootstrap=bootstrap,
@@ -212,6 +216,7 @@ def served_config(
         recipe=recipe,
         class_names=class_names,
         extra=extra,
+        cluster=cluster,
     )
 
 
@@ -220,10 +225,11 @@ def burst(
     topics: Topics,
     config: Path,
     produced: list[tuple[str, bytes | None, bytes | None]],
+    env: dict[str, str] | None = None,
 ) -> Outcomes:
     """Produce, drain with one worker (``run --burst-idle-s``), and read every outcome."""
     produce_requests(bootstrap, topics.requests, produced)
-    run = streamfer("run", "--config", str(config), "--burst-idle-s", "3", timeout=240)
+    run = streamfer("run", "--config", str(config), "--burst-idle-s", "3", timeout=240, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     ids = {rid for rid, _key, _value in produced}
     out = collect_outcomes(
@@ -353,3 +359,49 @@ def test_batch_hooks_shape_inputs_and_results_end_to_end(
         "review" if p > 0.5 else "pass" for p in expected
     ]
     assert set(results[order[0]]) == {"p_fraud", "decision"}
+
+
+def test_two_lookups_from_a_redis_cluster_in_one_round_trip(
+    data: FraudData,
+    kafka_bootstrap: str,
+    fresh_topics: Callable[..., Topics],
+    tmp_path: Path,
+) -> None:
+    """A hash and a packed lookup whose keys live on three cluster nodes: each node gets
+    its share of both lookups' commands in one write."""
+    recipe = sklearn_pipeline(tmp_path, data)
+    started = start_redis_cluster(nodes=3)
+    try:
+        topics = fresh_topics(2)
+        config = served_config(
+            recipe,
+            data,
+            bootstrap=kafka_bootstrap,
+            redis_url=started.address,
+            topics=topics,
+            path=tmp_path / "cluster.toml",
+            cluster=True,
+        )
+        rows = data.rows()
+        produced: list[tuple[str, bytes | None, bytes | None]] = [
+            (f"clu-{i}", None, orjson.dumps(request_doc(f"clu-{i}", req)))
+            for i, req in enumerate(data.requests)
+        ]
+        produced.append(
+            (
+                "clu-wrongtype",
+                None,
+                orjson.dumps(
+                    request_doc("clu-wrongtype", {**data.requests[0], "user": "notahash"})
+                ),
+            )
+        )
+        out = burst(kafka_bootstrap, topics, config, produced, env=clean_env())
+    finally:
+        started.stop()
+    ((dead_id, code),) = [(d["request_id"], d["code"]) for d in out.dead_letter_docs]
+    assert (dead_id, code) == ("clu-wrongtype", "feature_store_error")
+    results = {d["id"]: d["outputs"]["scores"] for d in out.result_docs}
+    expected = recipe.predict_proba(rows)
+    got = np.array([results[f"clu-{i}"] for i in range(len(rows))])
+    assert float(np.abs(got - expected).max()) < 1e-5

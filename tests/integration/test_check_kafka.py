@@ -27,6 +27,8 @@ def test_check_names_every_kafka_check_it_passed(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "ok: pipeline demo" in out
+    assert "ok: pipeline demo model: input X tensor(float)[batch, 30] <- f0 (lookup entity" in out
+    assert "ok: pipeline demo model: output scores <- probabilities" in out
     assert "ok: kafka: " in out and "1 brokers" in out
     assert f"ok: topic {t.requests}: request topic of demo, 3 partitions" in out
     assert f"ok: topic {t.results}: result topic of demo" in out
@@ -40,6 +42,7 @@ def test_check_names_every_kafka_check_it_passed(
     assert doc["ok"] is True
     assert [c["name"] for c in doc["checks"]] == [
         "pipeline demo",
+        *["pipeline demo model"] * 3,  # its input, and its label and scores outputs
         "kafka",
         f"topic {t.requests}",
         f"topic {t.results}",
