@@ -405,3 +405,35 @@ def test_two_lookups_from_a_redis_cluster_in_one_round_trip(
     expected = recipe.predict_proba(rows)
     got = np.array([results[f"clu-{i}"] for i in range(len(rows))])
     assert float(np.abs(got - expected).max()) < 1e-5
+
+
+def test_a_config_that_does_not_fit_the_model_stops_start_up_with_exit_2(
+    data: FraudData,
+    kafka_bootstrap: str,
+    redis_url: str,
+    fresh_topics: Callable[..., Topics],
+    tmp_path: Path,
+) -> None:
+    recipe = sklearn_pipeline(tmp_path, data)
+    narrow = Recipe(
+        recipe.name,
+        recipe.model_path,
+        {"numeric": ["amount", "hour", "age_days", "risk"], "categorical": ["country", "segment"]},
+        recipe.outputs,
+        recipe.predict_proba,
+    )
+    config = served_config(
+        narrow,
+        data,
+        bootstrap=kafka_bootstrap,
+        redis_url=redis_url,
+        topics=fresh_topics(1),
+        path=tmp_path / "narrow.toml",
+    )
+    for command in ("check", "run"):
+        proc = streamfer(command, "--config", str(config), timeout=180)
+        assert proc.returncode == 2, proc.stdout + proc.stderr[-2000:]
+        assert (
+            "input 'numeric' (numeric float[batch, 5]) takes 5 columns but 4 features feed it"
+            in proc.stderr
+        )

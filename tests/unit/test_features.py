@@ -33,7 +33,7 @@ from worker.features import (
 from worker.feeds import Assembled, FeedPlan
 from worker.feeds import assemble as assemble_feeds
 from worker.health import HealthState
-from worker.lookups import OneStore
+from worker.lookups import OneStore, RedisLookups
 from worker.metrics import Metrics
 from worker.pipeline import Pipeline
 from worker.redis_io import REDIS_ERROR_KINDS, RedisTrouble, classify_redis_error
@@ -704,3 +704,37 @@ def test_outage_still_gives_up_after_its_deadline() -> None:
     with pytest.raises(FeatureStoreError):
         make_pipeline(store, retry_feature_store_s=0.0).prepare(BATCH)  # type: ignore[arg-type]
     assert store.calls == 1
+
+
+# --- several lookups, one round trip ---------------------------------------------------
+
+
+def test_a_hash_and_a_packed_lookup_share_one_write_and_split_the_replies() -> None:
+    user = FeatureSpec(key_template="u:{entity}", fields=["age", "country"])
+    merchant = FeatureSpec(key_template="m:{entity}", fields=["risk"], layout="packed")
+    client = FakeRedis(
+        [
+            [b"40", b"FR"],  # HMGET u:u1
+            redis.ResponseError(WRONGTYPE),  # HMGET u:u2
+            [pack_vector([0.5]), None],  # MGET m:m1 m:m9
+        ]
+    )
+    raw = cast(redis.Redis, client)
+    lookups = RedisLookups(
+        raw,
+        {
+            "user": RedisHashStore(raw, user, text_fields=["country"]),
+            "merchant": RedisPackedStore(raw, merchant),
+        },
+    )
+    got = lookups.fetch_all({"user": ["u1", "u2"], "merchant": ["m1", "m9"]})
+    assert len(client.conn.sent) == 1  # one write: both lookups' commands
+    sent = client.conn.sent[0]
+    assert sent.count(b"$5\r\nHMGET") == 2 and sent.count(b"$4\r\nMGET") == 1
+    assert got["user"].values[0, 0] == 40.0
+    assert got["user"].text is not None and got["user"].text[0, 1] == "FR"
+    assert got["user"].bad[0] is None
+    assert got["user"].bad[1] is not None and "WRONGTYPE" in got["user"].bad[1][1]
+    assert "'u:u2'" in got["user"].bad[1][1]
+    assert got["merchant"].values[0, 0] == np.float32(0.5)
+    assert got["merchant"].absent.tolist() == [[False], [True]]
