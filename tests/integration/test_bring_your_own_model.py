@@ -1,6 +1,6 @@
 """Models and records as users bring them, end to end against real Kafka and Redis.
 
-Three recipes (``streamfer_dev.recipes``): a scikit-learn ColumnTransformer pipeline
+Three recipes (``tests.integration.recipes``): a scikit-learn ColumnTransformer pipeline
 (StandardScaler on numbers, OneHotEncoder on strings, logistic regression) exported with
 skl2onnx's default options (a float and a string input, ZipMap on), a LightGBM
 classifier converted with onnxmltools (whose label output declares one row), and an MLP
@@ -25,7 +25,10 @@ import pytest
 import redis
 
 from streamfer_dev.harness import Outcomes, collect_outcomes, produce_requests
-from streamfer_dev.recipes import (
+from streamfer_dev.stack import start_redis_cluster
+from tests.conftest import Topics
+from tests.integration.helpers import assert_committed_to_end, clean_env, streamfer
+from tests.integration.recipes import (
     FraudData,
     Recipe,
     fraud_data,
@@ -33,9 +36,6 @@ from streamfer_dev.recipes import (
     sklearn_pipeline,
     torch_style_mlp,
 )
-from streamfer_dev.stack import start_redis_cluster
-from tests.conftest import Topics
-from tests.integration.helpers import assert_committed_to_end, clean_env, streamfer
 from worker.features import pack_vector
 
 pytestmark = pytest.mark.integration
@@ -58,6 +58,26 @@ def _toml(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
+def _head(bootstrap: str, redis_url: str, topics: Topics, name: str, redis_extra: str = "") -> str:
+    """The [kafka] and [redis] sections and a pipeline's topics, as every config here has them."""
+    return f"""
+[kafka]
+bootstrap_servers = "{bootstrap}"
+group_id = "{topics.group}"
+session_timeout_ms = 10000
+
+[redis]
+url = "{redis_url}"
+{redis_extra}
+
+[[pipelines]]
+name = "{name}"
+request_topics = ["{topics.requests}"]
+result_topic = "{topics.results}"
+dead_letter_topic = "{topics.dead_letters}"
+"""
+
+
 def write_config(
     path: Path,
     *,
@@ -76,21 +96,8 @@ def write_config(
     if class_names is not None:
         outputs += f"\nclass_names = {_toml(class_names)}"
     path.write_text(
-        f"""
-[kafka]
-bootstrap_servers = "{bootstrap}"
-group_id = "{topics.group}"
-session_timeout_ms = 10000
-
-[redis]
-url = "{redis_url}"
-cluster = {"true" if cluster else "false"}
-
-[[pipelines]]
-name = "fraud"
-request_topics = ["{topics.requests}"]
-result_topic = "{topics.results}"
-dead_letter_topic = "{topics.dead_letters}"
+        _head(bootstrap, redis_url, topics, "fraud", f"cluster = {'true' if cluster else 'false'}")
+        + f"""
 
 [pipelines.batch]
 max_batch_size = 64
@@ -437,3 +444,45 @@ def test_a_config_that_does_not_fit_the_model_stops_start_up_with_exit_2(
             "input 'numeric' (numeric float[batch, 5]) takes 5 columns but 4 features feed it"
             in proc.stderr
         )
+
+
+def test_an_array_of_features_and_no_lookups(
+    data: FraudData,
+    kafka_bootstrap: str,
+    redis_url: str,
+    fresh_topics: Callable[..., Topics],
+    tmp_path: Path,
+) -> None:
+    """Requests that carry every value as one array, for a model with one input: no
+    lookups, no inputs table (the array's order is the columns' order)."""
+    recipe = torch_style_mlp(tmp_path, data)
+    (columns,) = recipe.inputs.values()
+    topics = fresh_topics(1)
+    config = tmp_path / "array.toml"
+    config.write_text(
+        _head(kafka_bootstrap, redis_url, topics, "array")
+        + f"""
+
+[pipelines.request]
+features = "x"
+features_array = {_toml(columns)}
+
+[pipelines.model]
+path = "{recipe.model_path}"
+name = "mlp"
+outputs = {{ scores = "output" }}
+"""
+    )
+    rows = data.rows()[:100]
+    produced: list[tuple[str, bytes | None, bytes | None]] = [
+        (f"arr-{i}", None, orjson.dumps({"id": f"arr-{i}", "x": [row[c] for c in columns]}))
+        for i, row in enumerate(rows)
+    ]
+    produced.append(("arr-short", None, orjson.dumps({"id": "arr-short", "x": [1.0, 2.0]})))
+    out = burst(kafka_bootstrap, topics, config, produced)
+    (dead,) = out.dead_letter_docs
+    assert (dead["request_id"], dead["code"]) == ("arr-short", "wrong_type")
+    assert "must hold 5 values" in dead["reason"]
+    results = {d["id"]: d["outputs"]["scores"] for d in out.result_docs}
+    got = np.array([results[f"arr-{i}"] for i in range(len(rows))])
+    assert float(np.abs(got - recipe.predict_proba(rows)).max()) < 1e-5

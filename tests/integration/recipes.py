@@ -28,7 +28,9 @@ framework's own class probabilities for rows of named features:
   is its float64 numpy forward pass.
 
 The training frameworks are imported only when a recipe runs: scikit-learn, skl2onnx
-and onnx come with the ``demo`` extra, lightgbm and onnxmltools with ``dev``.
+and onnx come with the ``demo`` extra, lightgbm and onnxmltools with ``dev``. This is a
+test module, not part of the dev package: the demo extra need not bring a trainer that
+only the suite uses.
 """
 
 from __future__ import annotations
