@@ -436,8 +436,11 @@ def _convert(
         out = x != 0
     else:
         info = np.iinfo(dtype)
+        # The bounds as doubles: int64's largest value is 2**63 as a double, which would
+        # pass ``x <= max`` and overflow the cast; one past it is exact for every dtype.
+        low, past = float(info.min), float(info.max) + 1.0
         with np.errstate(invalid="ignore"):
-            fine = (x == np.floor(x)) & (x >= info.min) & (x <= info.max)
+            fine = (x == np.floor(x)) & (x >= low) & (x < past)
         if not fine.all():
             _reject(
                 spec, ~fine, x, rejected, "bad_feature_value",

@@ -208,6 +208,15 @@ def test_an_integer_merchant_id_names_its_key_by_its_digits() -> None:
         ("tensor(int32)", -2147483649, False),
         ("tensor(int64)", 3.0, True),
         ("tensor(int64)", 3.5, False),
+        ("tensor(int64)", -(2**63), True),
+        ("tensor(int64)", 2**62, True),
+        # 2**63 - 1 is 2**63 as a double: one past int64's range, not its largest value.
+        ("tensor(int64)", 2**63 - 1, False),
+        ("tensor(int64)", 2**63, False),
+        ("tensor(uint64)", 2**63, True),
+        ("tensor(uint64)", float(2**64), False),  # JSON reads ints past 64 bits as floats
+        ("tensor(uint32)", 4294967295, True),
+        ("tensor(uint32)", 4294967296, False),
         ("tensor(uint8)", 255, True),
         ("tensor(uint8)", 256, False),
         ("tensor(uint8)", -1, False),
