@@ -229,26 +229,35 @@ def _add_model_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     )
     optimize.add_argument("file", type=Path, help="the FP32 .onnx file")
     mode = optimize.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--fp16", dest="mode", action="store_const", const="fp16")
-    mode.add_argument("--int8", dest="mode", action="store_const", const="int8")
+    mode.add_argument(
+        "--fp16", dest="mode", action="store_const", const="fp16", help="float16 weights and ops"
+    )
+    mode.add_argument(
+        "--int8", dest="mode", action="store_const", const="int8", help="int8 quantization"
+    )
     optimize.add_argument(
         "--calibration",
         type=Path,
+        metavar="FILE.csv",
         help="CSV rows: INT8 calibrates on them (static; without them, dynamic), "
         "holding every 5th out to compare on unless --eval is given",
     )
-    optimize.add_argument("--eval", type=Path, help="CSV rows to compare on")
+    optimize.add_argument("--eval", type=Path, metavar="FILE.csv", help="CSV rows to compare on")
     optimize.add_argument(
-        "--output", type=Path, help="default <stem>.fp16.onnx / <stem>.int8.onnx beside FILE"
+        "--output",
+        type=Path,
+        metavar="PATH",
+        help="default <stem>.fp16.onnx / <stem>.int8.onnx beside FILE",
     )
     optimize.add_argument(
         "--max-drop",
         type=float,
         default=0.01,
+        metavar="SHARE",
         help="largest share of rows whose label may change (0.01)",
     )
     optimize.add_argument(
-        "--speed-s", type=float, default=2.0, help="seconds of timing per model (2)"
+        "--speed-s", type=float, default=2.0, metavar="S", help="seconds of timing per model (2)"
     )
     optimize.add_argument("--json", action="store_true", help="print the report as JSON")
     optimize.set_defaults(func=_cmd_model_optimize)

@@ -153,8 +153,13 @@ def inspect_model(path: Path) -> ModelInfo:
         sha256=file_sha256(path),
         ir_version=int(model.ir_version),
         producer=producer,
-        opsets={o.domain or ONNX_DOMAIN: int(o.version) for o in model.opset_import},
-        ops={d: dict(c.most_common()) for d, c in ops.items()},
+        opsets=dict(
+            sorted(
+                ((o.domain or ONNX_DOMAIN, int(o.version)) for o in model.opset_import),
+                key=lambda item: _domain_order(item[0]),
+            )
+        ),
+        ops={d: dict(ops[d].most_common()) for d in sorted(ops, key=_domain_order)},
         inputs=inputs,
         outputs=[_tensor_info(v) for v in graph.output],
         providers=check_providers(path, cpu_only_domains=set(ops) - {ONNX_DOMAIN}),
@@ -234,6 +239,11 @@ def _tensor_info(value: Any) -> TensorInfo:
                 for d in tensor.shape.dim
             ]
     return TensorInfo(value.name, type_string(value.type), shape)
+
+
+def _domain_order(domain: str) -> tuple[bool, str]:
+    """The standard domain first, then by name: exporters write them in any order."""
+    return domain != ONNX_DOMAIN, domain
 
 
 def _dim(dim: Dim) -> str:

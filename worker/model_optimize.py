@@ -13,8 +13,8 @@ labels stay within ``max_drop`` of the FP32 model's on held-out rows.
   differing. The widely used onnxconverter-common is not used: its 1.15 and 1.16
   releases (1.14 pins protobuf 3.20) leave a Cast to float whose output they retyped
   float16, which ONNX Runtime refuses to load; every scikit-learn MLP pipeline meets it.
-- INT8: ``onnxruntime.quantization`` after ``quant_pre_process`` (ONNX shape inference,
-  and symbolic shape inference when sympy is installed; its graph optimization is skipped):
+- INT8: ``onnxruntime.quantization`` after ``quant_pre_process`` (ONNX shape inference
+  only; its graph optimization and symbolic shape inference are skipped, see below):
   static QDQ (int8 weights and activations, MinMax ranges) with calibration rows, else
   dynamic (int8 weights, activations quantized per batch at run time).
 
@@ -27,7 +27,6 @@ raise ``ConfigError``.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import shutil
 import tempfile
@@ -323,12 +322,14 @@ def quantize_int8(
 
     prepared, note = work / "prepared.onnx", None
     try:
-        # Shape inference only (positional: the names changed across releases). Its graph
-        # optimization step drops the Cast after a scikit-learn Scaler, the one node that
-        # types what the MLP behind it consumes for ONNX shape inference (ai.onnx.ml ops
-        # declare no output types); the quantizer then skips every untyped activation.
-        # ONNX Runtime optimizes the quantized graph when it loads it anyway.
-        quant_pre_process(str(path), str(prepared), True, False, _no_sympy())
+        # ONNX shape inference only (positional: the names changed across releases). The
+        # graph optimization step drops the Cast after a scikit-learn Scaler, the one node
+        # that types what the MLP behind it consumes (ai.onnx.ml ops declare no output
+        # types), and the quantizer skips every untyped activation; ONNX Runtime
+        # optimizes the quantized graph when it loads it anyway. Symbolic shape inference
+        # (for transformers' symbolic dims) fails on ai.onnx.ml ops, and then writes
+        # sym_shape_infer_temp.onnx into the working directory.
+        quant_pre_process(str(path), str(prepared), True, False, True)
     except Exception as exc:  # shape inference raises what its ops raise
         prepared = path
         note = f"quant_pre_process failed ({str(exc).splitlines()[0][:200]}); quantized as is"
@@ -418,11 +419,6 @@ def _weights(model: Any, data_type: int) -> dict[str, int]:
                 if attr.name == "value" and attr.t.data_type == data_type:
                     found[node.output[0]] = numpy_helper.to_array(attr.t).nbytes
     return found
-
-
-def _no_sympy() -> bool:
-    """Skip symbolic shape inference without sympy (an onnxruntime dependency until 1.20)."""
-    return importlib.util.find_spec("sympy") is None
 
 
 def _size(n: int) -> str:

@@ -97,15 +97,23 @@ def test_an_onnx_helper_mlp_passes_and_is_written_beside_it(
 
 @pytest.mark.parametrize("mode", ["--fp16", "--int8"])
 def test_zipmap_scores_of_a_default_skl2onnx_export_are_compared(
-    zipmap: tuple[Path, Path], mode: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    zipmap: tuple[Path, Path],
+    mode: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     model, csv = zipmap
-    out = tmp_path / "copy.onnx"
+    monkeypatch.chdir(tmp_path)
     code, report, err = optimize(
-        capsys, str(model), mode, "--calibration", str(csv), "--output", str(out), *FAST
+        capsys, str(model), mode, "--calibration", str(csv), "--output", "copy.onnx", *FAST
     )
     assert code == 0, err
-    assert out.is_file() and report["written"] == str(out)
+    assert report["written"] == "copy.onnx"
+    assert [p.name for p in tmp_path.iterdir()] == ["copy.onnx"]  # nothing else left here
+    if mode == "--int8":  # shape inference typed every activation: no fallback note
+        assert report["note"] is None and report["changed"].endswith(" activation quantizers")
+        assert int(report["changed"].split(", ")[-1].split()[0]) >= 4
     assert report["labels_from"] == "output_label"
     assert report["scores_from"] == "output_probability"
     assert report["agreement"] >= 0.99
