@@ -1,5 +1,5 @@
 """The ``streamfer`` command line: run a worker, check a config, run the demo, replay a
-slice of history and show or reset a group's offsets.
+slice of history, show or reset a group's offsets, and inspect or optimize a model.
 
 Signal handlers only set a flag: the first SIGTERM or SIGINT asks the worker to drain,
 commit and leave the group; a second one exits at once (uncommitted records are then
@@ -114,6 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_cmd_demo)
     _add_replay_commands(sub)
     _add_feature_commands(sub)
+    _add_model_commands(sub)
     return parser
 
 
@@ -206,6 +207,97 @@ def _add_feature_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     load.add_argument("--chunk", type=int, default=5000, help="rows per pipelined write")
     load.add_argument("--no-progress", action="store_true")
     load.set_defaults(func=_cmd_features_load)
+
+
+def _add_model_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``model inspect`` and ``model optimize``; their work is in worker.model_inspect and
+    worker.model_optimize (they need the tools extra)."""
+    model = sub.add_parser("model", help="inspect an ONNX model, or make an FP16 or INT8 copy")
+    msub = model.add_subparsers(dest="model_command", required=True)
+    inspect = msub.add_parser(
+        "inspect", help="inputs, outputs, opsets, and which execution providers load it"
+    )
+    inspect.add_argument("file", type=Path, help="the .onnx file")
+    inspect.add_argument("--json", action="store_true", help="print one JSON object")
+    inspect.set_defaults(func=_cmd_model_inspect)
+    optimize = msub.add_parser(
+        "optimize",
+        help="an FP16 or INT8 copy, compared with the FP32 model on held-out rows",
+        description="CSV rows: a header, then columns filling the model's inputs in its "
+        "input order. Exit codes: 0 written, 1 refused (the label drop exceeds --max-drop; "
+        "nothing written) or failed, 2 bad usage or input.",
+    )
+    optimize.add_argument("file", type=Path, help="the FP32 .onnx file")
+    mode = optimize.add_mutually_exclusive_group(required=True)
+    mode.add_argument(
+        "--fp16", dest="mode", action="store_const", const="fp16", help="float16 weights and ops"
+    )
+    mode.add_argument(
+        "--int8", dest="mode", action="store_const", const="int8", help="int8 quantization"
+    )
+    optimize.add_argument(
+        "--calibration",
+        type=Path,
+        metavar="FILE.csv",
+        help="CSV rows: INT8 calibrates on them (static; without them, dynamic), "
+        "holding every 5th out to compare on unless --eval is given",
+    )
+    optimize.add_argument("--eval", type=Path, metavar="FILE.csv", help="CSV rows to compare on")
+    optimize.add_argument(
+        "--output",
+        type=Path,
+        metavar="PATH",
+        help="default <stem>.fp16.onnx / <stem>.int8.onnx beside FILE",
+    )
+    optimize.add_argument(
+        "--max-drop",
+        type=float,
+        default=0.01,
+        metavar="SHARE",
+        help="largest share of rows whose label may change (0.01)",
+    )
+    optimize.add_argument(
+        "--speed-s", type=float, default=2.0, metavar="S", help="seconds of timing per model (2)"
+    )
+    optimize.add_argument("--json", action="store_true", help="print the report as JSON")
+    optimize.set_defaults(func=_cmd_model_optimize)
+
+
+def _cmd_model_inspect(args: argparse.Namespace) -> int:
+    import orjson
+
+    from worker.model_inspect import inspect_model
+
+    try:
+        info = inspect_model(args.file)
+    except StreamferError as exc:
+        return _failed("streamfer model inspect", exc)
+    print(orjson.dumps(info.as_dict()).decode() if args.json else info.text())
+    return 0
+
+
+def _cmd_model_optimize(args: argparse.Namespace) -> int:
+    import orjson
+
+    from worker.model_optimize import OptimizeOptions, optimize_model
+
+    options = OptimizeOptions(
+        mode=args.mode,
+        calibration=args.calibration,
+        eval_rows=args.eval,
+        output=args.output,
+        max_drop=args.max_drop,
+        speed_seconds=args.speed_s,
+    )
+    try:
+        outcome = optimize_model(args.file, options)
+    except StreamferError as exc:
+        return _failed("streamfer model optimize", exc)
+    print(orjson.dumps(outcome.as_dict()).decode() if args.json else outcome.text())
+    if outcome.refused:
+        print(f"streamfer model optimize: {outcome.refused}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _cmd_features_load(args: argparse.Namespace) -> int:

