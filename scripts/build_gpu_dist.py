@@ -129,15 +129,16 @@ def gpu_pyproject(text: str) -> str:
     return out
 
 
-def write_project(target: Path, root: Path = ROOT) -> Path:
-    """Lay the streamfer-gpu project out in ``target`` (replaced): its pyproject.toml, the
-    readme and license, and copies of the packages, so ``pip install target`` builds it."""
+def write_project(target: Path, root: Path = ROOT, *, gpu: bool = True) -> Path:
+    """Lay the streamfer-gpu project (or with ``gpu=False`` streamfer's own) out in
+    ``target`` (replaced): its pyproject.toml, the readme and license, and copies of the
+    packages, so ``pip install target`` builds it without writing into the checkout."""
     pyproject_text = (root / "pyproject.toml").read_text()
     cpu = tomllib.loads(pyproject_text)
     if target.exists():
         shutil.rmtree(target)
     target.mkdir(parents=True)
-    (target / "pyproject.toml").write_text(gpu_pyproject(pyproject_text))
+    (target / "pyproject.toml").write_text(gpu_pyproject(pyproject_text) if gpu else pyproject_text)
     for name in (cpu["project"]["readme"], "LICENSE"):
         if (root / name).is_file():
             shutil.copy2(root / name, target / name)

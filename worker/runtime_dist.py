@@ -64,7 +64,8 @@ def runtime_distribution(owners: Owners | None = None) -> tuple[str, str] | None
 
 def _both(found: Sequence[tuple[str, str]], package: str) -> str:
     listed = " and ".join(f"{name} {version}" for name, version in found)
-    return f"{listed} are all installed and write the same {package!r} package"
+    every = "both" if len(found) == 2 else "all"
+    return f"{listed} are {every} installed and write the same {package!r} package"
 
 
 def runtime_problem(owners: Owners | None = None, python: str = sys.executable) -> str | None:

@@ -297,10 +297,12 @@ def resolutions(
     """The pip runs, started together (they mostly wait on the index). The GPU wheel is
     built once and resolved with every extra, so its metadata is not built twice."""
     dist = tmp_path_factory.mktemp("gpu-dist")
+    # A copy: setuptools writes streamfer.egg-info into the project it prepares.
+    cpu = gpu_dist().write_project(tmp_path_factory.mktemp("cpu") / "streamfer", gpu=False)
     pool = ThreadPoolExecutor(max_workers=3)
     runs = {
         "gpu": pool.submit(gpu_wheel_with_every_extra, dist),
-        "cpu": pool.submit(dry_run, str(ROOT)),
+        "cpu": pool.submit(dry_run, str(cpu)),
         "gpu-lock": pool.submit(dry_run, "-r", str(ROOT / "constraints-gpu.txt")),
     }
     pool.shutdown(wait=False)

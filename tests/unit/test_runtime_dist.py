@@ -38,7 +38,7 @@ def test_both_runtimes_under_streamfer_give_the_switch_to_streamfer_gpu_and_the_
     found = owners({"onnxruntime": "1.32.0", "onnxruntime-gpu": "1.26.0"}, {"streamfer": "0.1.0"})
     message = runtime_problem(found, PY)
     assert message is not None
-    assert "onnxruntime 1.32.0 and onnxruntime-gpu 1.26.0 are all installed" in message
+    assert "onnxruntime 1.32.0 and onnxruntime-gpu 1.26.0 are both installed" in message
     assert "'onnxruntime' package" in message and "CUDA" in message
     assert commands(message) == [
         f"{PY} -m pip uninstall -y streamfer onnxruntime",
@@ -69,7 +69,7 @@ def test_streamfer_and_streamfer_gpu_both_installed_are_named() -> None:
     found = owners({"onnxruntime-gpu": "1.26.0"}, {"streamfer": "0.1.0", "streamfer-gpu": "0.2.0"})
     message = runtime_problem(found, PY)
     assert message is not None
-    assert "streamfer 0.1.0 and streamfer-gpu 0.2.0 are all installed" in message
+    assert "streamfer 0.1.0 and streamfer-gpu 0.2.0 are both installed" in message
     assert "'worker' package" in message
     assert commands(message) == [
         f"{PY} -m pip uninstall -y streamfer streamfer-gpu",
