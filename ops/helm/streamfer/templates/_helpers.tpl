@@ -48,6 +48,18 @@ app.kubernetes.io/component: worker
 {{- add (int .Values.shutdownTimeoutSeconds) (int .Values.terminationGraceExtraSeconds) }}
 {{- end }}
 
+{{/* The worker's resources; with gpu.enabled, gpu.count of gpu.resourceName in the
+limits (an extended resource is requested as much as it is limited). */}}
+{{- define "streamfer.resources" -}}
+{{- $resources := deepCopy .Values.resources }}
+{{- if .Values.gpu.enabled }}
+{{- $limits := get $resources "limits" | default dict }}
+{{- $_ := set $limits .Values.gpu.resourceName (int .Values.gpu.count) }}
+{{- $_ := set $resources "limits" $limits }}
+{{- end }}
+{{- toYaml $resources }}
+{{- end }}
+
 {{/* The most workers that can own a partition. */}}
 {{- define "streamfer.maxReplicas" -}}
 {{- min (int .Values.autoscaling.maxReplicas) (int .Values.partitions) }}
