@@ -41,11 +41,10 @@ from worker.device_io import BoundRunner, OutputSpec, host_buffers
 from worker.errors import EngineError
 from worker.model_graph import string_examples, zipmap_classes
 from worker.providers import (
-    CPU,
     CUDA,
     GPU_PROVIDERS,
     TENSORRT,
-    InputShape,
+    input_shapes,
     provider_options,
     why_not_serving,
 )
@@ -230,7 +229,7 @@ class OnnxEngine:
         options = ort.SessionOptions()
         options.intra_op_num_threads = spec.intra_op_threads
         options.inter_op_num_threads = 1
-        shapes = _input_shapes(path) if TENSORRT in chain else []
+        shapes = input_shapes(path) if TENSORRT in chain else []
         trt_cache = spec.tensorrt.engine_cache_dir if TENSORRT in chain else None
         cached = _files(trt_cache) if trt_cache is not None else frozenset()
         providers = provider_options(spec, chain, batch_sizes=sizes, inputs=shapes)
@@ -541,21 +540,6 @@ def _serving(
         f"model {path}: none of the execution providers {list(requested)} serves "
         f"(the session has {list(served)}): {reasons}"
     )
-
-
-def _input_shapes(path: Path) -> list[InputShape]:
-    """The model's tensor inputs and their dimensions after the batch axis, read from a
-    CPU session that skips graph optimisation (TensorRT needs them before its own)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = _session(path, options, [(CPU, {})])
-    return [
-        InputShape(i.name, tuple(d if isinstance(d, int) else None for d in (i.shape or [])[1:]))
-        for i in session.get_inputs()
-        if i.type.startswith("tensor(") and i.type != "tensor(string)"
-    ]
 
 
 def _files(folder: Path) -> frozenset[str]:

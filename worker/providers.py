@@ -29,6 +29,7 @@ __all__ = [
     "ORT_DISTRIBUTIONS",
     "TENSORRT",
     "InputShape",
+    "input_shapes",
     "installed_runtimes",
     "profile_shapes",
     "provider_options",
@@ -58,6 +59,22 @@ class InputShape:
 
     name: str
     inner: tuple[int | None, ...]
+
+
+def input_shapes(path: Path) -> list[InputShape]:
+    """A model's numeric tensor inputs and their dimensions after the batch axis, read
+    from a CPU session that skips graph optimisation (TensorRT needs them before its own
+    session exists)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(path), options, providers=[CPU])
+    return [
+        InputShape(i.name, tuple(d if isinstance(d, int) else None for d in (i.shape or [])[1:]))
+        for i in session.get_inputs()
+        if i.type.startswith("tensor(") and i.type != "tensor(string)"
+    ]
 
 
 def provider_options(

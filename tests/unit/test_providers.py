@@ -10,12 +10,14 @@ from pathlib import Path
 import onnxruntime
 import pytest
 
+from streamfer_dev.modelgen import DemoModel
 from worker.config import CudaOptions, ModelSpec, TensorrtOptions
 from worker.providers import (
     CPU,
     CUDA,
     TENSORRT,
     InputShape,
+    input_shapes,
     installed_runtimes,
     profile_shapes,
     provider_options,
@@ -181,3 +183,25 @@ def test_the_default_library_folder_is_runtimes_own() -> None:
     assert why_not_serving(CUDA, [CUDA, CPU]) == (
         f"its library libonnxruntime_providers_cuda.so is not in {capi}"
     )
+
+
+def test_input_shapes_read_from_the_model(classifier: DemoModel, tmp_path: Path) -> None:
+    from onnx import TensorProto, helper
+
+    assert input_shapes(classifier.path) == [InputShape("X", (30,))]
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["ids"], ["out"])],
+        "g",
+        [
+            helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", "T", 4]),
+            helper.make_tensor_value_info("tag", TensorProto.STRING, ["N"]),
+        ],
+        [helper.make_tensor_value_info("out", TensorProto.INT64, ["N", "T", 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "ids.onnx"
+    path.write_bytes(model.SerializeToString())
+    # strings never reach TensorRT; an open inner axis is None (then no explicit profile)
+    assert input_shapes(path) == [InputShape("ids", (None, 4))]
+    assert profile_shapes(input_shapes(path), [1, 8]) == {}
