@@ -7,7 +7,7 @@
 #          3.12 on manylinux x86-64, at the versions this checkout's venv tests with;
 #   .gpu/  the heavy benchmark model (benchmarks.models.make_model("heavy")) and its FP16
 #          copy (onnxconverter-common, float32 inputs and outputs kept).
-# Needs pip and the dev extra (scikit-learn, skl2onnx, onnxconverter-common) here.
+# Needs pip, the demo extra (scikit-learn, skl2onnx) and onnxconverter-common here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -26,7 +26,8 @@ from benchmarks.gpu_check import make_fp16
 from benchmarks.models import make_model
 
 model = make_model("heavy", Path(".gpu")).path
-assert make_fp16(model, Path(".gpu/heavy-fp16.onnx")) is not None, "onnxconverter-common?"
+if make_fp16(model, Path(".gpu/heavy-fp16.onnx")) is None:
+    raise SystemExit("gpu_prepare: the FP16 copy needs onnxconverter-common (pip install it)")
 PYEOF
 du -ch .whl .gpu | tail -1
 ls -l .whl .gpu
