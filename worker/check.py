@@ -129,6 +129,7 @@ def check_pipeline(cfg: PipelineConfig, redis: RedisSettings) -> CheckedPipeline
     signature += [
         f"output {name} <- {out} {engine.output_types[out]}" for name, out in engine.outputs.items()
     ]
+    signature.append(f"provider {engine.provider} (requested {', '.join(engine.requested)})")
     outcomes = {}
     for out_topic, value, _ in sink.records:
         doc = orjson.loads(value)

@@ -46,7 +46,7 @@ def build_worker(
 
     pipelines = []
     for p in config.pipelines:
-        engine, store, hooks = open_parts(p, config.redis)
+        engine, store, hooks = open_parts(p, config.redis, metrics=metrics)
         metrics.model_info.labels(
             p.name, p.model.name, p.model.version, engine.model_hash, engine.providers[0]
         ).set(1)

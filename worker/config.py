@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 import tomllib
 import urllib.parse
 from collections.abc import Iterable, Mapping
@@ -26,6 +27,7 @@ from worker.errors import ConfigError
 __all__ = [
     "LIBRDKAFKA_SECRET_OPTIONS",
     "BatchPolicy",
+    "CudaOptions",
     "FeatureSpec",
     "HooksSpec",
     "KafkaSettings",
@@ -35,6 +37,7 @@ __all__ = [
     "PipelineConfig",
     "RedisSettings",
     "RequestMapping",
+    "TensorrtOptions",
     "WorkerConfig",
     "load_config",
     "parse_config",
@@ -218,6 +221,36 @@ class HooksSpec(_Frozen):
     postprocess: str | None = Field(default=None, pattern=_HOOK)
 
 
+class CudaOptions(_Frozen):
+    """ONNX Runtime's CUDA provider, as ``[pipelines.model.cuda]``; also the device
+    TensorRT runs on. See ``worker.providers.provider_options`` for the option names."""
+
+    device_id: int = Field(default=0, ge=0, le=255)
+    cudnn_conv_algo_search: Literal["EXHAUSTIVE", "HEURISTIC", "DEFAULT"] = "EXHAUSTIVE"
+    """How cuDNN picks convolution kernels: benchmarked once per shape (EXHAUSTIVE,
+    Runtime's default), guessed (HEURISTIC) or fixed (DEFAULT)."""
+    arena_extend_strategy: Literal["kNextPowerOfTwo", "kSameAsRequested"] = "kNextPowerOfTwo"
+    """How the device memory arena grows; kSameAsRequested keeps several processes that
+    share one device from each reserving powers of two."""
+    gpu_mem_limit_mb: int | None = Field(default=None, ge=16)
+    """The arena's ceiling in MiB (None: Runtime's default, no limit)."""
+
+
+class TensorrtOptions(_Frozen):
+    """ONNX Runtime's TensorRT provider, as ``[pipelines.model.tensorrt]``. Relative
+    directories resolve against the config file's directory; each must be writable when
+    TensorRT is among the providers (start-up fails naming it otherwise)."""
+
+    fp16: bool = False
+    engine_cache_dir: Path | None = None
+    """Built engines are kept here (a volume) and reused at the next start of the same
+    model, TensorRT version and GPU; None: an engine is built at every start."""
+    timing_cache_dir: Path | None = None
+    """TensorRT's kernel timings, which make the next build of any model faster."""
+    max_workspace_mb: int | None = Field(default=None, ge=16)
+    builder_optimization_level: int | None = Field(default=None, ge=0, le=5)
+
+
 class ModelSpec(_Frozen):
     """An ONNX model file, how to name it in results, and where to run it.
 
@@ -228,6 +261,12 @@ class ModelSpec(_Frozen):
     skl2onnx names them) become ``label`` and ``scores``, and any other model's outputs
     keep their own names. ``class_names`` turns the ``label`` output's class index into a
     name (it may also be written inside the ``outputs`` table).
+
+    ``providers`` are tried in order (TensorRT, CUDA, CPU); one that cannot load is
+    skipped with a warning that says why. ``pad_to_buckets`` runs every batch at one of
+    the warmed batch sizes (``worker.buckets``), ``io_binding`` through per-size bound
+    host buffers (``worker.device_io``); each is on by default when a GPU provider
+    serves and off on the CPU, where neither pays.
     """
 
     path: Path
@@ -239,6 +278,13 @@ class ModelSpec(_Frozen):
     outputs: dict[str, str] | None = None
     class_names: list[str] | None = Field(default=None, min_length=1)
     sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
+    cuda: CudaOptions = CudaOptions()
+    tensorrt: TensorrtOptions = TensorrtOptions()
+    pad_to_buckets: bool | None = None
+    """None: on when the serving provider is CUDA or TensorRT."""
+    io_binding: bool | None = None
+    """None: on when batches are padded and the serving provider is CUDA or TensorRT;
+    models with string or map inputs or outputs are never bound."""
 
     @model_validator(mode="before")
     @classmethod
@@ -258,6 +304,10 @@ class ModelSpec(_Frozen):
                 raise ValueError(f"inputs.{name}: lists no features")
             if len(set(columns)) != len(columns):
                 raise ValueError(f"inputs.{name}: a feature is listed twice")
+        if self.io_binding and self.pad_to_buckets is False:
+            raise ValueError(
+                "io_binding = true needs pad_to_buckets (its buffers are bound per bucket)"
+            )
         return self
 
 
@@ -640,6 +690,40 @@ def _resolve_and_check_models(cfg: WorkerConfig, base_dir: Path, source: str) ->
             raise ConfigError(
                 f"{source}: pipelines[{i}].model.path: model file not found: {model_path}"
             )
-        model = p.model.model_copy(update={"path": model_path})
+        update: dict[str, Any] = {"path": model_path}
+        trt = p.model.tensorrt
+        dirs = {
+            name: folder if folder.is_absolute() else base_dir / folder
+            for name in ("engine_cache_dir", "timing_cache_dir")
+            if (folder := getattr(trt, name)) is not None
+        }
+        if dirs:
+            update["tensorrt"] = trt.model_copy(update=dirs)
+        if "TensorrtExecutionProvider" in p.model.providers:
+            for name, folder in dirs.items():
+                problem = _unwritable(folder)
+                if problem is not None:
+                    raise ConfigError(
+                        f"{source}: pipelines[{i}].model.tensorrt.{name}: {folder} {problem}"
+                    )
+        model = p.model.model_copy(update=update)
         pipelines.append(p.model_copy(update={"model": model}))
     return cfg.model_copy(update={"pipelines": pipelines})
+
+
+def _unwritable(folder: Path) -> str | None:
+    """Why TensorRT could not keep its cache files in ``folder`` (made when missing), or
+    None when it can."""
+    if folder.exists() and not folder.is_dir():
+        return "is not a directory"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"cannot be created: {exc.strerror or exc}"
+    try:  # a real write: os.access says yes to root on a read-only mount
+        fd, probe = tempfile.mkstemp(prefix=".streamfer-probe-", dir=folder)
+    except OSError as exc:
+        return f"is not writable: {exc.strerror or exc}"
+    os.close(fd)
+    os.unlink(probe)
+    return None

@@ -11,6 +11,12 @@ a ZipMap output, the list of ``{class: probability}`` dicts a skl2onnx classifie
 exported with default options gives, becomes a float matrix in class order, once per
 batch. ``warm_up`` proves every output encodes as JSON, so a model the worker could not
 publish fails start-up, not the first live batch. ``ENGINES`` maps a name to a factory.
+
+On a GPU (``worker.providers`` builds the provider options and explains a provider that
+does not serve) a batch runs at one of the warmed bucket sizes (``worker.buckets``),
+through per-bucket bound host buffers (``worker.device_io``), and a device out-of-memory
+error halves it and retries each half. TensorRT builds its engine while warm-up runs,
+before the worker joins its group; the time it took is logged.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, pairwise
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,9 +35,19 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from worker.buckets import Buckets, PaddedFeeds, rows_of
 from worker.config import ModelSpec
+from worker.device_io import BoundRunner, OutputSpec, host_buffers
 from worker.errors import EngineError
 from worker.model_graph import string_examples, zipmap_classes
+from worker.providers import (
+    CUDA,
+    GPU_PROVIDERS,
+    TENSORRT,
+    input_shapes,
+    provider_options,
+    why_not_serving,
+)
 
 __all__ = [
     "ENGINES",
@@ -41,6 +57,7 @@ __all__ = [
     "OnnxEngine",
     "TensorInput",
     "file_sha256",
+    "is_device_oom",
     "warm_up_sizes",
 ]
 
@@ -83,6 +100,30 @@ _ZIPMAP_DTYPES: dict[str, type[np.floating[Any]]] = {"float": np.float32, "doubl
 _PUBLISHABLE_KINDS = frozenset("biufU")
 
 Converter = Callable[[Any], npt.NDArray[np.generic]]
+Runner = Callable[[Feeds, int], list[Any]]
+
+DEFAULT_MAX_BATCH_SIZE = 256
+"""``BatchPolicy.max_batch_size``'s default: the buckets of an engine made without sizes."""
+
+# How ONNX Runtime and the libraries under it say a device (or arena) allocation failed:
+# BFCArena::AllocateRawInternal's "Failed to allocate memory for requested buffer of size
+# N" (microsoft/onnxruntime#9939, #16307, #22702) and, under a memory limit (CUDA's
+# gpu_mem_limit, a capped CPU arena), "Available memory of N is smaller than requested
+# bytes of M"; "CUDA failure 2: out of memory"; cuBLAS's and cuDNN's
+# "..._STATUS_ALLOC_FAILED"; cudaErrorMemoryAllocation; TensorRT's "Cuda Error in
+# allocate: 2 (out of memory)" (microsoft/onnxruntime#10770) and "Cuda Runtime (out of
+# memory)".
+_DEVICE_OOM = re.compile(
+    r"out of memory|Failed to allocate memory|BFCArena::AllocateRawInternal"
+    r"|is smaller than requested bytes|_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation",
+    re.IGNORECASE,
+)
+
+
+def is_device_oom(exc: BaseException) -> bool:
+    """Whether an ONNX Runtime error says a device or arena allocation failed: the batch
+    may fit when smaller."""
+    return bool(_DEVICE_OOM.search(str(exc)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,9 +188,21 @@ def file_sha256(path: Path) -> str:
 
 
 class OnnxEngine:
-    """ONNX Runtime session for one model; ``run`` releases the GIL while it computes."""
+    """ONNX Runtime session for one model; ``run`` releases the GIL while it computes.
 
-    def __init__(self, spec: ModelSpec) -> None:
+    ``batch_sizes`` are the sizes warm-up runs (``warm_up_sizes`` of the pipeline's
+    ``max_batch_size``): the buckets batches are padded to, and TensorRT's profile.
+    ``on_device_oom`` is called each time a batch is halved after a device
+    out-of-memory error (the worker counts it in a metric).
+    """
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        batch_sizes: Sequence[int] | None = None,
+        on_device_oom: Callable[[], None] | None = None,
+    ) -> None:
         import onnxruntime as ort
 
         path = spec.path
@@ -161,32 +214,48 @@ class OnnxEngine:
             raise EngineError(
                 f"model file {path} has SHA-256 {self._hash}, but the config pins {spec.sha256}"
             )
+        sizes = sorted(set(batch_sizes or warm_up_sizes(DEFAULT_MAX_BATCH_SIZE)))
+        self._on_oom = on_device_oom or (lambda: None)
+        self._oom_logged = False
+        self.requested: list[str] = list(spec.providers)
         available = ort.get_available_providers()
-        providers = [p for p in spec.providers if p in available]
-        if not providers:
+        chain = [p for p in spec.providers if p in available]
+        if not chain:
+            reasons = "; ".join(f"{p}: {why_not_serving(p, available)}" for p in spec.providers)
             raise EngineError(
                 f"none of the execution providers {spec.providers} is available here; "
-                f"this onnxruntime offers {available}"
-            )
-        if len(providers) < len(spec.providers):
-            log.warning(
-                "providers %s unavailable, using %s",
-                sorted(set(spec.providers) - set(providers)),
-                providers,
+                f"this onnxruntime offers {available} ({reasons})"
             )
         options = ort.SessionOptions()
         options.intra_op_num_threads = spec.intra_op_threads
         options.inter_op_num_threads = 1
+        shapes = input_shapes(path) if TENSORRT in chain else []
+        trt_cache = spec.tensorrt.engine_cache_dir if TENSORRT in chain else None
+        cached = _files(trt_cache) if trt_cache is not None else frozenset()
+        providers = provider_options(spec, chain, batch_sizes=sizes, inputs=shapes)
+        started = time.perf_counter()
         self._session = _session(path, options, providers)
+        self.providers: list[str] = self._session.get_providers()
+        self.provider: str = _serving(self.requested, self.providers, available, path)
+        """The requested provider that serves (the session may add CPU for some nodes)."""
+        self._trt_cache: tuple[Path, frozenset[str]] | None = (
+            (trt_cache, cached) if trt_cache is not None and self.provider == TENSORRT else None
+        )
+        if self.provider in GPU_PROVIDERS:
+            log.info(
+                "model %s: %s session created in %.1f s",
+                path.name,
+                self.provider,
+                time.perf_counter() - started,
+            )
         self._inputs = [_tensor_input(i.name, i.type, i.shape) for i in self._session.get_inputs()]
-        types = {o.name: o.type for o in self._session.get_outputs()}
+        declared = self._session.get_outputs()
+        types = {o.name: o.type for o in declared}
         self.output_types: dict[str, str] = types
         self._outputs = _output_map(spec.outputs, list(types), path)
         self._wanted = list(self._outputs.values())
         one_row = [
-            o.name
-            for o in self._session.get_outputs()
-            if o.name in self._wanted and o.shape and o.shape[0] == 1
+            o.name for o in declared if o.name in self._wanted and o.shape and o.shape[0] == 1
         ]
         if one_row:
             # onnxmltools declares a LightGBM classifier's label as shape [1]: Runtime then
@@ -203,7 +272,67 @@ class OnnxEngine:
         self._converters = _converters(self._wanted, types, path)
         self._class_names = _class_names(spec.class_names, self._outputs, types, path)
         self._run = self._session.run
-        self.providers: list[str] = self._session.get_providers()
+        self.padded = False
+        self.io_binding = False
+        self.io_path = "session.run"
+        """How batches reach the model, in words, for the log and the device check."""
+        self._buckets: Buckets | None = None
+        self._runner: Runner = self._plain
+        self._pick_runner(spec, sizes, declared)
+
+    def _pick_runner(self, spec: ModelSpec, sizes: Sequence[int], declared: Sequence[Any]) -> None:
+        """Plain ``session.run`` (the CPU default), padded to buckets, or padded and
+        bound: the config's choice, or, by default, what the serving provider gains from."""
+        on_gpu = self.provider in GPU_PROVIDERS
+        self.padded = on_gpu if spec.pad_to_buckets is None else spec.pad_to_buckets
+        if self.padded:
+            self._buckets = Buckets(sizes)
+            self._runner = self._padded_runner(self._buckets)
+            wanted_io = on_gpu if spec.io_binding is None else spec.io_binding
+            unbindable = _unbindable(self._inputs, self.output_types, self._wanted)
+            if wanted_io and unbindable is not None:
+                log.info(
+                    "model %s: no IOBinding (%s); batches go through session.run",
+                    self._path.name,
+                    unbindable,
+                )
+            elif wanted_io:
+                self._runner = self._bound_runner(self._buckets, spec, declared)
+                self.io_binding = True
+        if self.padded or on_gpu:
+            log.info(
+                "model %s: %s serves; batches %s; %s",
+                self._path.name,
+                self.provider,
+                f"padded to sizes {list(sizes)}" if self.padded else "run at their own size",
+                self.io_path,
+            )
+
+    def _plain(self, feeds: Feeds, rows: int) -> list[Any]:
+        values: list[Any] = self._run(self._wanted, feeds)
+        return values
+
+    def _padded_runner(self, buckets: Buckets) -> Runner:
+        padded = PaddedFeeds(buckets)
+        self.io_path = "session.run on reused padded buffers"
+
+        def run(feeds: Feeds, rows: int) -> list[Any]:
+            size, held = padded.fill(feeds, rows)
+            return [rows_of(v, rows, size) for v in self._run(self._wanted, held)]
+
+        return run
+
+    def _bound_runner(self, buckets: Buckets, spec: ModelSpec, declared: Sequence[Any]) -> Runner:
+        # TensorRT runs on CUDA's device: CUDA's host-accessible memory is as good
+        sources = [self.provider, CUDA] if self.provider == TENSORRT else [self.provider]
+        host, note = host_buffers(sources, spec.cuda.device_id)
+        by_name = {o.name: o for o in declared}
+        outputs = [
+            OutputSpec(name, by_name[name].shape, ONNX_DTYPES[by_name[name].type])
+            for name in self._wanted
+        ]
+        self.io_path = f"IOBinding with {note}, outputs bound to host memory"
+        return BoundRunner(self._session, outputs, buckets, host)
 
     @property
     def inputs(self) -> list[TensorInput]:
@@ -219,17 +348,33 @@ class OnnxEngine:
         return self._hash
 
     def infer(self, feeds: Feeds | npt.NDArray[Any]) -> Outputs:
-        """Run the model once on the batch and convert each output once. A model with
-        one input also takes its array alone.
+        """Run the model on the batch and convert each output once. A model with one
+        input also takes its array alone. With buckets, a batch larger than the largest
+        runs in slices of it; a device out-of-memory error halves the rows and retries.
 
-        Raises EngineError when the run fails or an output cannot be converted.
+        Raises EngineError when the run fails (on one row, for out-of-memory) or an
+        output cannot be converted.
         """
         if isinstance(feeds, np.ndarray):
             feeds = {self._inputs[0].name: feeds}
         rows = len(next(iter(feeds.values()))) if feeds else 0
+        self._oom_logged = False
+        buckets = self._buckets
+        if buckets is None or rows <= buckets.largest:
+            return self._infer_rows(feeds, rows)
+        return _joined(
+            [
+                self._infer_rows({k: v[start:stop] for k, v in feeds.items()}, stop - start)
+                for start, stop in buckets.spans(rows)
+            ]
+        )
+
+    def _infer_rows(self, feeds: Feeds, rows: int) -> Outputs:
         try:
-            values = self._run(self._wanted, feeds)
+            values = self._runner(feeds, rows)
         except Exception as exc:
+            if rows > 1 and is_device_oom(exc):
+                return self._halved(feeds, rows, exc)
             raise EngineError(f"model run failed on {rows} rows: {exc}") from exc
         outputs: Outputs = {}
         for field, convert, value in zip(self._outputs, self._converters, values, strict=True):
@@ -243,6 +388,25 @@ class OnnxEngine:
             except (ValueError, IndexError) as exc:
                 raise EngineError(f"cannot name the labels of {rows} rows: {exc}") from exc
         return outputs
+
+    def _halved(self, feeds: Feeds, rows: int, exc: Exception) -> Outputs:
+        """The batch as two halves, each retried (and halved again while it does not fit)."""
+        self._on_oom()
+        half = rows // 2
+        if not self._oom_logged:
+            self._oom_logged = True
+            log.warning(
+                "model %s: out of device memory on %d rows (%s); retrying in halves",
+                self._path.name,
+                rows,
+                str(exc).strip().splitlines()[-1][:300],
+            )
+        return _joined(
+            [
+                self._infer_rows({k: v[:half] for k, v in feeds.items()}, half),
+                self._infer_rows({k: v[half:] for k, v in feeds.items()}, rows - half),
+            ]
+        )
 
     def example(self, widths: Mapping[str, int] | None = None) -> Example:
         """Feeds the model accepts, for warm-up: zeros, and for string columns a category
@@ -276,8 +440,13 @@ class OnnxEngine:
         """
         feeds = example or self.example()
         sizes = list(batch_sizes)
+        order = sizes or [1]
+        if self.provider in GPU_PROVIDERS and len(order) > 1:
+            # the largest first: TensorRT's engine (and the CUDA arena) sized for it once
+            largest = max(order)
+            order = [largest, *(s for s in order if s != largest)]
         started = time.perf_counter()
-        for size in sizes or [1]:
+        for i, size in enumerate(order):
             try:
                 outputs = self.infer(feeds(size))
             except EngineError as exc:
@@ -292,21 +461,118 @@ class OnnxEngine:
                         f"model {self._path}: output {field!r} ({self._outputs[field]}) "
                         f"cannot be published: {why}"
                     )
+            if i == 0 and self.provider == TENSORRT:
+                log.info(
+                    "model %s: TensorRT engine ready after the first run (batch %d) in %.1f s",
+                    self._path.name,
+                    size,
+                    time.perf_counter() - started,
+                )
         log.info(
             "model %s warmed at batch sizes %s in %.0f ms",
             self._path.name,
             sizes,
             1000 * (time.perf_counter() - started),
         )
+        if self._trt_cache is not None:
+            folder, before = self._trt_cache
+            written = sorted(_files(folder) - before)
+            if written:
+                log.info(
+                    "model %s: TensorRT built its engine and wrote %s to the cache %s",
+                    self._path.name,
+                    written,
+                    folder,
+                )
+            else:
+                log.info(
+                    "model %s: TensorRT engine taken from the cache %s (nothing new written)",
+                    self._path.name,
+                    folder,
+                )
+            self._trt_cache = None
 
 
-def _session(path: Path, options: Any, providers: Sequence[str]) -> Any:
+# An older TensorRT provider refuses explicit profiles that leave a TensorRT subgraph's
+# dynamic input (an inner tensor, when the graph is partitioned) without one.
+_PROFILE_REFUSED = "no associated shape profiles"
+
+
+def _session(path: Path, options: Any, providers: Sequence[tuple[str, dict[str, str]]]) -> Any:
     import onnxruntime as ort
 
     try:
-        return ort.InferenceSession(str(path), options, providers=providers)
+        return ort.InferenceSession(str(path), options, providers=list(providers))
     except Exception as exc:  # onnxruntime raises its own untyped errors
+        if _PROFILE_REFUSED in str(exc):
+            log.warning(
+                "model %s: TensorRT wants profiles for inner tensors too (%s); letting it "
+                "derive them from the warm-up shapes instead",
+                path.name,
+                str(exc).strip().splitlines()[-1][:300],
+            )
+            plain = [
+                (name, {k: v for k, v in opts.items() if not k.startswith("trt_profile_")})
+                for name, opts in providers
+            ]
+            return _session(path, options, plain)
         raise EngineError(f"cannot load model {path}: {exc}") from exc
+
+
+def _serving(
+    requested: Sequence[str], served: Sequence[str], available: Sequence[str], path: Path
+) -> str:
+    """The first requested provider the session has; a warning for each one before it,
+    saying why it does not serve. Raises EngineError when none of them serves."""
+    for at, name in enumerate(requested):
+        if name in served:
+            for lost, then in pairwise(requested[: at + 1]):
+                log.warning(
+                    "model %s: %s does not serve: %s; %s",
+                    path.name,
+                    lost,
+                    why_not_serving(lost, available),
+                    f"{then} serves instead" if then == name else f"falling back to {then}",
+                )
+            return name
+    reasons = "; ".join(f"{p}: {why_not_serving(p, available)}" for p in requested)
+    raise EngineError(
+        f"model {path}: none of the execution providers {list(requested)} serves "
+        f"(the session has {list(served)}): {reasons}"
+    )
+
+
+def _files(folder: Path) -> frozenset[str]:
+    try:
+        return frozenset(p.name for p in folder.iterdir())
+    except OSError:
+        return frozenset()
+
+
+def _unbindable(
+    inputs: Sequence[TensorInput], types: Mapping[str, str], wanted: Sequence[str]
+) -> str | None:
+    """Why a model's batches cannot go through IOBinding, or None when they can: every
+    input and wanted output must be a numeric tensor (strings and ZipMap's maps cannot
+    sit in a bound buffer)."""
+    for t in inputs:
+        if t.dtype is None or t.dtype.kind == "O" or t.rank not in (1, 2):
+            return f"input {t.name!r} is {t.onnx_type}"
+    for name in wanted:
+        dtype = ONNX_DTYPES.get(types[name])
+        if dtype is None or dtype.kind == "O":
+            return f"output {name!r} is {types[name]}"
+    return None
+
+
+def _joined(parts: Sequence[Outputs]) -> Outputs:
+    """Outputs of consecutive slices of one batch, as one batch's."""
+    if len(parts) == 1:
+        return parts[0]
+    try:
+        return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+    except ValueError as exc:  # an output without a row per input row
+        raise EngineError(f"cannot join the outputs of {len(parts)} slices: {exc}") from exc
 
 
 def _tensor_input(name: str, onnx_type: str, shape: Sequence[Any] | None) -> TensorInput:

@@ -112,6 +112,19 @@ class Metrics:
             ["pipeline", "name", "version", "sha256", "provider"],
             registry=r,
         )
+        self.inference_provider = Gauge(
+            "streamfer_inference_provider",
+            "The execution provider that serves each pipeline's model, and the one the "
+            "config asked for first (value is always 1; they differ after a fallback)",
+            ["pipeline", "provider", "requested"],
+            registry=r,
+        )
+        self.device_oom_retries = Counter(
+            "streamfer_device_oom_retries",
+            "Batches halved and retried after the device (or its memory arena) ran out of memory",
+            ["pipeline"],
+            registry=r,
+        )
         self.in_flight_batches = Gauge(
             "streamfer_in_flight_batches", "Batches submitted but not yet committed", registry=r
         )
@@ -174,6 +187,8 @@ METRIC_NAMES = (
     "streamfer_feature_lookups_total",
     "streamfer_feature_store_errors_total",
     "streamfer_model_info",
+    "streamfer_inference_provider",
+    "streamfer_device_oom_retries_total",
     "streamfer_in_flight_batches",
     "streamfer_paused_partitions",
     "streamfer_assigned_partitions",

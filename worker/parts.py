@@ -17,6 +17,7 @@ from worker.engines import OnnxEngine, warm_up_sizes
 from worker.feeds import FeedPlan
 from worker.hooks import BatchHooks, load_hooks
 from worker.lookups import RedisLookups
+from worker.metrics import Metrics
 
 __all__ = ["Parts", "open_parts"]
 
@@ -33,12 +34,15 @@ def open_parts(
     *,
     model: ModelSpec | None = None,
     warm_up: Iterable[int] | None = None,
+    metrics: Metrics | None = None,
 ) -> Parts:
     """The engine of ``model`` (default: the pipeline's), checked against the config's
     inputs and run once per ``warm_up`` batch size (default: every size a worker hands
-    it, see ``warm_up_sizes``); then the lookups, each probed with the command a batch
-    sends; then the hooks. The caller closes the store; it is closed here when its
-    probe fails.
+    it, see ``warm_up_sizes``, which are also the buckets a GPU pads batches to, and
+    TensorRT builds its engine for, here); then the lookups, each probed with the
+    command a batch sends; then the hooks. The caller closes the store; it is closed
+    here when its probe fails. With ``metrics``, the engine's provider is exported and
+    its out-of-memory retries counted.
 
     Blocks while the model loads and runs and for one Redis round trip per lookup.
     Raises ``ModelMismatchError`` (the config does not fit the model's inputs),
@@ -48,11 +52,14 @@ def open_parts(
     (Redis is unreachable).
     """
     spec = config.model if model is None else model
-    engine = OnnxEngine(spec)
+    buckets = warm_up_sizes(config.batch.max_batch_size)
+    oom = metrics.device_oom_retries.labels(config.name).inc if metrics is not None else None
+    engine = OnnxEngine(spec, batch_sizes=buckets, on_device_oom=oom)
+    if metrics is not None:
+        metrics.inference_provider.labels(config.name, engine.provider, spec.providers[0]).set(1)
     plan = FeedPlan.build(config.model_copy(update={"model": spec}), engine.inputs)
     hooks = load_hooks(config.hooks, f"pipelines.{config.name}")
-    sizes = warm_up_sizes(config.batch.max_batch_size) if warm_up is None else warm_up
-    engine.warm_up(sizes, engine.example(plan.widths()))
+    engine.warm_up(buckets if warm_up is None else warm_up, engine.example(plan.widths()))
     store = RedisLookups.connect(redis, config, plan.stored_text())
     try:
         store.probe()

@@ -104,3 +104,17 @@ def write_config_with_redis(
     )
     path.write_text(text.replace("[redis]\n", f"[redis]\n{redis_lines}\n", 1))
     return path
+
+
+def scrape_metrics(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample a worker's ``/metrics`` on ``port`` serves: (name, sorted labels) -> value."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text.decode())
+        for s in family.samples
+    }

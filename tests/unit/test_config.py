@@ -518,3 +518,120 @@ def test_class_names_given_twice_is_refused(make_raw: Callable[..., Raw]) -> Non
         "outputs": {"class_names": ["b"]},
     }
     assert "class_names is given twice" in config_error(make_raw(model=model))
+
+
+# --- GPU options: [pipelines.model.cuda] and [pipelines.model.tensorrt] -------------------
+
+GPU_TOML = """
+[[pipelines]]
+name = "gpu"
+request_topics = ["req"]
+result_topic = "res"
+dead_letter_topic = "dlq"
+
+[pipelines.features]
+fields = ["f0"]
+
+[pipelines.model]
+path = "models/m.onnx"
+name = "m"
+providers = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+pad_to_buckets = true
+
+[pipelines.model.cuda]
+device_id = 1
+cudnn_conv_algo_search = "HEURISTIC"
+arena_extend_strategy = "kSameAsRequested"
+gpu_mem_limit_mb = 8192
+
+[pipelines.model.tensorrt]
+fp16 = true
+engine_cache_dir = "trt/engines"
+timing_cache_dir = "trt/timing"
+max_workspace_mb = 2048
+builder_optimization_level = 4
+"""
+
+
+def test_gpu_options_load_and_cache_dirs_resolve_against_the_config(
+    tmp_path: Path, model_file: Path
+) -> None:
+    path = tmp_path / "gpu.toml"
+    path.write_text(GPU_TOML)
+    model = load_config(path, environ={}).pipelines[0].model
+    assert model.providers[0] == "TensorrtExecutionProvider"
+    assert (model.cuda.device_id, model.cuda.cudnn_conv_algo_search) == (1, "HEURISTIC")
+    assert (model.cuda.arena_extend_strategy, model.cuda.gpu_mem_limit_mb) == (
+        "kSameAsRequested",
+        8192,
+    )
+    trt = model.tensorrt
+    assert trt.fp16 and trt.max_workspace_mb == 2048 and trt.builder_optimization_level == 4
+    assert trt.engine_cache_dir == tmp_path / "trt" / "engines"
+    assert trt.timing_cache_dir == tmp_path / "trt" / "timing"
+    assert trt.engine_cache_dir.is_dir() and trt.timing_cache_dir.is_dir()  # made at load
+    assert (model.pad_to_buckets, model.io_binding) == (True, None)
+
+
+def test_gpu_options_default_to_runtimes_own_and_automatic_padding(
+    make_raw: Callable[..., Raw],
+) -> None:
+    model = parse_config(make_raw(), environ={}).pipelines[0].model
+    assert model.cuda.model_dump() == {
+        "device_id": 0,
+        "cudnn_conv_algo_search": "EXHAUSTIVE",
+        "arena_extend_strategy": "kNextPowerOfTwo",
+        "gpu_mem_limit_mb": None,
+    }
+    assert model.tensorrt.engine_cache_dir is None and not model.tensorrt.fp16
+    assert (model.pad_to_buckets, model.io_binding) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"cuda": {"cudnn_conv_algo_search": "FAST"}}, "model.cuda.cudnn_conv_algo_search"),
+        ({"cuda": {"arena_extend_strategy": "grow"}}, "model.cuda.arena_extend_strategy"),
+        ({"cuda": {"gpu_mem_limit_mb": 0}}, "model.cuda.gpu_mem_limit_mb"),
+        ({"cuda": {"use_io_binding": True}}, "model.cuda.use_io_binding"),
+        ({"tensorrt": {"builder_optimization_level": 6}}, "tensorrt.builder_optimization_level"),
+        ({"tensorrt": {"fp8": True}}, "model.tensorrt.fp8"),
+        ({"pad_to_buckets": False, "io_binding": True}, "io_binding = true needs pad_to_buckets"),
+    ],
+)
+def test_bad_gpu_options_name_the_field(
+    make_raw: Callable[..., Raw], options: dict[str, Any], field: str
+) -> None:
+    model = {"path": raw_model_path(make_raw), "name": "m", **options}
+    assert field in config_error(make_raw(model=model))
+
+
+@pytest.mark.parametrize("which", ["engine_cache_dir", "timing_cache_dir"])
+def test_a_tensorrt_cache_dir_that_cannot_be_written_stops_start_up(
+    make_raw: Callable[..., Raw], tmp_path: Path, which: str
+) -> None:
+    not_a_dir = tmp_path / "cache-file"
+    not_a_dir.write_text("a file where the cache folder should be")
+    under_a_file = not_a_dir / "engines"
+    for folder, why in ((not_a_dir, "is not a directory"), (under_a_file, "cannot be created")):
+        model = {
+            "path": raw_model_path(make_raw),
+            "name": "m",
+            "providers": ["TensorrtExecutionProvider", "CPUExecutionProvider"],
+            "tensorrt": {which: str(folder)},
+        }
+        msg = config_error(make_raw(model=model))
+        assert f"pipelines[0].model.tensorrt.{which}: {folder} {why}" in msg
+    # the same folder is not looked at when TensorRT is not asked for
+    model = {"path": raw_model_path(make_raw), "name": "m", "tensorrt": {which: str(not_a_dir)}}
+    parse_config(make_raw(model=model), environ={})
+
+
+def test_gpu_options_from_the_environment(make_raw: Callable[..., Raw]) -> None:
+    env = {
+        "STREAMFER_PIPELINES__0__MODEL__CUDA__DEVICE_ID": "3",
+        "STREAMFER_PIPELINES__0__MODEL__TENSORRT__FP16": "true",
+        "STREAMFER_PIPELINES__0__MODEL__PAD_TO_BUCKETS": "false",
+    }
+    model = parse_config(make_raw(), environ=env).pipelines[0].model
+    assert (model.cuda.device_id, model.tensorrt.fp16, model.pad_to_buckets) == (3, True, False)

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper
 
 from streamfer_dev.modelgen import DemoModel
 from worker.config import ModelSpec
-from worker.engines import ENGINES, OnnxEngine, file_sha256, warm_up_sizes
+from worker.engines import ENGINES, OnnxEngine, file_sha256, is_device_oom, warm_up_sizes
 from worker.errors import EngineError
 
 SpecFactory = Callable[..., ModelSpec]
@@ -533,3 +533,307 @@ def test_class_names_need_an_integer_label(two_input_model: Path) -> None:
     )
     with pytest.raises(EngineError, match="class_names needs a result field 'label'"):
         OnnxEngine(spec)
+
+
+# --- buckets, IOBinding, out-of-memory and provider fallback ----------------------------
+# What a GPU serves with, run here by the CPU provider: the same code paths.
+
+
+def _recording(engine: OnnxEngine) -> list[int]:
+    """Rows of every batch that reaches ONNX Runtime through ``session.run``."""
+    seen: list[int] = []
+    real = engine._run
+
+    def run(names: Any, feeds: Any) -> Any:
+        seen.append(len(next(iter(feeds.values()))))
+        return real(names, feeds)
+
+    engine._run = run
+    return seen
+
+
+def _recording_bound(engine: OnnxEngine, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Rows of every batch run through IOBinding, as its bound output holds them."""
+    seen: list[int] = []
+    session = engine._session
+    real = session.run_with_iobinding
+
+    def run(binding: Any, run_options: Any = None) -> None:
+        real(binding, run_options)
+        seen.append(binding.get_outputs()[0].shape()[0])
+
+    monkeypatch.setattr(session, "run_with_iobinding", run)
+    return seen
+
+
+SIZES_100 = warm_up_sizes(100)
+
+
+@pytest.mark.parametrize("io_binding", [False, True], ids=["padded", "padded+iobinding"])
+def test_every_batch_size_reaches_the_model_only_at_bucket_sizes(
+    make_spec: SpecFactory,
+    classifier: DemoModel,
+    monkeypatch: pytest.MonkeyPatch,
+    io_binding: bool,
+) -> None:
+    plain = OnnxEngine(make_spec())
+    padded = OnnxEngine(
+        make_spec(pad_to_buckets=True, io_binding=io_binding), batch_sizes=SIZES_100
+    )
+    assert (padded.padded, padded.io_binding) == (True, io_binding)
+    seen = _recording_bound(padded, monkeypatch) if io_binding else _recording(padded)
+    x = np.tile(classifier.features, (2, 1))
+    for rows in [*range(1, 101), 101, 250]:  # and larger than the largest: slices of it
+        want = plain.infer(x[:rows])
+        got = padded.infer(x[:rows])
+        assert set(got) == set(want)
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"{rows} rows")
+    assert set(seen) == set(SIZES_100)
+    assert seen[-3:] == [100, 100, 64]  # 250 rows: 100 + 100 + 50 (at 64)
+
+
+def test_string_and_zipmap_models_pad_too_but_are_not_bound(
+    two_input_model: Path,
+    exported: Callable[[str], tuple[Any, Data, OnnxEngine]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    spec = ModelSpec(path=two_input_model, name="two", pad_to_buckets=True, io_binding=True)
+    with caplog.at_level("INFO", logger="worker.engines"):
+        engine = OnnxEngine(spec, batch_sizes=[1, 2, 4, 8])
+    assert "no IOBinding (input 'cat' is tensor(string))" in caplog.text
+    assert engine.padded and not engine.io_binding
+    seen = _recording(engine)
+    cats = np.array([["FR", "vip"], ["DE", "smb"], ["FR", "smb"]] * 2, dtype=object)
+    plain = OnnxEngine(ModelSpec(path=two_input_model, name="two"))
+    for rows in range(1, 7):
+        got, want = engine.infer({"cat": cats[:rows]}), plain.infer({"cat": cats[:rows]})
+        np.testing.assert_array_equal(got["label"], want["label"])
+        np.testing.assert_allclose(got["scores"], want["scores"], rtol=0, atol=0)
+    assert set(seen) == {1, 2, 4, 8}
+    model, (x, _y), zipmap = exported("multiclass-str")
+    zipmap_padded = OnnxEngine(
+        ModelSpec(path=zipmap._path, name="z", pad_to_buckets=True, io_binding=True),
+        batch_sizes=[4, 16],
+    )
+    assert not zipmap_padded.io_binding  # its scores are a list of maps
+    for rows in (1, 5, 16, 40):
+        out = zipmap_padded.infer(x[:rows])
+        np.testing.assert_allclose(out["scores"], model.predict_proba(x[:rows]), atol=1e-5)
+    zipmap_padded.warm_up([4, 16])
+
+
+def test_a_bound_engine_keeps_no_state_between_batches(
+    make_spec: SpecFactory, classifier: DemoModel
+) -> None:
+    engine = OnnxEngine(make_spec(pad_to_buckets=True, io_binding=True), batch_sizes=[8])
+    plain = OnnxEngine(make_spec())
+    x = classifier.features
+    first = engine.infer(x[:7])
+    second = engine.infer(x[100:103])  # same bucket, fewer rows: row 0 pads the rest
+    for got, rows in ((first, x[:7]), (second, x[100:103])):
+        want = plain.infer(rows)
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name])
+
+
+def test_warm_up_on_a_gpu_provider_runs_the_largest_size_first(
+    make_spec: SpecFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = OnnxEngine(make_spec())
+    seen = _recording(engine)
+    engine.warm_up([1, 2, 4, 8])
+    monkeypatch.setattr(engine, "provider", "CUDAExecutionProvider")
+    engine.warm_up([1, 2, 4, 8])
+    assert seen == [1, 2, 4, 8, 8, 1, 2, 4]
+
+
+# ONNX Runtime's words for a failed arena allocation (microsoft/onnxruntime#22702).
+ARENA_OOM = (
+    "[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Non-zero status code returned while "
+    "running MatMul node. Name:'MatMul' Status Message: /onnxruntime_src/onnxruntime/core/"
+    "framework/bfc_arena.cc:376 void* onnxruntime::BFCArena::AllocateRawInternal(size_t, "
+    "bool, onnxruntime::Stream*, bool, onnxruntime::WaitNotificationFn) Failed to allocate "
+    "memory for requested buffer of size 4194304"
+)
+CUDA_OOM = (
+    "[ONNXRuntimeError] : 1 : FAIL : /onnxruntime_src/onnxruntime/core/providers/cuda/"
+    "cuda_call.cc:114 onnxruntime::CudaCall CUDA failure 2: out of memory ; GPU=0"
+)
+
+
+def _oom_above(engine: OnnxEngine, limit: int, message: str) -> list[int]:
+    """Make the engine's Runtime calls fail as a full device does, above ``limit`` rows;
+    smaller batches run for real. Returns the rows of every call."""
+    calls: list[int] = []
+    real = engine._run
+
+    def run(names: Any, feeds: Any) -> Any:
+        rows = len(next(iter(feeds.values())))
+        calls.append(rows)
+        if rows > limit:
+            raise onnxruntime.capi.onnxruntime_pybind11_state.RuntimeException(message)
+        return real(names, feeds)
+
+    engine._run = run
+    return calls
+
+
+@pytest.mark.parametrize("message", [ARENA_OOM, CUDA_OOM], ids=["arena", "cuda"])
+def test_out_of_memory_halves_the_batch_and_counts_each_halving(
+    make_spec: SpecFactory,
+    classifier: DemoModel,
+    caplog: pytest.LogCaptureFixture,
+    message: str,
+) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from worker.metrics import Metrics
+
+    registry = CollectorRegistry()
+    counter = Metrics(registry).device_oom_retries.labels("fraud")
+    engine = OnnxEngine(make_spec(), on_device_oom=counter.inc)
+    want = OnnxEngine(make_spec()).infer(classifier.features[:200])
+    calls = _oom_above(engine, 60, message)
+    with caplog.at_level("WARNING", logger="worker.engines"):
+        got = engine.infer(classifier.features[:200])
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+    # 200 -> 100 + 100 -> 50 + 50 + 50 + 50: three halvings, four runs that fit
+    assert calls == [200, 100, 50, 50, 100, 50, 50]
+    assert (
+        registry.get_sample_value("streamfer_device_oom_retries_total", {"pipeline": "fraud"}) == 3
+    )
+    assert caplog.text.count("out of device memory on 200 rows") == 1  # once per batch
+
+
+def test_one_row_that_does_not_fit_is_an_engine_error(make_spec: SpecFactory) -> None:
+    engine = OnnxEngine(make_spec())
+    calls = _oom_above(engine, 0, ARENA_OOM)
+    with pytest.raises(EngineError, match=r"model run failed on 1 rows: .*Failed to allocate"):
+        engine.infer(np.zeros((4, 30), dtype=np.float32))
+    assert calls == [4, 2, 1]  # the first half's last row fails, and with it the batch
+
+
+def test_other_errors_are_not_halved(make_spec: SpecFactory) -> None:
+    counted: list[int] = []
+    engine = OnnxEngine(make_spec(), on_device_oom=lambda: counted.append(1))
+    with pytest.raises(EngineError, match="model run failed on 8 rows"):
+        engine.infer(np.zeros((8, 5), dtype=np.float32))  # wrong width
+    assert counted == []
+
+
+def test_a_real_arena_out_of_memory_is_halved(tmp_path: Path) -> None:
+    """ONNX Runtime's own allocation failure, on the CPU: a session whose arena is capped
+    at 6 MiB (a shared environment allocator) stands in for a full device. 1024 rows need
+    16 MiB for the hidden layer, 256 rows fit."""
+    hidden = 4096
+    rng = np.random.default_rng(0)
+    w1 = rng.standard_normal((16, hidden)).astype(np.float32)
+    w2 = rng.standard_normal((hidden, 2)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["X", "w1"], ["h"]),
+            helper.make_node("Relu", ["h"], ["r"]),
+            helper.make_node("MatMul", ["r", "w2"], ["Y"]),
+        ],
+        "wide",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 16])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 2])],
+        initializer=[
+            onnx.numpy_helper.from_array(w1, "w1"),
+            onnx.numpy_helper.from_array(w2, "w2"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "wide.onnx"
+    path.write_bytes(model.SerializeToString())
+    info = onnxruntime.OrtMemoryInfo(
+        "Cpu", onnxruntime.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, onnxruntime.OrtMemType.DEFAULT
+    )
+    try:
+        onnxruntime.create_and_register_allocator(
+            info, onnxruntime.OrtArenaCfg(6 * 1024 * 1024, 1, -1, -1)
+        )
+    except Exception as exc:  # registered once per process
+        assert "already" in str(exc).lower()
+    options = onnxruntime.SessionOptions()
+    options.add_session_config_entry("session.use_env_allocators", "1")
+    capped = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((1024, 16)).astype(np.float32)
+    with pytest.raises(Exception, match="BFCArena") as info_:
+        capped.run(None, {"X": x})
+    assert is_device_oom(info_.value)
+
+    halvings: list[int] = []
+    engine = OnnxEngine(ModelSpec(path=path, name="wide"), on_device_oom=lambda: halvings.append(1))
+    engine._run = capped.run
+    got = engine.infer(x)["Y"]
+    np.testing.assert_allclose(
+        got, OnnxEngine(ModelSpec(path=path, name="wide")).infer(x)["Y"], rtol=1e-5
+    )
+    assert 1 <= len(halvings) <= 3  # 1024 -> 512s -> 256s fit within the cap
+
+
+def test_requested_cuda_on_the_cpu_build_falls_back_with_the_reason(
+    make_spec: SpecFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING", logger="worker.engines"):
+        engine = OnnxEngine(
+            make_spec(
+                providers=[
+                    "TensorrtExecutionProvider",
+                    "CUDAExecutionProvider",
+                    "CPUExecutionProvider",
+                ]
+            )
+        )
+    assert engine.provider == "CPUExecutionProvider"
+    assert engine.requested[0] == "TensorrtExecutionProvider"
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(lines) == 2, lines  # one each, in the order they were asked for
+    assert lines[0].startswith("model m.onnx: TensorrtExecutionProvider does not serve: this is")
+    assert lines[1].startswith("model m.onnx: CUDAExecutionProvider does not serve: this is")
+    for line in lines:
+        assert "CPU build of ONNX Runtime (onnxruntime " in line
+    assert lines[0].endswith("; falling back to CUDAExecutionProvider")
+    assert lines[1].endswith("; CPUExecutionProvider serves instead")
+    assert not engine.padded and not engine.io_binding  # CPU serves: no padding by default
+
+
+def test_a_gpu_provider_alone_that_cannot_serve_stops_start_up(make_spec: SpecFactory) -> None:
+    with pytest.raises(EngineError, match="none of the execution providers") as info:
+        OnnxEngine(make_spec(providers=["CUDAExecutionProvider"]))
+    assert "CUDAExecutionProvider: this is the CPU build of ONNX Runtime" in str(info.value)
+
+
+@pytest.mark.filterwarnings("ignore:Specified provider")
+def test_an_offered_provider_whose_library_is_missing_is_named(
+    make_spec: SpecFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As on a GPU build whose CUDA libraries are missing: Runtime says it offers the
+    provider, the session comes up without it, and the warning names the library."""
+    offered = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: offered)
+    with caplog.at_level("WARNING", logger="worker.engines"):
+        engine = OnnxEngine(make_spec(providers=offered), batch_sizes=[1, 2, 4])
+    assert engine.provider == "CPUExecutionProvider"
+    assert "TensorrtExecutionProvider does not serve: its library " in caplog.text
+    assert "libonnxruntime_providers_tensorrt.so is not in " in caplog.text
+    assert "CUDAExecutionProvider does not serve: its library " in caplog.text
+
+
+def test_the_device_oom_patterns_match_runtimes_words() -> None:
+    for text in (
+        ARENA_OOM,
+        CUDA_OOM,
+        "BFCArena::AllocateRawInternal(size_t, bool, onnxruntime::Stream*) Available memory "
+        "of 3380992 is smaller than requested bytes of 16777216",
+        "CUBLAS failure 3: CUBLAS_STATUS_ALLOC_FAILED ; GPU=0",
+        "CUDNN failure 4: CUDNN_STATUS_ALLOC_FAILED",
+        "[TensorRT EP] Cuda Error in allocate: 2 (out of memory)",
+        "cudaErrorMemoryAllocation: out of memory",
+    ):
+        assert is_device_oom(RuntimeError(text)), text
+    assert not is_device_oom(RuntimeError("Got invalid dimensions for input: X"))
