@@ -3,7 +3,7 @@ the GPU, ONNX Runtime alone and the worker's own inference stage, with ratios.
 
 The model is the heavy benchmark model (``benchmarks.models.make_model("heavy")``: the
 MLP 1024-1024-1024-512 that skl2onnx exports; ``benchmarks/gpu_prepare.sh`` writes it and
-its FP16 copy, made with onnxconverter-common, to ``.gpu/`` for a machine that can make
+its FP16 copy, made with the model tools' converter, to ``.gpu/`` for a machine that can make
 neither). At batch 256 it times:
 
 - ONNX Runtime alone (``session.run``): CPU with one thread (the worker's default) and
@@ -33,7 +33,6 @@ import platform
 import sys
 import tempfile
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -128,7 +127,7 @@ def _features() -> Array:
 
 def _models(model: Path | None, fp16: Path | None, report: Report) -> tuple[Path, Path | None]:
     """The heavy model and its FP16 copy: as given, or made here (needs the demo extra
-    and onnxconverter-common, which the device machine lacks: carry ``.gpu/``)."""
+    which the device machine lacks: carry ``.gpu/``)."""
     if model is not None and model.is_file():
         return model, fp16 if fp16 is not None and fp16.is_file() else None
     folder = Path(tempfile.mkdtemp(prefix="streamfer-gpu-check-"))
@@ -146,21 +145,17 @@ def _models(model: Path | None, fp16: Path | None, report: Report) -> tuple[Path
 
 
 def make_fp16(model: Path, out: Path, report: Report | None = None) -> Path | None:
-    """The model with float16 weights and float32 inputs and outputs (onnxconverter-common;
-    skl2onnx's Cast nodes kept as they are, since the converter mistypes them)."""
+    """The model with float16 weights and float32 inputs and outputs, made by
+    ``streamfer model optimize --fp16``'s converter (ONNX Runtime's own, which needs onnx)."""
     try:
         import onnx
-        from onnxconverter_common import float16
+
+        from worker.model_optimize import convert_fp16
     except ImportError as exc:
         if report is not None:
             report.skipped.append(("FP16 model", f"cannot convert here: {exc}"))
         return None
-    graph = onnx.load(str(model))
-    casts = [n.name for n in graph.graph.node if n.op_type == "Cast"]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        half = float16.convert_float_to_float16(graph, keep_io_types=True, node_block_list=casts)
-    onnx.save(half, str(out))
+    convert_fp16(onnx.load(str(model)), out, model)
     return out
 
 
