@@ -294,7 +294,7 @@ class Supervisor:
         ).set(plan.processes)
         restarts = Counter(
             "streamfer_supervisor_restarts",
-            "Times a worker process was started again after it exited",
+            "Times a worker process exited and was to be started again",
             ["process"],
             registry=r,
         )
@@ -380,17 +380,35 @@ class Supervisor:
         log.info("process %d started: pid %d", child.index, child.process.pid)
 
     def _exited(self, child: _Child, code: int) -> None:
+        """Record how a child ended and decide what follows: nothing while stopping, a stop
+        of all after exit 2, done (burst mode, exit 0), or a start after the backoff."""
         ran_s = self._clock() - child.started_at
-        with self._lock:
-            pid = child.process.pid if child.process is not None else -1
+        pid = child.process.pid if child.process is not None else -1
+        fatal = code == 2 and not self.stopping
+        restart = not self.stopping and not fatal and not (code == 0 and self._plan.burst)
+        delay = 0.0
+        if restart:
+            delay, child.quick_failures = self._plan.restart.after_exit(child.quick_failures, ran_s)
+        with self._lock:  # one step, so that /readyz never sees it half done
             child.process = None
             child.port = None
             child.exit_code = code
-        status = self._status(child)
-        if self.stopping:
-            log.info("process %d (pid %d) stopped: %s", child.index, pid, status.exit_text())
-            return
-        if code == 2:
+            child.done = code == 0 and self._plan.burst and not self.stopping
+            if restart:
+                child.restart_at = self._clock() + delay
+                child.restarts += 1
+        how = self._status(child).exit_text()
+        if restart:
+            self._restarts[child.index].inc()
+            log.warning(
+                "process %d (pid %d) exited after %.1fs (%s): restarting it in %.1fs",
+                child.index,
+                pid,
+                ran_s,
+                how,
+                delay,
+            )
+        elif fatal:
             log.error(
                 "process %d (pid %d) refused its configuration (exit code 2): not restarting "
                 "it; stopping the others",
@@ -399,24 +417,10 @@ class Supervisor:
             )
             self._fatal = True
             self._begin_stop()
-            return
-        if code == 0 and self._plan.burst:
+        elif child.done:
             log.info("process %d (pid %d) finished", child.index, pid)
-            child.done = True
-            return
-        delay, child.quick_failures = self._plan.restart.after_exit(child.quick_failures, ran_s)
-        with self._lock:
-            child.restart_at = self._clock() + delay
-            child.restarts += 1
-        self._restarts[child.index].inc()
-        log.warning(
-            "process %d (pid %d) exited after %.1fs (%s): restarting it in %.1fs",
-            child.index,
-            pid,
-            ran_s,
-            status.exit_text(),
-            delay,
-        )
+        else:
+            log.info("process %d (pid %d) stopped: %s", child.index, pid, how)
 
     def _begin_stop(self) -> None:
         self._stop_deadline = self._clock() + self._plan.stop_timeout_s
