@@ -6,6 +6,9 @@ command line (or, for streamfer, the worker config via ``streamfer_dev.harness``
 ``Job``: where Kafka and Redis are, which topics and group, which model and fields.
 Every contender announces its assignment with a log line containing ``owning N
 partitions``; ``Launched.wait_ready`` waits until together they own every partition.
+``streamfer_2p`` is one ``streamfer run --processes 2``: a supervisor whose two workers
+log to its file, each line naming its process index; its CPU time and memory are its
+workers' too (``Launched.pids`` includes the processes' descendants).
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 Layout = Literal["hash", "packed"]
 
-KAFKA_CONTENDERS = ("streamfer", "streamfer_2w", "naive", "faust", "passthrough")
+KAFKA_CONTENDERS = ("streamfer", "streamfer_2w", "streamfer_2p", "naive", "faust", "passthrough")
 
 _OWNING = re.compile(r"owning (\d+) partitions")
+_OWNING_BY_INDEX = re.compile(r"\[\d+ process (\d+)\] .*owning (\d+) partitions")
 
 
 @dataclass(frozen=True)
@@ -71,9 +75,12 @@ class Launched:
     name: str
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
+    members_per_log: int = 1
+    """Group members logging to each file: a supervisor's workers share its log."""
 
     def pids(self) -> list[int]:
-        return [p.pid for p in self.processes]
+        """The processes and their descendants (a supervisor's workers)."""
+        return [pid for p in self.processes for pid in _with_descendants(p.pid)]
 
     def alive(self) -> bool:
         return any(p.poll() is None for p in self.processes)
@@ -93,8 +100,7 @@ class Launched:
             for proc, path in zip(self.processes, self.logs, strict=True):
                 if proc.poll() is not None:
                     raise StackError(f"{self.name} exited early:\n{self.log_tail()}")
-                found = _OWNING.findall(path.read_text(errors="replace"))
-                owned.append(int(found[-1]) if found else 0)
+                owned += _owned(path.read_text(errors="replace"), self.members_per_log)
             each = all(owned) or len(owned) > partitions
             if each and sum(owned) >= partitions:
                 return
@@ -120,6 +126,8 @@ def launch(name: str, job: Job) -> Launched:
     """Start the named contender on ``job``."""
     if name in ("streamfer", "streamfer_2w"):
         return _streamfer(name, job, 2 if name == "streamfer_2w" else 1)
+    if name == "streamfer_2p":
+        return _streamfer(name, job, 1, processes=2)
     if name == "naive":
         argv = [
             "-m",
@@ -182,7 +190,28 @@ def _spawn(name: str, job: Job, argvs: list[list[str]], env: dict[str, str]) -> 
     return launched
 
 
-def _streamfer(name: str, job: Job, workers: int) -> Launched:
+def _owned(log: str, members: int) -> list[int]:
+    """Each member's latest ``owning N partitions`` in one log (0 until it has one)."""
+    if members == 1:
+        found = _OWNING.findall(log)
+        return [int(found[-1]) if found else 0]
+    latest = {int(index): int(n) for index, n in _OWNING_BY_INDEX.findall(log)}
+    return [latest.get(i, 0) for i in range(members)]
+
+
+def _with_descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (Linux ``/proc/<pid>/task/*/children``)."""
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def _streamfer(name: str, job: Job, workers: int, processes: int = 1) -> Launched:
     config = job.workdir / f"{name}-{job.group}.toml"
     config.write_text(
         worker_config_toml(
@@ -207,10 +236,11 @@ def _streamfer(name: str, job: Job, workers: int) -> Launched:
         "STREAMFER_PIPELINES__0__BATCH__MODE": job.batch_mode,
         "STREAMFER_PIPELINES__0__SOURCE_HEADERS": "true" if job.source_headers else "false",
     }
-    launched = Launched(name)
+    launched = Launched(name, members_per_log=processes)
+    args = ("--processes", str(processes)) if processes > 1 else ()
     for i in range(workers):
         log_path = job.workdir / f"{name}-{job.group}-{i}.log"
-        worker = WorkerProcess(config, log_path, env).start()
+        worker = WorkerProcess(config, log_path, env, args=args).start()
         assert worker.process is not None
         launched.processes.append(worker.process)
         launched.logs.append(log_path)

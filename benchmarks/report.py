@@ -1,10 +1,11 @@
 """Turning a benchmark report into ratios and a plain-text table.
 
 ``ratios`` compares streamfer's records/s with each baseline's and ceiling's (and p99
-latency the other way); ``format_table`` prints the report as ``python -m
-benchmarks.run`` shows it: a header naming the model, load, settings, commit and machine
-load, one row per contender, the ratios, ONNX Runtime's rows/s by batch size, any log
-tail of a contender that failed, and the top py-spy frames when sampled.
+latency the other way), and two workers' (``streamfer_2w``, ``streamfer_2p``) with one's;
+``format_table`` prints the report as ``python -m benchmarks.run`` shows it: a header
+naming the model, load, settings, commit and machine load, one row per contender, the
+ratios, ONNX Runtime's rows/s by batch size, any log tail of a contender that failed, and
+the top py-spy frames when sampled.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def ratios(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "slowest_ceiling": slowest,
         "streamfer_vs_ort_alone": over(sf, rps("ort_alone")),
         "streamfer_2w_vs_streamfer": over(rps("streamfer_2w"), sf),
+        "streamfer_2p_vs_streamfer": over(rps("streamfer_2p"), sf),
+        "streamfer_2p_vs_streamfer_2w": over(rps("streamfer_2p"), rps("streamfer_2w")),
         "p99_faust_over_streamfer": over(p99("faust"), p99("streamfer")),
         "p99_naive_over_streamfer": over(p99("naive"), p99("streamfer")),
     }

@@ -4,11 +4,12 @@ On the local stack (Apache Kafka from ``streamfer_dev.stack.start_kafka`` and ``
 ``KAFKA_BOOTSTRAP_SERVERS`` / ``REDIS_URL``) it makes the chosen model (``--model
 light|heavy``), seeds Redis with one feature hash per data-set row, and measures, each on
 fresh topics and a fresh consumer group: streamfer with one and with two worker
-processes, the naive per-record loop, the faust-streaming agent and the Kafka passthrough
-(all separate processes), then ONNX Runtime alone and Redis pipelined HMGET alone (in
-process). ``--mode backlog`` writes all records before the contender starts and times
-the drain; ``--mode steady`` starts the contender, waits for its assignment, then produces
-open-loop at ``--rate`` records/s. It prints a table, or one JSON object with ``--json``.
+processes (two ``streamfer run``, and one ``streamfer run --processes 2``), the naive
+per-record loop, the faust-streaming agent and the Kafka passthrough (all separate
+processes), then ONNX Runtime alone and Redis pipelined HMGET alone (in process).
+``--mode backlog`` writes all records before the contender starts and times the drain;
+``--mode steady`` starts the contender, waits for its assignment, then produces open-loop
+at ``--rate`` records/s. It prints a table, or one JSON object with ``--json``.
 """
 
 from __future__ import annotations
@@ -307,6 +308,8 @@ def _run_kafka_contender(
     row = summarize(reading, backlog=backlog, rss_mb=rss, warmup_s=_warmup_s(opts))
     if name == "streamfer_2w":
         row["workers"] = 2
+    if name == "streamfer_2p":
+        row["processes"] = 2
     if reading.timed_out:
         row["error"] = "stalled or exited before every result arrived"
         row["log_tail"] = launched.log_tail()

@@ -108,12 +108,14 @@ version = "1"
 
 @dataclass
 class WorkerProcess:
-    """One ``streamfer run`` process; its log goes to a file."""
+    """One ``streamfer run`` process (``args`` appended: ``--processes 2``, say); its log
+    goes to a file."""
 
     config_path: Path
     log_path: Path
     env: dict[str, str] | None = None
     process: subprocess.Popen[bytes] | None = None
+    args: tuple[str, ...] = ()
 
     def start(self) -> WorkerProcess:
         # The config file is the whole truth for these workers: no STREAMFER_ overrides
@@ -122,7 +124,15 @@ class WorkerProcess:
         env.update(self.env or {})
         with self.log_path.open("ab") as log_file:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "worker", "run", "--config", str(self.config_path)],
+                [
+                    sys.executable,
+                    "-m",
+                    "worker",
+                    "run",
+                    "--config",
+                    str(self.config_path),
+                    *self.args,
+                ],
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

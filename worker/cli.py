@@ -3,7 +3,9 @@ slice of history, show or reset a group's offsets, and inspect or optimize a mod
 
 Signal handlers only set a flag: the first SIGTERM or SIGINT asks the worker to drain,
 commit and leave the group; a second one exits at once (uncommitted records are then
-consumed again by the group).
+consumed again by the group). ``run --processes N`` runs a supervisor of N workers
+(``worker.supervisor``), which forwards the first signal to them and SIGKILLs them on the
+second; a worker it started drains on a signal and leaves repeats to it.
 
 Exit codes: 0 clean stop, 1 the worker failed, 2 bad configuration or usage.
 """
@@ -18,9 +20,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from worker import __version__
 from worker.errors import ConfigError, StreamferError
+
+if TYPE_CHECKING:
+    from worker.config import WorkerConfig
 
 __all__ = ["main"]
 
@@ -64,6 +70,14 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="drain and exit after this many seconds without records",
+    )
+    run.add_argument(
+        "--processes",
+        metavar="N",
+        default=None,
+        help="worker processes on this host, each a member of the group: a number, or "
+        "auto for the usable cores; more than 1 runs a supervisor that restarts them and "
+        "serves their metrics and probes as one (default 1) [env: STREAMFER_PROCESSES]",
     )
     run.set_defaults(func=_cmd_run)
 
@@ -343,13 +357,34 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from worker.config import load_config
     from worker.health import HealthServer, HealthState
     from worker.logs import setup_logging
+    from worker.supervisor import (
+        PROCESSES_ENV,
+        follow_supervisor,
+        parse_processes,
+        supervised_index,
+    )
 
+    given = args.processes is not None
+    try:
+        processes = parse_processes(args.processes if given else os.environ.get(PROCESSES_ENV, "1"))
+    except ConfigError as exc:
+        where = "--processes" if given else f"{PROCESSES_ENV} (the default of --processes)"
+        print(f"streamfer: {where}: {exc}", file=sys.stderr)
+        return 2
+    index = supervised_index(os.environ)
+    if index is not None and not follow_supervisor(os.environ):
+        print("streamfer: the supervisor that started this worker is gone", file=sys.stderr)
+        return 1
     try:
         config = load_config(args.config)
     except ConfigError as exc:
         print(f"streamfer: {exc}", file=sys.stderr)
         return 2
-    setup_logging(config.log_format, getattr(logging, config.log_level.upper()))
+    if processes > 1 and index is None:
+        return _run_supervisor(args, config, processes)
+    setup_logging(
+        config.log_format, getattr(logging, config.log_level.upper()), process_index=index
+    )
     # Probes answer from the start: /readyz says why not ready while models load and
     # until a broker answers.
     registry = CollectorRegistry()
@@ -362,7 +397,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except StreamferError as exc:
         log.error("cannot start: %s", exc)
         return 2 if isinstance(exc, ConfigError) else 1
-    _install_signal_handlers(worker.stop)
+    _install_signal_handlers(worker.stop, repeat_exits=index is None)
     log.info(
         "streamfer %s: group %s, pipelines %s",
         __version__,
@@ -376,6 +411,60 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 1
     log.info("stopped cleanly")
     return 0
+
+
+def _run_supervisor(args: argparse.Namespace, config: WorkerConfig, processes: int) -> int:
+    """``run --processes N``: N workers of the group under one supervisor, whose merged
+    /metrics, /healthz and /readyz take the configured address."""
+    from prometheus_client import CollectorRegistry
+
+    from worker.health import HttpEndpoint
+    from worker.logs import setup_logging
+    from worker.metrics_merge import MergedEndpoints
+    from worker.supervisor import Supervisor, plan_for
+
+    setup_logging(config.log_format, getattr(logging, config.log_level.upper()))
+    registry = CollectorRegistry()
+    plan = plan_for(
+        config, args.config, processes, burst_idle_s=args.burst_idle_s, environ=os.environ
+    )
+    supervisor = Supervisor(plan, registry)
+    _install_signal_handlers(supervisor.signalled, repeat_exits=False)
+    merged: MergedEndpoints | None = None
+    server: HttpEndpoint | None = None
+    if config.metrics.port is not None:
+        merged = MergedEndpoints(
+            supervisor.children,
+            registry,
+            stopping=lambda: supervisor.stopping,
+            threads=min(64, 2 * processes),
+        )
+        try:
+            server = HttpEndpoint(merged.respond, config.metrics.host, config.metrics.port)
+        except OSError as exc:
+            where = f"{config.metrics.host}:{config.metrics.port}"
+            log.error("cannot serve metrics on %s (metrics.host, metrics.port): %s", where, exc)
+            return 1
+        server.start()
+        log.info(
+            "supervisor: metrics, /healthz and /readyz of %d processes on http://%s:%d",
+            processes,
+            config.metrics.host,
+            server.port,
+        )
+    log.info(
+        "streamfer %s: supervising %d worker processes of group %s",
+        __version__,
+        processes,
+        config.kafka.group_id,
+    )
+    try:
+        return supervisor.run()
+    finally:
+        if server is not None:
+            server.stop()
+        if merged is not None:
+            merged.close()
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -561,15 +650,24 @@ def _failed(command: str, exc: StreamferError) -> int:
     return 2 if isinstance(exc, ConfigError) else 1
 
 
-def _install_signal_handlers(stop: object) -> None:
+def _install_signal_handlers(stop: object, *, repeat_exits: bool = True) -> None:
+    """SIGTERM and SIGINT call ``stop``; with ``repeat_exits`` a second one exits at once,
+    without it every one calls ``stop`` (a supervisor counts them; a worker it started
+    leaves the hard stop to it, which a process manager signalling the whole group twice
+    must not trigger)."""
     assert callable(stop)
     state = {"signals": 0}
 
     def handler(signum: int, _frame: FrameType | None) -> None:
         state["signals"] += 1
-        if state["signals"] > 1:
+        if state["signals"] > 1 and repeat_exits:
             os._exit(128 + signum)
-        log.info("signal %d: draining; send again to exit at once", signum)
+        if state["signals"] == 1:
+            log.info(
+                "signal %d: draining%s",
+                signum,
+                "; send again to exit at once" if repeat_exits else "",
+            )
         stop()
 
     signal.signal(signal.SIGTERM, handler)

@@ -5,7 +5,9 @@ attributes suffice) and read by the HTTP thread. ``/healthz`` answers 200 while 
 keeps turning (503 while the models load); ``/readyz`` answers 200 when the worker owns
 partitions (or is waiting for an assignment in a group that has none for it), its models
 are loaded and the broker and the feature store answer, else 503 with the reasons;
-``/metrics`` is Prometheus text from the worker's own registry.
+``/metrics`` is Prometheus text from the worker's own registry. ``HttpEndpoint`` is the
+same bounded server answering from any ``Respond`` function (the supervisor of several
+worker processes serves its merged endpoints with it).
 
 The server spends a thread per connection, so connections are bounded in number and in
 time: at most ``MAX_CONNECTIONS`` at once (more are closed unanswered, without a thread),
@@ -22,9 +24,10 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self, TypedDict, Unpack
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -34,6 +37,8 @@ __all__ = [
     "MAX_CONNECTIONS",
     "HealthServer",
     "HealthState",
+    "HttpEndpoint",
+    "Respond",
 ]
 
 log = logging.getLogger(__name__)
@@ -48,6 +53,11 @@ CONNECTION_DEADLINE_S = 30.0
 then (which resets the per-read timeout) cannot keep its thread either."""
 _POLL_S = 0.25
 """How often the accept loop checks for shutdown and for connections past their deadline."""
+_TEXT = "text/plain; charset=utf-8"
+
+Respond = Callable[[str], tuple[int, bytes, str]]
+"""A request path (without the query) -> status, body and content type. Called on the
+connection's thread, so it may block for a while (never longer than the probes wait)."""
 
 
 @dataclass
@@ -105,14 +115,13 @@ class HealthState:
         return reasons
 
 
-class HealthServer:
-    """Serves /metrics, /healthz and /readyz on a daemon thread, a thread per connection
-    for at most ``max_connections`` connections (see the module docstring)."""
+class HttpEndpoint:
+    """Serves what ``respond`` answers on a daemon thread, a thread per connection for at
+    most ``max_connections`` connections (see the module docstring)."""
 
     def __init__(
         self,
-        state: HealthState,
-        registry: CollectorRegistry,
+        respond: Respond,
         host: str,
         port: int,
         *,
@@ -122,10 +131,9 @@ class HealthServer:
     ) -> None:
         if max_connections < 1 or connection_timeout_s <= 0 or connection_deadline_s <= 0:
             raise ValueError("max_connections and the connection times must be positive")
-        handler = _handler_for(state, registry, connection_timeout_s)
         self._server = _BoundedHTTPServer(
             (host, port),
-            handler,
+            _handler_for(respond, connection_timeout_s),
             max_connections=max_connections,
             deadline_s=connection_deadline_s,
         )
@@ -145,7 +153,7 @@ class HealthServer:
         """Connections being served now (each holds a thread)."""
         return self._server.open_connections
 
-    def start(self) -> HealthServer:
+    def start(self) -> Self:
         self._thread.start()
         return self
 
@@ -154,6 +162,26 @@ class HealthServer:
         self._server.shutdown()
         self._server.server_close()
         self._server.end_connections(everyone=True)
+
+
+class _Limits(TypedDict, total=False):
+    max_connections: int
+    connection_timeout_s: float
+    connection_deadline_s: float
+
+
+class HealthServer(HttpEndpoint):
+    """Serves one worker's /metrics, /healthz and /readyz (limits as ``HttpEndpoint``'s)."""
+
+    def __init__(
+        self,
+        state: HealthState,
+        registry: CollectorRegistry,
+        host: str,
+        port: int,
+        **limits: Unpack[_Limits],
+    ) -> None:
+        super().__init__(_worker_responses(state, registry), host, port, **limits)
 
 
 class _BoundedHTTPServer(ThreadingHTTPServer):
@@ -226,30 +254,31 @@ class _BoundedHTTPServer(ThreadingHTTPServer):
             log.warning("metrics request from %s failed", client_address, exc_info=exc)
 
 
-def _handler_for(
-    state: HealthState, registry: CollectorRegistry, timeout_s: float
-) -> type[BaseHTTPRequestHandler]:
+def _worker_responses(state: HealthState, registry: CollectorRegistry) -> Respond:
+    def respond(path: str) -> tuple[int, bytes, str]:
+        if path == "/metrics":
+            return 200, generate_latest(registry), CONTENT_TYPE_LATEST
+        if path == "/healthz":
+            # While models load the server answers (so /readyz can say why not ready)
+            # but /healthz does not: a startup probe waits for the load, however long.
+            ok = state.models_loaded and state.live()
+            why = b"loop stalled\n" if state.models_loaded else b"loading models\n"
+            return (200 if ok else 503), (b"ok\n" if ok else why), _TEXT
+        if path == "/readyz":
+            reasons = state.not_ready_reasons()
+            body = ("ready\n" if not reasons else "; ".join(reasons) + "\n").encode()
+            return (503 if reasons else 200), body, _TEXT
+        return 404, b"not found\n", _TEXT
+
+    return respond
+
+
+def _handler_for(respond: Respond, timeout_s: float) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         timeout = timeout_s  # StreamRequestHandler.setup sets it on the socket
 
         def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                self._reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
-            elif path == "/healthz":
-                # While models load the server answers (so /readyz can say why not ready)
-                # but /healthz does not: a startup probe waits for the load, however long.
-                ok = state.models_loaded and state.live()
-                why = b"loop stalled\n" if state.models_loaded else b"loading models\n"
-                self._reply(200 if ok else 503, b"ok\n" if ok else why)
-            elif path == "/readyz":
-                reasons = state.not_ready_reasons()
-                body = ("ready\n" if not reasons else "; ".join(reasons) + "\n").encode()
-                self._reply(503 if reasons else 200, body)
-            else:
-                self._reply(404, b"not found\n")
-
-        def _reply(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
+            code, body, ctype = respond(self.path.split("?", 1)[0])
             self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))

@@ -12,25 +12,38 @@ __all__ = ["setup_logging"]
 
 
 class _JsonFormatter(logging.Formatter):
+    def __init__(self, process_index: int | None = None) -> None:
+        super().__init__()
+        self._process_index = process_index
+
     def format(self, record: logging.LogRecord) -> str:
-        doc = {
+        doc: dict[str, object] = {
             "ts": round(record.created, 3),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        if self._process_index is not None:
+            doc["process"] = self._process_index
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
         return orjson.dumps(doc).decode()
 
 
-def setup_logging(fmt: Literal["text", "json"] = "text", level: int = logging.INFO) -> None:
+def setup_logging(
+    fmt: Literal["text", "json"] = "text",
+    level: int = logging.INFO,
+    *,
+    process_index: int | None = None,
+) -> None:
+    """Log to stderr. ``process_index`` is a supervised worker's index, in every line."""
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
-        handler.setFormatter(_JsonFormatter())
+        handler.setFormatter(_JsonFormatter(process_index))
     else:
+        where = "%(process)d" if process_index is None else f"%(process)d process {process_index}"
         handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s")
+            logging.Formatter(f"%(asctime)s %(levelname)s [{where}] %(name)s: %(message)s")
         )
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -79,3 +79,38 @@ def test_ceiling_row_shows_both_timings() -> None:
     }
     table = format_table(_report(results={"ort_alone": row}))
     assert "the faster of 12,000/s before the Kafka contenders and 14,000/s after" in table
+
+
+def test_two_processes_are_compared_with_one() -> None:
+    from benchmarks.report import ratios
+
+    got = ratios(
+        {
+            "streamfer": {"rps": 20_000.0},
+            "streamfer_2w": {"rps": 25_000.0},
+            "streamfer_2p": {"rps": 30_000.0},
+        }
+    )
+    assert got["streamfer_2p_vs_streamfer"] == 1.5
+    assert got["streamfer_2p_vs_streamfer_2w"] == 1.2
+    assert ratios({"streamfer": {"rps": 20_000.0}})["streamfer_2p_vs_streamfer"] is None
+
+
+def test_a_supervisor_log_tells_each_worker_assignment_apart() -> None:
+    from benchmarks.contenders import _owned
+
+    log = "\n".join(
+        [
+            "2026-12-01 20:14:03 INFO [100] worker.supervisor: process 0 started: pid 101",
+            "2026-12-01 20:14:10 INFO [101 process 0] worker.membership: assigned t[0, 1, 2, 3];"
+            " owning 4 partitions",
+            "2026-12-01 20:14:11 INFO [102 process 1] worker.membership: assigned nothing;"
+            " owning 0 partitions",
+            "2026-12-01 20:14:11 INFO [101 process 0] worker.membership: assigned nothing;"
+            " owning 2 partitions",
+        ]
+    )
+    assert _owned(log, 2) == [2, 0]
+    later = "... INFO [102 process 1] x: assigned t[0, 1]; owning 2 partitions"
+    assert _owned(f"{log}\n{later}", 2) == [2, 2]
+    assert _owned("ready: owning 3 partitions\nready: owning 4 partitions", 1) == [4]
