@@ -48,6 +48,7 @@ from worker.providers import (
     provider_options,
     why_not_serving,
 )
+from worker.runtime_dist import gpu_install_hint
 
 __all__ = [
     "ENGINES",
@@ -527,12 +528,17 @@ def _serving(
     for at, name in enumerate(requested):
         if name in served:
             for lost, then in pairwise(requested[: at + 1]):
+                # A runtime without the provider is mended by installing another: the
+                # pip commands go once, after the last warning, on lines of their own.
+                missing = then == name and any(p not in available for p in requested[:at])
+                fix = f"\n{gpu_install_hint()}" if missing else ""
                 log.warning(
-                    "model %s: %s does not serve: %s; %s",
+                    "model %s: %s does not serve: %s; %s%s",
                     path.name,
                     lost,
                     why_not_serving(lost, available),
                     f"{then} serves instead" if then == name else f"falling back to {then}",
+                    fix,
                 )
             return name
     reasons = "; ".join(f"{p}: {why_not_serving(p, available)}" for p in requested)

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from worker.config import ModelSpec
-from worker.runtime_dist import gpu_install_hint
 
 __all__ = [
     "CPU",
@@ -174,15 +173,14 @@ def why_not_serving(
     runtimes: Mapping[str, str] | None = None,
     capi_dir: Path | None = None,
     load: Callable[[str], None] = _load,
-    remedy: Callable[[], str] = gpu_install_hint,
 ) -> str:
     """Why ``provider`` was asked for but does not serve, in one sentence.
 
     ``available`` is ``onnxruntime.get_available_providers()``; ``runtimes`` the installed
     distributions (default: ``installed_runtimes()``); ``capi_dir`` the folder of
     Runtime's libraries (default: the installed ``onnxruntime/capi``); ``load`` opens a
-    shared library (``ctypes.CDLL``) and raises OSError naming what it lacks; ``remedy``
-    says what to install (``runtime_dist.gpu_install_hint``: the exact pip commands).
+    shared library (``ctypes.CDLL``) and raises OSError naming what it lacks. What to
+    install instead is ``runtime_dist.gpu_install_hint``'s to say.
     """
     if provider not in available:
         found = installed_runtimes() if runtimes is None else runtimes
@@ -191,13 +189,13 @@ def why_not_serving(
             return (
                 f"{listed} are both installed: the two wheels write the same onnxruntime "
                 "package and the CPU build's files won (this Runtime offers "
-                f"{list(available)}); {remedy()}"
+                f"{list(available)})"
             )
         if "onnxruntime-gpu" not in found:
             return (
                 f"this is the CPU build of ONNX Runtime ({listed} installed, not "
                 "onnxruntime-gpu), which offers only "
-                f"{list(available)}; {remedy()}"
+                f"{list(available)}"
             )
         return f"{listed} does not offer it; it offers {list(available)}"
     library = _PROVIDER_LIBRARIES.get(provider)

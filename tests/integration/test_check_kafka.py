@@ -42,7 +42,8 @@ def test_check_names_every_kafka_check_it_passed(
     assert doc["ok"] is True
     assert [c["name"] for c in doc["checks"]] == [
         "pipeline demo",
-        *["pipeline demo model"] * 3,  # its input, and its label and scores outputs
+        # its input, its label and scores outputs, and the provider that serves it
+        *["pipeline demo model"] * 4,
         "kafka",
         f"topic {t.requests}",
         f"topic {t.results}",

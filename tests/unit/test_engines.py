@@ -798,7 +798,10 @@ def test_requested_cuda_on_the_cpu_build_falls_back_with_the_reason(
     for line in lines:
         assert "CPU build of ONNX Runtime (onnxruntime " in line
     assert lines[0].endswith("; falling back to CUDAExecutionProvider")
-    assert lines[1].endswith("; CPUExecutionProvider serves instead")
+    first, *remedy = lines[1].splitlines()
+    assert first.endswith("; CPUExecutionProvider serves instead")
+    # then, once, the pip commands that bring the GPU runtime (streamfer-gpu)
+    assert any("pip install streamfer-gpu" in r for r in remedy), remedy
     assert not engine.padded and not engine.io_binding  # CPU serves: no padding by default
 
 

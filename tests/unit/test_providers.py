@@ -137,8 +137,6 @@ def test_the_cpu_build_is_named_with_its_version() -> None:
     why = why_not_serving(CUDA, available)
     version = importlib.metadata.version("onnxruntime")
     assert f"this is the CPU build of ONNX Runtime (onnxruntime {version} installed" in why
-    # the remedy is runtime_dist's: streamfer-gpu in place of streamfer, as pip commands
-    assert "onnxruntime-gpu" in why.split("; ", 1)[1] and "pip" in why
     assert "CPUExecutionProvider" in why
 
 
@@ -147,10 +145,8 @@ def test_both_wheels_installed_is_the_known_clash() -> None:
         CUDA,
         [CPU],
         runtimes={"onnxruntime": "1.23.2", "onnxruntime-gpu": "1.23.2"},
-        remedy=lambda: "REMEDY",
     )
     assert why.startswith("onnxruntime 1.23.2, onnxruntime-gpu 1.23.2 are both installed")
-    assert why.endswith("; REMEDY")
 
 
 def test_a_gpu_build_without_the_provider() -> None:
