@@ -126,12 +126,13 @@ class Worker:
         self._threads = StageThreads(
             self._start_job,
             lane=lambda job: rank[job.pipeline],
+            top_lane=max(rank.values()) if len(set(rank.values())) > 1 else None,
             max_overtaken_s=config.max_overtaken_ms / 1000.0,
             on_take=self._lane_metrics(pipelines),
         )
         shares = _shares(config, pipelines)
         self._shared = [share.pipeline for share in shares]
-        """Pipelines with a share of the bound: their records in flight count each turn."""
+        """Pipelines with a share of the bound: their records are counted each turn."""
         self._pausing = PausingManager(
             self._source,
             config.in_flight_bound,
@@ -270,15 +271,18 @@ class Worker:
                 timeout = min(timeout, batcher.max_wait_s)
             else:
                 timeout = min(timeout, max(0.0, deadline - now))
+        most = self._max_messages
+        if self._shared:
+            most = self._pausing.fetch_limit(most, self._share_counts())
         if self._adaptive:
             # Take records as soon as they are there (a lone request is not held for a
             # full fetch), and while records wait for a busy model, look again every few
             # milliseconds so they go the moment it is idle.
             if self._threads.pending() and any(map(len, batchers)):
                 timeout = min(timeout, _IDLE_CHECK_S)
-            messages = self._source.consume_first(self._max_messages, timeout)
+            messages = self._source.consume_first(most, timeout)
         else:
-            messages = self._source.consume(self._max_messages, timeout)
+            messages = self._source.consume(most, timeout)
         if messages:
             self._active_at = self._clock()
             self._lag.consumed(len(messages))
@@ -351,13 +355,18 @@ class Worker:
                 self._threads.check()
                 delivery.serve(0.002)
                 delivery.commit()
-        committer = self._committer
         pausing.update(
             delivery.records_in_flight(),
             self.assigned,
-            len(committer),
-            {name: committer.records_of(name) for name in self._shared} if self._shared else None,
+            len(self._committer),
+            self._share_counts() if self._shared else None,
         )
+
+    def _share_counts(self) -> dict[str, int]:
+        """Records consumed and not committed (in flight, or in the open batch) of each
+        pipeline with a share of the bound."""
+        committer, batchers = self._committer, self._batchers
+        return {name: committer.records_of(name) + len(batchers[name]) for name in self._shared}
 
     def _lane_metrics(self, pipelines: Sequence[Pipeline]) -> OnTake:
         """What the processing threads report as they take a batch: its wait there, and

@@ -4,9 +4,11 @@ A worker bounds the records it has consumed but not yet committed (what a crash 
 make the group consume again). At the bound it pauses every owned partition and keeps
 polling, so the group never sees a stalled member; once half the bound has drained it
 resumes them. A pipeline with a share of the bound (``Share``: a bulk pipeline beside a
-latency-sensitive one) has its own, smaller limit: at its share only its partitions
-pause, and they resume once one batch's worth has drained, so the other pipelines'
-partitions keep flowing and the bound keeps room for their records. Pausing is per
+latency-sensitive one) has its own, smaller limit on the records it has consumed and
+not committed: fetches are cut short (``fetch_limit``) so that it never goes past it,
+at it only its partitions pause, and they resume once one batch's worth has drained,
+so the other pipelines' partitions keep flowing and the bound keeps room for their
+records. Pausing is per
 partition in librdkafka and outlives ownership: a partition paused, revoked and later
 assigned again stays paused. So a newly assigned partition is paused while a limit that
 covers it holds, and resumed if this worker had left it paused; others are not touched,
@@ -40,7 +42,8 @@ class PartitionSwitch(Protocol):
 @dataclass(frozen=True, slots=True)
 class Share:
     """One pipeline's part of the bound: its partitions (those of ``topics``) pause when
-    its records in flight reach ``pause_at`` and resume at ``resume_at`` or fewer."""
+    its records consumed and not committed (in flight, or in its open batch) reach
+    ``pause_at``, and resume at ``resume_at`` or fewer."""
 
     pipeline: str
     topics: frozenset[str]
@@ -99,6 +102,15 @@ class PausingManager:
     def full(self, records: int) -> bool:
         return records >= self.bound
 
+    def fetch_limit(self, most: int, by_pipeline: Mapping[str, int]) -> int:
+        """How many records the next fetch may take: ``most``, or fewer, so that no
+        pipeline whose partitions flow can go past its share (at least one)."""
+        limit = most
+        for share in self._shares:
+            if share.pipeline not in self._held:
+                limit = min(limit, share.pause_at - by_pipeline.get(share.pipeline, 0))
+        return max(1, limit)
+
     def assigned(self, partitions: Collection[PartitionKey]) -> None:
         """Partitions assigned in a rebalance: their state is set on the next ``update``."""
         self._fresh.update(partitions)
@@ -117,8 +129,9 @@ class PausingManager:
         by_pipeline: Mapping[str, int] | None = None,
     ) -> None:
         """Pause every owned partition at the bound and resume them at half of it; pause
-        a pipeline's partitions at its share (``by_pipeline``: its records in flight) and
-        resume them once a batch has drained. ``batches`` (in flight) is for the log."""
+        a pipeline's partitions at its share (``by_pipeline``: its records consumed and
+        not committed) and resume them once a batch has drained. ``batches`` (in flight)
+        is for the log."""
         fresh, self._fresh = self._fresh & owned, set()
         was_reached = self._bound_reached
         if records >= self.bound:

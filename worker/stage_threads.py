@@ -10,7 +10,9 @@ the per-record Python on both sides of it. Every stage takes jobs one at a time 
 next stage has room, in submission order within a lane, which keeps each partition's
 results in order; with one lane (every pipeline alike) that is plain submission order.
 At most ``ahead`` jobs of a lane wait between two stages, so memory stays bounded and a
-lower lane's backlog never fills a higher lane's room. An exception in any stage stops
+lower lane's backlog never fills a higher lane's room; the highest of several lanes is
+bounded only by the worker's in-flight bound, so that its small batches are all ready
+the moment the model is free. An exception in any stage stops
 them all and is re-raised on the loop thread by ``check()``.
 """
 
@@ -49,14 +51,20 @@ class StageThreads:
         ahead: int = 2,
         name: str = "streamfer",
         lane: Callable[[Job], int] = lambda _job: 0,
+        top_lane: int | None = None,
         max_overtaken_s: float = 0.5,
         on_take: OnTake | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``lane`` gives a job's lane (higher goes first); ``max_overtaken_s`` is how long
-        higher lanes may overtake a lower lane's next job at one stage before it goes."""
+        """``lane`` gives a job's lane (higher goes first); ``top_lane``, the highest of
+        several, is not held to ``ahead``: its jobs are prepared as they come and wait
+        only for the stage itself (the worker's in-flight bound still limits them), so
+        small latency-sensitive batches never queue for room behind a busy model.
+        ``max_overtaken_s`` is how long higher lanes may overtake a lower lane's next job
+        at one stage before it goes."""
         self._start = start
         self._ahead = ahead
+        self._top_lane = top_lane
         self._lane = lane
         self._on_take = on_take
         self._clock = clock
@@ -129,10 +137,10 @@ class StageThreads:
         cond = self._cond
         inbox = self._queues[index]
         outbox = self._queues[index + 1] if index + 1 < len(self._queues) else None
-        ahead, clock, on_take = self._ahead, self._clock, self._on_take
+        ahead, top, clock, on_take = self._ahead, self._top_lane, self._clock, self._on_take
 
         def room(lane: int) -> bool:
-            return outbox is None or outbox.count(lane) < ahead
+            return outbox is None or lane == top or outbox.count(lane) < ahead
 
         while True:
             with cond:

@@ -165,3 +165,13 @@ def test_a_share_resumes_at_zero_when_it_is_one_batch() -> None:
     assert switch.paused == {B0}
     pausing.update(0, {B0}, by_pipeline={"bulk": 0})
     assert switch.paused == set()
+
+
+def test_a_fetch_takes_no_more_than_a_flowing_share_has_room_for() -> None:
+    pausing, _switch, _ = make_shared()
+    assert pausing.fetch_limit(256, {"bulk": 0}) == 50
+    assert pausing.fetch_limit(256, {"bulk": 45}) == 5
+    assert pausing.fetch_limit(3, {"bulk": 45}) == 3
+    assert pausing.fetch_limit(256, {"bulk": 50}) == 1, "never none: the loop must poll"
+    pausing.update(50, {B0, P0}, by_pipeline={"bulk": 50})
+    assert pausing.fetch_limit(256, {"bulk": 50}) == 256, "paused: its records stay out"

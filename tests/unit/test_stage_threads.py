@@ -245,6 +245,35 @@ def test_interactive_jobs_overtake_waiting_bulk_jobs() -> None:
     assert [t for t in published if t.startswith("bulk")] == [f"bulk{n}" for n in range(6)]
 
 
+def test_the_top_lane_is_prepared_as_it_comes_while_the_model_is_busy() -> None:
+    """Small interactive batches all wait ready in front of the model, not two of them
+    with the rest queued for room behind a long bulk batch."""
+    recorder = LaneRecorder()
+    recorder.gates["bulk0"] = threading.Event()
+    proc = lanes_threads(recorder, top_lane=LANES["live"])
+    try:
+        for n in range(4):
+            proc.submit(lane_job("bulk", n))
+        wait_for(lambda: recorder.of("prepare") == ["bulk0", "bulk1", "bulk2"])
+        for n in range(6):
+            proc.submit(lane_job("live", n))
+        wait_for(lambda: len(recorder.of("prepare")) == 9)
+        time.sleep(0.05)
+        assert "bulk3" not in recorder.of("prepare"), "the bulk lane keeps its bound"
+        recorder.gates["bulk0"].set()
+        wait_for(lambda: proc.pending() == 0)
+    finally:
+        proc.close(5.0)
+    proc.check()
+    assert recorder.of("infer") == [
+        "bulk0",
+        *[f"live{n}" for n in range(6)],
+        "bulk1",
+        "bulk2",
+        "bulk3",
+    ]
+
+
 def test_every_pipeline_keeps_its_order_however_jobs_interleave() -> None:
     recorder = LaneRecorder(infer_s=0.001)
     proc = lanes_threads(recorder)
