@@ -346,6 +346,11 @@ class Worker:
         polling, so the group never sees a stalled member. Pausing is the last resort
         because librdkafka needs most of a second to deliver again after a resume
         (measured here), which would throttle an ordinary backlog.
+
+        A pipeline's share is different: no waiting (the other pipelines must keep
+        flowing), only its partitions pause. Their resume costs tens of milliseconds
+        while another pipeline's partitions are being fetched (up to the consumer's
+        ``fetch.wait.max.ms`` when those are quiet), which the batch it resumes at covers.
         """
         delivery, pausing = self._delivery, self._pausing
         if pausing.full(delivery.records_in_flight()) and not pausing.bound_reached:

@@ -26,9 +26,33 @@ from confluent_kafka import TopicPartition
 
 from worker.commit import PartitionKey
 
-__all__ = ["PartitionSwitch", "PausingManager", "Share", "describe_partitions"]
+__all__ = [
+    "SHARE_FETCH_WAIT_MS",
+    "PartitionSwitch",
+    "PausingManager",
+    "Share",
+    "describe_partitions",
+    "share_fetch_options",
+]
 
 log = logging.getLogger(__name__)
+
+
+SHARE_FETCH_WAIT_MS = 50
+"""librdkafka's ``fetch.wait.max.ms`` for a worker where a pipeline has a share (unless
+the config sets it). A resumed partition is fetched with the consumer's next fetch
+request, which waits up to this long while the other partitions are quiet: at
+librdkafka's default of 500 ms a bulk backlog beside an idle interactive pipeline
+drained at a fifth of its speed (measured: 1,015 against 4,993 records/s); a fetch
+returns as soon as records come, so only an idle consumer's request rate changes."""
+
+
+def share_fetch_options(options: Mapping[str, object]) -> dict[str, int]:
+    """The consumer settings shares need, where ``options`` (those the config gives the
+    consumer) leave them to the worker."""
+    if "fetch.wait.max.ms" in options:
+        return {}
+    return {"fetch.wait.max.ms": SHARE_FETCH_WAIT_MS}
 
 
 class PartitionSwitch(Protocol):

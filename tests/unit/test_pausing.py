@@ -7,7 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from worker.commit import PartitionKey
-from worker.pausing import PausingManager, Share, describe_partitions
+from worker.pausing import (
+    SHARE_FETCH_WAIT_MS,
+    PausingManager,
+    Share,
+    describe_partitions,
+    share_fetch_options,
+)
 
 P0, P1, P2 = ("req", 0), ("req", 1), ("req", 2)
 
@@ -175,3 +181,8 @@ def test_a_fetch_takes_no_more_than_a_flowing_share_has_room_for() -> None:
     assert pausing.fetch_limit(256, {"bulk": 50}) == 1, "never none: the loop must poll"
     pausing.update(50, {B0, P0}, by_pipeline={"bulk": 50})
     assert pausing.fetch_limit(256, {"bulk": 50}) == 256, "paused: its records stay out"
+
+
+def test_shares_shorten_the_fetch_wait_unless_the_config_sets_it() -> None:
+    assert share_fetch_options({}) == {"fetch.wait.max.ms": SHARE_FETCH_WAIT_MS}
+    assert share_fetch_options({"fetch.wait.max.ms": 500, "x": 1}) == {}
