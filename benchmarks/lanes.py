@@ -70,6 +70,8 @@ class Options:
     live_batch: int = 64
     live_wait_ms: float = 10.0
     modes: tuple[str, ...] = MODES
+    max_in_flight: int | None = None
+    """The worker's ``max_in_flight_batches`` (None: its default, 4)."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,8 @@ def config_toml(stack: Stack, tag: str, mode: str, opts: Options) -> str:
     live = {"mode": "adaptive", "max_batch_size": opts.live_batch, "max_wait_ms": opts.live_wait_ms}
     bulk = {"max_batch_size": opts.bulk_batch, "max_wait_ms": 20}
     return (
-        f"""
+        (f"max_in_flight_batches = {opts.max_in_flight}\n" if opts.max_in_flight else "")
+        + f"""
 [kafka]
 bootstrap_servers = "{stack.bootstrap}"
 group_id = "{tag}"
@@ -249,7 +252,8 @@ def format_report(report: dict[str, Any]) -> str:
     opts = report["options"]
     lines = [
         f"interactive {opts['rate']:g} req/s for {opts['seconds']:g} s beside a backlog of "
-        f"{opts['backlog']:,} (heavy model, bulk batch {opts['bulk_batch']}); "
+        f"{opts['backlog']:,} (heavy model, bulk batch {opts['bulk_batch']}, "
+        f"max_in_flight_batches {opts['max_in_flight'] or 'default'}); "
         f"{report['date']}, load {report['loadavg_1m'][0]} -> {report['loadavg_1m'][1]}",
         "",
         "| run | mode | live p50 ms | p95 ms | p99 ms | max ms | bulk records/s | lost | dup |",
@@ -280,6 +284,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup-s", type=float, default=2.0)
     parser.add_argument("--bulk-batch", type=int, default=256, help="bulk max_batch_size")
     parser.add_argument("--modes", default=",".join(MODES), help="lanes,fifo or one of them")
+    parser.add_argument(
+        "--max-in-flight", type=int, default=None, help="the worker's max_in_flight_batches"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
@@ -294,6 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         warmup_s=args.warmup_s,
         bulk_batch=args.bulk_batch,
         modes=modes,
+        max_in_flight=args.max_in_flight,
     )
     report = run_lanes(opts, lambda m: print(f"lanes: {m} ...", file=sys.stderr, flush=True))
     print(orjson.dumps(report).decode() if args.json else format_report(report))

@@ -35,6 +35,9 @@ def test_lanes_mode_gives_priorities_and_fifo_mode_none(tmp_path: Path) -> None:
     assert live.batch.mode == "adaptive" and bulk.batch.max_batch_size == 128
     assert live.model.path.name == "light.onnx" and bulk.model.path.name == "heavy.onnx"
     assert bulk.request_topics == ["t-bulk-requests"] and lanes.kafka.group_id == "t"
+    assert lanes.max_in_flight_batches == 4
+    wider = tomllib.loads(config_toml(stack(tmp_path), "t", "lanes", Options(max_in_flight=16)))
+    assert WorkerConfig.model_validate(wider).in_flight_bound == 16 * 256
 
 
 def test_the_report_has_a_row_per_run_and_the_medians() -> None:
