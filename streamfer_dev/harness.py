@@ -32,6 +32,7 @@ __all__ = [
     "committed_offsets",
     "end_offsets",
     "percentile",
+    "pipeline_toml",
     "produce_requests",
     "wait_for_assignment",
     "worker_config_toml",
@@ -103,6 +104,43 @@ path = "{model_path}"
 name = "{model_name}"
 version = "1"
 {extra}
+"""
+
+
+def pipeline_toml(
+    *,
+    name: str,
+    request_topic: str,
+    result_topic: str,
+    dead_letter_topic: str,
+    model_path: Path,
+    model_name: str,
+    fields: Sequence[str],
+    batch: dict[str, Any],
+    priority: str | int | None = None,
+    source_headers: bool = True,
+) -> str:
+    """One ``[[pipelines]]`` table with its batch policy, features and model, for configs
+    of several pipelines (after the ``[kafka]`` and ``[redis]`` tables)."""
+    policy = "\n".join(f"{k} = {orjson.dumps(v).decode()}" for k, v in batch.items())
+    return f"""
+[[pipelines]]
+name = "{name}"
+{f"priority = {orjson.dumps(priority).decode()}" if priority is not None else ""}
+request_topics = ["{request_topic}"]
+result_topic = "{result_topic}"
+dead_letter_topic = "{dead_letter_topic}"
+source_headers = {"true" if source_headers else "false"}
+
+[pipelines.batch]
+{policy}
+
+[pipelines.features]
+fields = {orjson.dumps(list(fields)).decode()}
+
+[pipelines.model]
+path = "{model_path}"
+name = "{model_name}"
 """
 
 

@@ -13,6 +13,12 @@ processing threads (``worker.stage_threads``) decode and enrich one batch while 
 on the one before and the one before that is produced, each stage one batch at a time in
 order.
 
+Pipelines of different ``priority`` share those threads by lane (``worker.lanes``): each
+stage takes the next batch of the highest priority waiting. A pipeline with a share of
+the in-flight bound (a lower priority's ``bulk_in_flight_share``, or its own
+``max_in_flight_share``) has only its partitions paused at that share, so a bulk
+backlog never fills the bound that a latency-sensitive pipeline needs room in.
+
 Rebalances run inside ``consume`` on the loop thread (``worker.membership``). ``stop()``
 (from a signal handler) ends the loop; the worker then drains open batches, commits and
 leaves.
@@ -24,6 +30,7 @@ to its committed offset, a fatal one also re-creates the producer.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -48,12 +55,12 @@ from worker.health import HealthState
 from worker.kafka_logs import KAFKA_LOG
 from worker.lag import LagStats
 from worker.membership import Membership
-from worker.metrics import Metrics
-from worker.pausing import PausingManager
+from worker.metrics import THREAD_STAGES, Metrics
+from worker.pausing import PausingManager, Share
 from worker.pipeline import Pipeline
 from worker.sink import DeliveryTracker, Sink
 from worker.source import Source, position
-from worker.stage_threads import StageThreads, Step
+from worker.stage_threads import OnTake, StageThreads, Step
 from worker.stages import batch_steps
 
 __all__ = ["Worker"]
@@ -114,12 +121,33 @@ class Worker:
             on_lost=lambda parts: self._membership.on_lost(parts),
             pin_latest=config.kafka.auto_offset_reset == "latest",
         )
-        self._threads = StageThreads(self._start_job)
+        self._rank = {p.name: p.config.rank for p in pipelines}
+        rank = self._rank
+        self._threads = StageThreads(
+            self._start_job,
+            lane=lambda job: rank[job.pipeline],
+            top_lane=max(rank.values()) if len(set(rank.values())) > 1 else None,
+            max_overtaken_s=config.max_overtaken_ms / 1000.0,
+            on_take=self._lane_metrics(pipelines),
+        )
+        shares = _shares(config, pipelines)
+        self._shared = [share.pipeline for share in shares]
+        """Pipelines with a share of the bound: their records are counted each turn."""
         self._pausing = PausingManager(
             self._source,
-            config.max_in_flight_batches * max(p.config.batch.max_batch_size for p in pipelines),
+            config.in_flight_bound,
             metrics.paused_partitions.set,
+            shares=shares,
+            on_share=lambda name, held: metrics.in_flight_share_held.labels(name).set(held),
         )
+        committer = self._committer
+        for p in pipelines:
+            metrics.pipeline_priority.labels(p.name).set(p.config.rank)
+            metrics.in_flight_records.labels(p.name).set_function(
+                functools.partial(committer.records_of, p.name)
+            )
+            if p.name in self._shared:
+                metrics.in_flight_share_held.labels(p.name).set(0)
         self._lag = LagStats(metrics.consumer_lag, metrics.seconds_to_drain)
         self._membership = Membership(
             batchers=self._batchers,
@@ -243,15 +271,18 @@ class Worker:
                 timeout = min(timeout, batcher.max_wait_s)
             else:
                 timeout = min(timeout, max(0.0, deadline - now))
+        most = self._max_messages
+        if self._shared:
+            most = self._pausing.fetch_limit(most, self._share_counts())
         if self._adaptive:
             # Take records as soon as they are there (a lone request is not held for a
             # full fetch), and while records wait for a busy model, look again every few
             # milliseconds so they go the moment it is idle.
             if self._threads.pending() and any(map(len, batchers)):
                 timeout = min(timeout, _IDLE_CHECK_S)
-            messages = self._source.consume_first(self._max_messages, timeout)
+            messages = self._source.consume_first(most, timeout)
         else:
-            messages = self._source.consume(self._max_messages, timeout)
+            messages = self._source.consume(most, timeout)
         if messages:
             self._active_at = self._clock()
             self._lag.consumed(len(messages))
@@ -273,13 +304,16 @@ class Worker:
 
     def _close_windows(self) -> None:
         """Hand over batches whose window ended; adaptive: an idle model takes whatever is
-        waiting, however few."""
-        idle = self._threads.pending() == 0
+        waiting, however few. Idle is per lane: nothing of this pipeline's priority or a
+        higher one is in the stages (a lower lane's batch would be overtaken anyway)."""
+        threads, rank = self._threads, self._rank
         for name, batcher in self._batchers.items():
-            ready = batcher.flush() if batcher.adaptive and idle else batcher.expired()
+            if batcher.adaptive and len(batcher) and not threads.pending(rank[name]):
+                ready = batcher.flush()
+            else:
+                ready = batcher.expired()
             if ready is not None:
                 self._submit(name, ready)
-                idle = False
 
     def _idle_for(self, seconds: float) -> bool:
         """Burst mode: owns partitions, holds nothing, and nothing came for ``seconds``."""
@@ -312,16 +346,54 @@ class Worker:
         polling, so the group never sees a stalled member. Pausing is the last resort
         because librdkafka needs most of a second to deliver again after a resume
         (measured here), which would throttle an ordinary backlog.
+
+        A pipeline's share is different: no waiting (the other pipelines must keep
+        flowing), only its partitions pause. Their resume costs tens of milliseconds
+        while another pipeline's partitions are being fetched (up to the consumer's
+        ``fetch.wait.max.ms`` when those are quiet), which the batch it resumes at covers.
         """
         delivery, pausing = self._delivery, self._pausing
-        if pausing.full(delivery.records_in_flight()) and not pausing.paused:
+        if pausing.full(delivery.records_in_flight()) and not pausing.bound_reached:
             grace = min(1.0, self.config.kafka.max_poll_interval_ms / 4000.0)
             deadline = self._clock() + grace
             while pausing.full(delivery.records_in_flight()) and self._clock() < deadline:
                 self._threads.check()
                 delivery.serve(0.002)
                 delivery.commit()
-        pausing.update(delivery.records_in_flight(), self.assigned, len(self._committer))
+        pausing.update(
+            delivery.records_in_flight(),
+            self.assigned,
+            len(self._committer),
+            self._share_counts() if self._shared else None,
+        )
+
+    def _share_counts(self) -> dict[str, int]:
+        """Records consumed and not committed (in flight, or in the open batch) of each
+        pipeline with a share of the bound."""
+        committer, batchers = self._committer, self._batchers
+        return {name: committer.records_of(name) + len(batchers[name]) for name in self._shared}
+
+    def _lane_metrics(self, pipelines: Sequence[Pipeline]) -> OnTake:
+        """What the processing threads report as they take a batch: its wait there, and
+        whether aging took it ahead of a higher priority (children bound once here)."""
+        metrics = self.metrics
+        wait = {
+            (p.name, i): metrics.stage_wait_seconds.labels(p.name, stage).observe
+            for p in pipelines
+            for i, stage in enumerate(THREAD_STAGES)
+        }
+        aged = {
+            (p.name, i): metrics.aged_batches.labels(p.name, stage).inc
+            for p in pipelines
+            for i, stage in enumerate(THREAD_STAGES)
+        }
+
+        def on_take(stage: int, job: Job, waited_s: float, was_aged: bool) -> None:
+            wait[job.pipeline, stage](waited_s)
+            if was_aged:
+                aged[job.pipeline, stage]()
+
+        return on_take
 
     def _start_job(self, job: Job) -> Step | None:
         return batch_steps(job, self._pipelines[job.pipeline], self._sink, self._delivery)
@@ -393,6 +465,18 @@ class Worker:
         except Exception:  # close must not hide the error that brought us here
             log.exception("closing the consumer failed")
         self._delivery.close(min(5.0, self.config.shutdown_timeout_s))
+
+
+def _shares(config: WorkerConfig, pipelines: Sequence[Pipeline]) -> list[Share]:
+    """The pipelines' shares of the in-flight bound, in records."""
+    bound = config.in_flight_bound
+    shares = []
+    for p in pipelines:
+        share = config.in_flight_share(p.config)
+        if share is not None:
+            records, batch = int(share * bound), p.config.batch.max_batch_size
+            shares.append(Share.of(p.name, p.config.request_topics, records, batch))
+    return shares
 
 
 def _group_by_pipeline(messages: list[Message], route: dict[str, str]) -> dict[str, list[Message]]:

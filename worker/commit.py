@@ -1,8 +1,11 @@
 """Offset commits that follow confirmed delivery.
 
-Batches are committed in the order they were produced: a batch's offsets (next offset,
-i.e. last + 1, per partition) are committed only when its deliveries and those of every
-earlier batch have all succeeded. An offset that would move a partition backwards is
+Batches are committed in the order they were produced, pipeline by pipeline: a batch's
+offsets (next offset, i.e. last + 1, per partition) are committed only when its
+deliveries and those of every earlier batch of its pipeline have all succeeded.
+Pipelines read disjoint topics, so that is every earlier batch of its partitions, and
+a pipeline whose batches went to the model first (``worker.lanes``) never waits for
+another's to commit. An offset that would move a partition backwards is
 refused. Asynchronous commits that the broker rejects (a rebalance was in progress, say)
 come back through ``settle`` and are sent again with the next commit. A synchronous
 commit is answered only by what ``commit()`` returns (confluent-kafka never passes it to
@@ -93,7 +96,10 @@ class Committer:
         self._transactional = transactional
         self._on_done = on_done
         self._clock = clock
-        self._queue: deque[Job] = deque()
+        self._queues: dict[str, deque[Job]] = {}
+        """Batches in flight, pipeline by pipeline, in the order they were produced."""
+        self._jobs = 0
+        self._pipeline_records: dict[str, int] = {}
         self._committed: dict[PartitionKey, int] = {}
         self._retry: dict[PartitionKey, int] = {}
         self._awaiting: deque[_Unsettled] = deque()
@@ -102,7 +108,7 @@ class Committer:
         self._records = 0
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return self._jobs
 
     @property
     def records(self) -> int:
@@ -118,35 +124,53 @@ class Committer:
     def track(self, job: Job) -> None:
         """Register a produced batch: the next offsets it completes, and its records
         (counted until it is committed)."""
-        self._queue.append(job)
+        queue = self._queues.get(job.pipeline)
+        if queue is None:
+            queue = self._queues[job.pipeline] = deque()
+        queue.append(job)
+        self._jobs += 1
         self._records += job.records
+        self._pipeline_records[job.pipeline] = self.records_of(job.pipeline) + job.records
+
+    def records_of(self, pipeline: str) -> int:
+        """Records of ``pipeline``'s uncommitted batches (its part of the bound)."""
+        return self._pipeline_records.get(pipeline, 0)
 
     def commit_ready(self, *, asynchronous: bool = True) -> int:
-        """Commit every leading batch whose deliveries succeeded. Raises SinkError."""
+        """Commit every pipeline's leading batches whose deliveries succeeded. Raises
+        SinkError."""
         merged: dict[PartitionKey, int] = {}
         released: dict[PartitionKey, int] = {}
         done = 0
-        queue = self._queue
-        while queue and queue[0].tracker.done:
-            head = queue[0]
-            if head.tracker.errors:
-                if self._transactional:
-                    break  # an aborted transaction: the worker rewinds, nothing to commit
-                if merged:  # what was delivered before the failure is still committed
-                    self._commit(merged, asynchronous=False)
-                raise SinkError(
-                    f"{len(head.tracker.errors)} deliveries of a batch failed, not committing: "
-                    + "; ".join(head.tracker.errors)
-                )
-            queue.popleft()
-            self._records -= head.records
-            if self._on_done is not None:
-                self._on_done(head.tracker)
-            for tp, offset in head.offsets.items():
-                if offset > merged.get(tp, -1):
-                    merged[tp] = offset
-                released[tp] = released.get(tp, 0) + head.counts.get(tp, 0)
-            done += 1
+        failed: Job | None = None
+        for pipeline, queue in self._queues.items():
+            retired = 0
+            while queue and queue[0].tracker.done:
+                head = queue[0]
+                if head.tracker.errors:
+                    if not self._transactional:  # transactional: an abort rewinds instead
+                        failed = failed or head
+                    break
+                queue.popleft()
+                retired += head.records
+                if self._on_done is not None:
+                    self._on_done(head.tracker)
+                for tp, offset in head.offsets.items():
+                    if offset > merged.get(tp, -1):
+                        merged[tp] = offset
+                    released[tp] = released.get(tp, 0) + head.counts.get(tp, 0)
+                done += 1
+            if retired:
+                self._records -= retired
+                self._pipeline_records[pipeline] -= retired
+        self._jobs -= done
+        if failed is not None:
+            if merged:  # what was delivered before the failure is still committed
+                self._commit(merged, asynchronous=False)
+            raise SinkError(
+                f"{len(failed.tracker.errors)} deliveries of a batch failed, not committing: "
+                + "; ".join(failed.tracker.errors)
+            )
         if self._retry:
             for tp, offset in self._retry.items():
                 if offset > merged.get(tp, -1):
@@ -176,8 +200,10 @@ class Committer:
 
     def clear(self) -> int:
         """Forget every batch in flight (a rewind to the committed offsets follows)."""
-        dropped = len(self._queue)
-        self._queue.clear()
+        dropped = self._jobs
+        self._queues.clear()
+        self._jobs = 0
+        self._pipeline_records.clear()
         self._retry.clear()
         self._awaiting.clear()
         self._rejected.clear()
@@ -297,7 +323,7 @@ class Committer:
     def forget(self, partitions: Collection[PartitionKey]) -> None:
         """Drop all state of partitions this worker no longer owns."""
         keys = set(partitions)
-        for pending in self._queue:
+        for pending in (job for queue in self._queues.values() for job in queue):
             for tp in keys.intersection(pending.offsets):
                 del pending.offsets[tp]
                 pending.counts.pop(tp, None)  # still running: counted until it is done

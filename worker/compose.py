@@ -20,6 +20,7 @@ from worker.health import HealthState
 from worker.limits import RecordLimits
 from worker.metrics import Metrics
 from worker.parts import open_parts
+from worker.pausing import share_fetch_options
 from worker.pipeline import Pipeline
 from worker.sink import Sink
 from worker.source import consumer_config
@@ -81,16 +82,18 @@ def build_worker(
         sink = Sink.from_settings(config.kafka, limits)
     sink.warm_up(outputs)
     built: list[Worker] = []
-    consumer = Consumer(
-        consumer_config(
-            config.kafka,
-            on_commit=lambda e, p: built[0].on_commit(e, p),
-            on_error=lambda e: built[0].on_error(e),
-            on_stats=lambda s: built[0].on_stats(s),
-            statistics_interval_ms=config.statistics_interval_ms,
-            read_committed=config.delivery == "exactly-once",
-        )
+    consumer_settings = consumer_config(
+        config.kafka,
+        on_commit=lambda e, p: built[0].on_commit(e, p),
+        on_error=lambda e: built[0].on_error(e),
+        on_stats=lambda s: built[0].on_stats(s),
+        statistics_interval_ms=config.statistics_interval_ms,
+        read_committed=config.delivery == "exactly-once",
     )
+    if any(config.in_flight_share(p) is not None for p in config.pipelines):
+        given = {**config.kafka.options, **config.kafka.consumer_options}
+        consumer_settings.update(share_fetch_options(given))
+    consumer = Consumer(consumer_settings)
     worker = Worker(
         config=config,
         consumer=consumer,

@@ -18,14 +18,23 @@ import tomllib
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    model_validator,
+)
 
 from worker.errors import ConfigError
 
 __all__ = [
     "LIBRDKAFKA_SECRET_OPTIONS",
+    "PRIORITY_NAMES",
     "BatchPolicy",
     "CudaOptions",
     "FeatureSpec",
@@ -35,6 +44,7 @@ __all__ = [
     "MetricsSettings",
     "ModelSpec",
     "PipelineConfig",
+    "Priority",
     "RedisSettings",
     "RequestMapping",
     "TensorrtOptions",
@@ -51,6 +61,28 @@ LibrdkafkaValue = str | int | float | bool
 Provider = Literal["CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"]
 MissingPolicy = Literal["default", "dead_letter"]
 _CPU: Provider = "CPUExecutionProvider"
+
+
+PRIORITY_NAMES: dict[str, int] = {"interactive": 10, "normal": 0, "bulk": -10}
+"""The named priorities and the integers they stand for: higher goes to the model first."""
+_PRIORITY_RANGE = 100
+
+
+def _check_priority(value: Any) -> Any:
+    """A named priority or an integer within +-100; anything else names what is allowed."""
+    if isinstance(value, str) and value in PRIORITY_NAMES:
+        return value
+    in_range = isinstance(value, int) and -_PRIORITY_RANGE <= value <= _PRIORITY_RANGE
+    if in_range and not isinstance(value, bool):
+        return value
+    raise ValueError(
+        f"must be {', '.join(repr(n) for n in PRIORITY_NAMES)} or an integer from "
+        f"-{_PRIORITY_RANGE} to {_PRIORITY_RANGE} (higher goes first), got {value!r}"
+    )
+
+
+Priority = Annotated[int | str, BeforeValidator(_check_priority)]
+"""A pipeline's place in the model's queue: a name of ``PRIORITY_NAMES`` or an integer."""
 
 
 class _Frozen(BaseModel):
@@ -332,6 +364,20 @@ class PipelineConfig(_Frozen):
     """Results carry ``streamfer.request_id`` and ``streamfer.source_*`` headers. Off,
     only a request's ``traceparent`` is copied: each header costs the producer about a
     microsecond per record, and the body already holds the id and request time."""
+    priority: Priority = "normal"
+    """Where this pipeline's batches queue for each processing stage: a stage takes the
+    next batch of the highest priority waiting (``worker.lanes``), first in, first out
+    within a priority. All pipelines alike (the default): one queue, as it comes."""
+    max_in_flight_share: float | None = Field(default=None, gt=0, le=1)
+    """The most of the worker's in-flight bound this pipeline's records may hold; beyond
+    it only this pipeline's partitions pause. None: ``bulk_in_flight_share`` when another
+    pipeline has a higher priority, no share of its own otherwise."""
+
+    @property
+    def rank(self) -> int:
+        """``priority`` as an integer: higher goes first."""
+        p = self.priority
+        return PRIORITY_NAMES[p] if isinstance(p, str) else p
 
     @model_validator(mode="before")
     @classmethod
@@ -422,6 +468,14 @@ class WorkerConfig(_Frozen):
     max_in_flight_batches: int = Field(default=4, ge=1, le=1024)
     """Records produced but not yet committed stay under this many full batches' worth
     (x max_batch_size); beyond it the loop waits, then pauses its partitions."""
+    bulk_in_flight_share: float = Field(default=0.5, gt=0, le=1)
+    """The share of the in-flight bound a pipeline may hold while another pipeline of
+    this worker has a higher priority (its own ``max_in_flight_share`` overrides it):
+    room kept for the latency-sensitive pipeline's records."""
+    max_overtaken_ms: float = Field(default=500.0, gt=0, le=600_000)
+    """A batch that higher-priority batches have overtaken at one stage for this long
+    goes next there: under a sustained overload of the higher priority, lower ones still
+    get one batch through per stage this often."""
     poll_timeout_ms: float = Field(default=100.0, gt=0, le=10_000)
     shutdown_timeout_s: float = Field(default=30.0, gt=0)
     revoke_timeout_s: float = Field(default=10.0, gt=0)
@@ -446,6 +500,41 @@ class WorkerConfig(_Frozen):
                 if out in owner:
                     raise ValueError(f"output topic {out!r} of {p.name!r} is also a request topic")
         return self
+
+    @model_validator(mode="after")
+    def _shares_hold_a_batch(self) -> WorkerConfig:
+        bound = self.in_flight_bound
+        for i, p in enumerate(self.pipelines):
+            share = self.in_flight_share(p)
+            if share is None or share * bound >= p.batch.max_batch_size:
+                continue
+            field = (
+                f"pipelines[{i}].max_in_flight_share"
+                if p.max_in_flight_share is not None
+                else f"bulk_in_flight_share (which applies to pipelines[{i}], {p.name!r})"
+            )
+            raise ValueError(
+                f"{field}: {share:g} of the in-flight bound ({bound} records: "
+                f"max_in_flight_batches x the largest max_batch_size) is "
+                f"{int(share * bound)} records, less than one batch of {p.name!r} "
+                f"(max_batch_size {p.batch.max_batch_size}); raise the share or "
+                "max_in_flight_batches, or lower that max_batch_size"
+            )
+        return self
+
+    @property
+    def in_flight_bound(self) -> int:
+        """Records in flight at which every owned partition pauses."""
+        return self.max_in_flight_batches * max(p.batch.max_batch_size for p in self.pipelines)
+
+    def in_flight_share(self, pipeline: PipelineConfig) -> float | None:
+        """The share of ``in_flight_bound`` the pipeline may hold, or None for no limit of
+        its own: its ``max_in_flight_share``, else ``bulk_in_flight_share`` when another
+        pipeline has a higher priority."""
+        if pipeline.max_in_flight_share is not None:
+            return pipeline.max_in_flight_share
+        top = max(p.rank for p in self.pipelines)
+        return self.bulk_in_flight_share if pipeline.rank < top else None
 
     def pipeline(self, name: str) -> PipelineConfig:
         """The pipeline called ``name``. Raises ``ConfigError`` listing those there are."""

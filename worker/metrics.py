@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["METRIC_NAMES", "STAGES", "Metrics", "PipelineMetrics"]
+__all__ = ["METRIC_NAMES", "STAGES", "THREAD_STAGES", "Metrics", "PipelineMetrics"]
 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 _SECONDS_BUCKETS = (
@@ -33,6 +33,9 @@ _SECONDS_BUCKETS = (
     30,
 )
 STAGES = ("queue", "decode", "enrich", "infer", "publish", "commit")
+THREAD_STAGES = ("decode", "infer", "publish")
+"""The processing threads' stages, by index, as ``streamfer_stage_wait_seconds`` names
+them (the first thread decodes and enriches)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +128,40 @@ class Metrics:
             ["pipeline"],
             registry=r,
         )
+        self.stage_wait_seconds = Histogram(
+            "streamfer_stage_wait_seconds",
+            "Seconds a batch waited for a processing thread (decode: the first, which also "
+            "enriches; infer; publish): where a priority lane goes ahead",
+            ["pipeline", "stage"],
+            buckets=_SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.aged_batches = Counter(
+            "streamfer_aged_batches",
+            "Batches a processing thread took ahead of higher-priority ones because those had "
+            "overtaken them for max_overtaken_ms (the higher priority is overloaded)",
+            ["pipeline", "stage"],
+            registry=r,
+        )
+        self.pipeline_priority = Gauge(
+            "streamfer_pipeline_priority",
+            "Each pipeline's priority as an integer (higher goes to the model first)",
+            ["pipeline"],
+            registry=r,
+        )
+        self.in_flight_records = Gauge(
+            "streamfer_in_flight_records",
+            "Records of each pipeline's uncommitted batches, counted against the in-flight bound",
+            ["pipeline"],
+            registry=r,
+        )
+        self.in_flight_share_held = Gauge(
+            "streamfer_in_flight_share_held",
+            "1 while a pipeline holds its share of the in-flight bound and only its "
+            "partitions are paused",
+            ["pipeline"],
+            registry=r,
+        )
         self.in_flight_batches = Gauge(
             "streamfer_in_flight_batches", "Batches submitted but not yet committed", registry=r
         )
@@ -189,6 +226,11 @@ METRIC_NAMES = (
     "streamfer_model_info",
     "streamfer_inference_provider",
     "streamfer_device_oom_retries_total",
+    "streamfer_stage_wait_seconds",
+    "streamfer_aged_batches_total",
+    "streamfer_pipeline_priority",
+    "streamfer_in_flight_records",
+    "streamfer_in_flight_share_held",
     "streamfer_in_flight_batches",
     "streamfer_paused_partitions",
     "streamfer_assigned_partitions",

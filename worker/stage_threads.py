@@ -5,22 +5,28 @@ however slow the model or the feature store) and hands each closed batch to the
 ``StageThreads`` as a ``Job``. Each stage has its own thread: in the worker, one decodes
 and enriches batch k+2 while the next runs the model on batch k+1 and the last produces
 the results of batch k. ONNX Runtime and Redis release the GIL, so the model overlaps
-the per-record Python on both sides of it. Every stage takes jobs in submission order,
-one at a time, which keeps each partition's results in order; at most ``ahead`` jobs
-wait between two stages, so memory stays bounded. An exception in any stage stops them
-all and is re-raised on the loop thread by ``check()``.
+the per-record Python on both sides of it. Every stage takes jobs one at a time from a
+``worker.lanes.LaneQueue``: the oldest of the highest lane (a pipeline's priority) whose
+next stage has room, in submission order within a lane, which keeps each partition's
+results in order; with one lane (every pipeline alike) that is plain submission order.
+At most ``ahead`` jobs of a lane wait between two stages, so memory stays bounded and a
+lower lane's backlog never fills a higher lane's room; the highest of several lanes is
+bounded only by the worker's in-flight bound, so that its small batches are all ready
+the moment the model is free. An exception in any stage stops
+them all and is re-raised on the loop thread by ``check()``.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import deque
+import time
 from collections.abc import Callable
 from typing import Union
 
 from worker.batch import Job, PartitionKey
+from worker.lanes import LaneQueue
 
-__all__ = ["StageThreads", "Start", "Step"]
+__all__ = ["OnTake", "StageThreads", "Start", "Step"]
 
 
 Step = Callable[[], Union["Step", None]]
@@ -29,16 +35,42 @@ Step = Callable[[], Union["Step", None]]
 Start = Callable[[Job], Step | None]
 """The first stage's work on a job."""
 
+OnTake = Callable[[int, Job, float, bool], None]
+"""``(stage index, job, seconds it waited there, aged)``, on the stage's thread when it
+takes a job; aged: it went ahead of a higher lane, overtaken for too long."""
+
 
 class StageThreads:
-    """Runs jobs through ``stages`` threads in a row, first in, first out."""
+    """Runs jobs through ``stages`` threads in a row, by lane, first in, first out."""
 
     def __init__(
-        self, start: Start, *, stages: int = 3, ahead: int = 2, name: str = "streamfer"
+        self,
+        start: Start,
+        *,
+        stages: int = 3,
+        ahead: int = 2,
+        name: str = "streamfer",
+        lane: Callable[[Job], int] = lambda _job: 0,
+        top_lane: int | None = None,
+        max_overtaken_s: float = 0.5,
+        on_take: OnTake | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``lane`` gives a job's lane (higher goes first); ``top_lane``, the highest of
+        several, is not held to ``ahead``: its jobs are prepared as they come and wait
+        only for the stage itself (the worker's in-flight bound still limits them), so
+        small latency-sensitive batches never queue for room behind a busy model.
+        ``max_overtaken_s`` is how long higher lanes may overtake a lower lane's next job
+        at one stage before it goes."""
         self._start = start
         self._ahead = ahead
-        self._queues: list[deque[tuple[Job, Step | None]]] = [deque() for _ in range(stages)]
+        self._top_lane = top_lane
+        self._lane = lane
+        self._on_take = on_take
+        self._clock = clock
+        self._queues: list[LaneQueue[tuple[Job, Step | None]]] = [
+            LaneQueue(max_overtaken_s) for _ in range(stages)
+        ]
         self._running: list[Job | None] = [None] * stages
         self._finished = [False] * stages
         self._cond = threading.Condition()
@@ -52,14 +84,20 @@ class StageThreads:
             thread.start()
 
     def submit(self, job: Job) -> None:
+        lane = self._lane(job)
         with self._cond:
-            self._queues[0].append((job, None))
+            self._queues[0].append(lane, (job, None), self._clock())
             self._cond.notify_all()
 
-    def pending(self) -> int:
-        """Jobs queued for or running in any stage."""
+    def pending(self, lane_at_least: int | None = None) -> int:
+        """Jobs queued for or running in any stage; with ``lane_at_least``, only those of
+        that lane or a higher one (whatever would go before a job of that lane)."""
         with self._cond:
-            return len(self._unfinished())
+            jobs = self._unfinished()
+        if lane_at_least is None:
+            return len(jobs)
+        lane = self._lane
+        return sum(1 for job in jobs if lane(job) >= lane_at_least)
 
     def busy_with(self, partitions: set[PartitionKey]) -> bool:
         """Whether an unfinished job holds records of any of ``partitions``."""
@@ -71,7 +109,7 @@ class StageThreads:
         """Remove the jobs waiting between stages (a rewind); the last stage produces, so
         nothing of theirs was produced. A job running in a stage still finishes."""
         with self._cond:
-            dropped = [job for queue in reversed(self._queues) for job, _ in queue]
+            dropped = [job for queue in reversed(self._queues) for job, _step in queue]
             for queue in self._queues:
                 queue.clear()
             self._cond.notify_all()
@@ -92,28 +130,35 @@ class StageThreads:
         return not any(thread.is_alive() for thread in self._threads)
 
     def _unfinished(self) -> list[Job]:
-        queued = [job for queue in self._queues for job, _ in queue]
+        queued = [job for queue in self._queues for job, _step in queue]
         return queued + [job for job in self._running if job is not None]
 
     def _stage(self, index: int) -> None:
         cond = self._cond
         inbox = self._queues[index]
         outbox = self._queues[index + 1] if index + 1 < len(self._queues) else None
+        ahead, top, clock, on_take = self._ahead, self._top_lane, self._clock, self._on_take
+
+        def room(lane: int) -> bool:
+            return outbox is None or lane == top or outbox.count(lane) < ahead
+
         while True:
             with cond:
-                while self._error is None and (
-                    (not inbox and not self._upstream_done(index))
-                    or (outbox is not None and len(outbox) >= self._ahead)
-                ):
+                while True:
+                    taken = inbox.take(room, clock()) if self._error is None else None
+                    if taken is not None:
+                        break
+                    if self._error is not None or (not inbox and self._upstream_done(index)):
+                        self._finished[index] = True
+                        cond.notify_all()
+                        return
                     cond.wait()
-                if self._error is not None or not inbox:
-                    self._finished[index] = True
-                    cond.notify_all()
-                    return
-                job, step = inbox.popleft()
+                job, step = taken.item
                 self._running[index] = job
                 cond.notify_all()  # room in this stage's inbox
             try:
+                if on_take is not None:
+                    on_take(index, job, taken.waited_s, taken.aged)
                 following = self._start(job) if step is None else step()
             except BaseException as exc:  # surfaced on the loop thread by check()
                 self._stop_with(exc)
@@ -124,7 +169,7 @@ class StageThreads:
                     if outbox is None:
                         self._stop_with(RuntimeError("a job returned work after its last stage"))
                         return
-                    outbox.append((job, following))
+                    outbox.append(taken.lane, (job, following), clock())
                 cond.notify_all()
 
     def _upstream_done(self, index: int) -> bool:

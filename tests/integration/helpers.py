@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,20 @@ def assert_committed_to_end(bootstrap: str, group: str, topic: str) -> None:
     ends = end_offsets(bootstrap, topic)
     normalised = {p: (ends[p] if off < 0 and ends[p] == 0 else off) for p, off in committed.items()}
     assert normalised == ends, f"committed {committed} != log end {ends}"
+
+
+def wait_committed_to_end(bootstrap: str, group: str, topic: str, timeout: float = 60) -> None:
+    """Until the running worker's commits reach every partition's log end (they follow
+    the deliveries, asynchronously): ``assert_committed_to_end`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            assert_committed_to_end(bootstrap, group, topic)
+            return
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def streamfer(

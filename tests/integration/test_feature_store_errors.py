@@ -31,10 +31,10 @@ from streamfer_dev.harness import (
 from streamfer_dev.modelgen import DemoModel
 from tests.conftest import Topics
 from tests.integration.helpers import (
-    assert_committed_to_end,
     assert_valid,
     streamfer,
     validator,
+    wait_committed_to_end,
 )
 
 pytestmark = pytest.mark.integration
@@ -67,19 +67,6 @@ def acl_user(client: redis.Redis) -> Iterator[Callable[..., tuple[str, str]]]:
     yield make
     for name in made:
         client.execute_command("ACL", "DELUSER", name)
-
-
-def wait_committed_to_end(bootstrap: str, group: str, topic: str, timeout: float = 60) -> None:
-    """The running worker commits every record: nothing stalls behind a bad one."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            assert_committed_to_end(bootstrap, group, topic)
-            return
-        except AssertionError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
 
 
 def served(

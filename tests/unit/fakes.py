@@ -295,10 +295,10 @@ class GatedStore(MemoryStore):
         return super().get_many(entities)
 
 
-def requests(partition: int, n: int, start: int = 0) -> list[Message]:
+def requests(partition: int, n: int, start: int = 0, topic: str = TOPIC) -> list[Message]:
     return [
         Message(
-            topic=TOPIC,
+            topic=topic,
             partition=partition,
             offset=start + i,
             key=b"k",

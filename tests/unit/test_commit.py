@@ -560,3 +560,44 @@ def test_an_answer_for_a_commit_trimmed_by_a_revoke_still_settles_it(
     assert consumer.commits[-1] == ([("req", 0, 10)], True)
     committer.settle(None, _answer({("req", 0): 10}))
     assert committer.records == 0
+
+
+def test_a_pipeline_commits_without_waiting_for_another_pipelines_batches(
+    committer: Committer, consumer: FakeConsumer
+) -> None:
+    """Pipelines read disjoint topics: an interactive batch that went to the model ahead of
+    an earlier bulk one commits at once; each pipeline's own batches still commit in order."""
+    bulk0, bulk1, live = sent(1), sent(1), sent(1)
+    committer.track(Job("bulk", [], bulk0, {("bulk", 0): 256}, counts={("bulk", 0): 256}))
+    committer.track(Job("bulk", [], bulk1, {("bulk", 0): 512}, counts={("bulk", 0): 256}))
+    committer.track(Job("live", [], live, {("live", 0): 3}, counts={("live", 0): 3}))
+    assert (committer.records_of("bulk"), committer.records_of("live")) == (512, 3)
+    deliver(live)
+    deliver(bulk1)
+    assert committer.commit_ready() == 1
+    assert consumer.commits == [([("live", 0, 3)], True)]
+    assert (committer.records, committer.records_of("live"), len(committer)) == (512, 0, 2)
+    deliver(bulk0)
+    assert committer.commit_ready() == 2
+    assert consumer.commits[-1] == ([("bulk", 0, 512)], True)
+    assert (committer.records, committer.records_of("bulk"), len(committer)) == (0, 0, 0)
+
+
+def test_a_failed_batch_of_one_pipeline_still_commits_what_another_delivered(
+    committer: Committer, consumer: FakeConsumer
+) -> None:
+    bad, good = sent(1), sent(1)
+    committer.track(Job("bulk", [], bad, {("bulk", 0): 10}))
+    committer.track(Job("live", [], good, {("live", 0): 4}))
+    deliver(bad, err=KafkaError(KafkaError._MSG_TIMED_OUT))
+    deliver(good)
+    with pytest.raises(SinkError):
+        committer.commit_ready()
+    assert consumer.commits == [([("live", 0, 4)], False)]
+
+
+def test_clear_forgets_every_pipelines_records(committer: Committer) -> None:
+    committer.track(Job("bulk", [], sent(1), {("bulk", 0): 5}, counts={("bulk", 0): 5}))
+    committer.track(Job("live", [], sent(1), {("live", 0): 1}, counts={("live", 0): 1}))
+    assert committer.clear() == 2
+    assert (len(committer), committer.records_of("bulk"), committer.records_of("live")) == (0, 0, 0)

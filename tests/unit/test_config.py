@@ -635,3 +635,96 @@ def test_gpu_options_from_the_environment(make_raw: Callable[..., Raw]) -> None:
     }
     model = parse_config(make_raw(), environ=env).pipelines[0].model
     assert (model.cuda.device_id, model.tensorrt.fp16, model.pad_to_buckets) == (3, True, False)
+
+
+# --- priority lanes -----------------------------------------------------------------------
+
+
+def two_pipelines(make_raw: Callable[..., Raw], **second: Any) -> Raw:
+    """An interactive pipeline and a second one (``second``: its fields)."""
+    raw = make_raw()
+    bulk = {**raw["pipelines"][0], "name": "bulk", "request_topics": ["req2"], **second}
+    raw["pipelines"][0]["priority"] = "interactive"
+    raw["pipelines"].append(bulk)
+    return raw
+
+
+def test_priorities_by_name_or_number_and_the_default_share(
+    make_raw: Callable[..., Raw],
+) -> None:
+    cfg = parse_config(two_pipelines(make_raw, priority="bulk"), environ={})
+    live, bulk = cfg.pipelines
+    assert (live.rank, bulk.rank) == (10, -10)
+    assert cfg.in_flight_bound == 4 * 256
+    assert (cfg.in_flight_share(live), cfg.in_flight_share(bulk)) == (None, 0.5)
+    numbered = parse_config(two_pipelines(make_raw, priority=3), environ={})
+    assert numbered.pipelines[1].rank == 3
+    assert numbered.in_flight_share(numbered.pipelines[1]) == 0.5, "lower than interactive"
+
+
+def test_no_priorities_means_one_lane_and_no_shares(make_raw: Callable[..., Raw]) -> None:
+    raw = two_pipelines(make_raw)
+    raw["pipelines"][0].pop("priority")
+    cfg = parse_config(raw, environ={})
+    assert {p.rank for p in cfg.pipelines} == {0}
+    assert [cfg.in_flight_share(p) for p in cfg.pipelines] == [None, None]
+
+
+def test_an_explicit_share_applies_to_any_priority(make_raw: Callable[..., Raw]) -> None:
+    raw = two_pipelines(make_raw, max_in_flight_share=0.75)
+    raw["pipelines"][0]["max_in_flight_share"] = 0.25
+    raw["bulk_in_flight_share"] = 0.3
+    cfg = parse_config(raw, environ={})
+    assert [cfg.in_flight_share(p) for p in cfg.pipelines] == [0.25, 0.75]
+
+
+def test_priority_from_the_environment(make_raw: Callable[..., Raw]) -> None:
+    raw = two_pipelines(make_raw)
+    cfg = parse_config(
+        raw, environ={"STREAMFER_PIPELINES__1__PRIORITY": "-5", "STREAMFER_MAX_OVERTAKEN_MS": "50"}
+    )
+    assert cfg.pipelines[1].rank == -5 and cfg.max_overtaken_ms == 50
+
+
+@pytest.mark.parametrize("value", ["urgent", "5", 101, -101, True, 1.5])
+def test_a_bad_priority_names_the_field_and_what_is_allowed(
+    make_raw: Callable[..., Raw], value: Any
+) -> None:
+    msg = config_error(two_pipelines(make_raw, priority=value))
+    assert "pipelines[1].priority" in msg
+    assert "'interactive', 'normal', 'bulk' or an integer from -100 to 100" in msg
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "field"),
+    [
+        ("pipeline", 0, "pipelines[1].max_in_flight_share"),
+        ("pipeline", 1.5, "pipelines[1].max_in_flight_share"),
+        ("top", 0, "bulk_in_flight_share"),
+        ("top", -0.5, "bulk_in_flight_share"),
+        ("overtaken", 0, "max_overtaken_ms"),
+    ],
+)
+def test_a_share_out_of_range_names_the_field(
+    make_raw: Callable[..., Raw], where: str, value: float, field: str
+) -> None:
+    raw = two_pipelines(make_raw, priority="bulk")
+    if where == "pipeline":
+        raw["pipelines"][1]["max_in_flight_share"] = value
+    elif where == "top":
+        raw["bulk_in_flight_share"] = value
+    else:
+        raw["max_overtaken_ms"] = value
+    assert field in config_error(raw)
+
+
+def test_a_share_smaller_than_one_batch_is_refused(make_raw: Callable[..., Raw]) -> None:
+    raw = two_pipelines(make_raw, priority="bulk", max_in_flight_share=0.2)  # 204 < 256
+    msg = config_error(raw)
+    assert "pipelines[1].max_in_flight_share: 0.2 of the in-flight bound (1024 records" in msg
+    assert "less than one batch of 'bulk' (max_batch_size 256)" in msg
+    raw = two_pipelines(make_raw, priority="bulk")
+    raw["bulk_in_flight_share"] = 0.2
+    assert "bulk_in_flight_share (which applies to pipelines[1], 'bulk')" in config_error(raw)
+    raw["pipelines"][1]["batch"] = {"max_batch_size": 204}  # just fits
+    parse_config(raw, environ={})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -144,3 +145,196 @@ def test_close_finishes_queued_jobs(recorder: Recorder) -> None:
     assert proc.close(5.0)
     assert all(j.tracker.sealed for j in jobs)
     proc.check()
+
+
+# --- priority lanes --------------------------------------------------------------------
+
+LANES = {"live": 10, "bulk": -10}
+
+
+def lane_job(pipeline: str, n: int) -> Job:
+    """Job ``n`` of ``pipeline``; its one partition is the pipeline's own topic."""
+    return Job(pipeline, [], DeliveryTracker(pipeline), {(pipeline, 0): n + 1})
+
+
+def tag(job: Job) -> str:
+    return f"{job.pipeline}{job.offsets[(job.pipeline, 0)] - 1}"
+
+
+class LaneRecorder:
+    """Prepare, infer, publish; a closed gate holds a job in the model (a busy model)."""
+
+    def __init__(self, infer_s: float = 0.0) -> None:
+        self.events: list[str] = []
+        self.lock = threading.Lock()
+        self.gates: dict[str, threading.Event] = {}
+        self.infer_s = infer_s
+        self.takes: list[tuple[int, str, bool]] = []
+
+    def log(self, event: str) -> None:
+        with self.lock:
+            self.events.append(event)
+
+    def of(self, stage: str) -> list[str]:
+        with self.lock:
+            return [e.split()[1] for e in self.events if e.split()[0] == stage]
+
+    def on_take(self, stage: int, job: Job, waited_s: float, aged: bool) -> None:
+        assert waited_s >= 0
+        with self.lock:
+            self.takes.append((stage, tag(job), aged))
+
+    def prepare(self, job: Job) -> Step:
+        name = tag(job)
+        self.log(f"prepare {name}")
+
+        def infer() -> Step:
+            self.log(f"infer {name}")
+            gate = self.gates.get(name)
+            if gate is not None:
+                assert gate.wait(10)
+            if self.infer_s:
+                time.sleep(self.infer_s)
+            return publish
+
+        def publish() -> None:
+            self.log(f"publish {name}")
+            job.tracker.seal()
+
+        return infer
+
+
+def lanes_threads(recorder: LaneRecorder, **kw: object) -> StageThreads:
+    return StageThreads(
+        recorder.prepare,
+        stages=3,
+        ahead=2,
+        lane=lambda job: LANES[job.pipeline],
+        on_take=recorder.on_take,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_interactive_jobs_overtake_waiting_bulk_jobs() -> None:
+    recorder = LaneRecorder()
+    recorder.gates["bulk0"] = threading.Event()
+    proc = lanes_threads(recorder)
+    try:
+        for n in range(6):
+            proc.submit(lane_job("bulk", n))
+        # the model is busy with bulk0; bulk1 and bulk2 wait for it (ahead = 2), so the
+        # first stage holds bulk3 back and is free for the interactive pipeline
+        wait_for(lambda: recorder.of("prepare") == ["bulk0", "bulk1", "bulk2"])
+        assert proc.pending(lane_at_least=LANES["live"]) == 0
+        proc.submit(lane_job("live", 0))
+        proc.submit(lane_job("live", 1))
+        wait_for(lambda: "live1" in recorder.of("prepare"))
+        assert recorder.of("prepare") == ["bulk0", "bulk1", "bulk2", "live0", "live1"]
+        assert proc.pending(lane_at_least=LANES["live"]) == 2
+        assert proc.pending() == 8
+        recorder.gates["bulk0"].set()
+        wait_for(lambda: proc.pending() == 0)
+    finally:
+        proc.close(5.0)
+    proc.check()
+    infer = recorder.of("infer")
+    assert infer[:3] == ["bulk0", "live0", "live1"], infer
+    assert [t for t in infer if t.startswith("bulk")] == [f"bulk{n}" for n in range(6)]
+    published = recorder.of("publish")
+    assert published.index("live1") < published.index("bulk1")
+    assert [t for t in published if t.startswith("bulk")] == [f"bulk{n}" for n in range(6)]
+
+
+def test_the_top_lane_is_prepared_as_it_comes_while_the_model_is_busy() -> None:
+    """Small interactive batches all wait ready in front of the model, not two of them
+    with the rest queued for room behind a long bulk batch."""
+    recorder = LaneRecorder()
+    recorder.gates["bulk0"] = threading.Event()
+    proc = lanes_threads(recorder, top_lane=LANES["live"])
+    try:
+        for n in range(4):
+            proc.submit(lane_job("bulk", n))
+        wait_for(lambda: recorder.of("prepare") == ["bulk0", "bulk1", "bulk2"])
+        for n in range(6):
+            proc.submit(lane_job("live", n))
+        wait_for(lambda: len(recorder.of("prepare")) == 9)
+        time.sleep(0.05)
+        assert "bulk3" not in recorder.of("prepare"), "the bulk lane keeps its bound"
+        recorder.gates["bulk0"].set()
+        wait_for(lambda: proc.pending() == 0)
+    finally:
+        proc.close(5.0)
+    proc.check()
+    assert recorder.of("infer") == [
+        "bulk0",
+        *[f"live{n}" for n in range(6)],
+        "bulk1",
+        "bulk2",
+        "bulk3",
+    ]
+
+
+def test_every_pipeline_keeps_its_order_however_jobs_interleave() -> None:
+    recorder = LaneRecorder(infer_s=0.001)
+    proc = lanes_threads(recorder)
+    rng = random.Random(5)
+    submitted: dict[str, list[str]] = {"live": [], "bulk": []}
+    try:
+        for _ in range(120):
+            pipeline = rng.choice(["live", "bulk"])
+            job = lane_job(pipeline, len(submitted[pipeline]))
+            submitted[pipeline].append(tag(job))
+            proc.submit(job)
+            if rng.random() < 0.3:
+                time.sleep(0.001)
+        wait_for(lambda: proc.pending() == 0)
+    finally:
+        proc.close(5.0)
+    proc.check()
+    for stage in ("prepare", "infer", "publish"):
+        seen = recorder.of(stage)
+        for pipeline, order in submitted.items():
+            assert [t for t in seen if t.startswith(pipeline)] == order, stage
+
+
+def test_bulk_jobs_run_whenever_the_interactive_lane_is_idle() -> None:
+    recorder = LaneRecorder()
+    proc = lanes_threads(recorder, max_overtaken_s=3600.0)
+    try:
+        for n in range(10):
+            proc.submit(lane_job("bulk", n))
+        wait_for(lambda: proc.pending() == 0)
+    finally:
+        proc.close(5.0)
+    assert recorder.of("publish") == [f"bulk{n}" for n in range(10)]
+    assert not any(aged for _, _, aged in recorder.takes)
+
+
+def test_a_sustained_interactive_overload_still_lets_bulk_through() -> None:
+    """More interactive work waits than the model can take (a second of it at least),
+    so the interactive lane in front of the model never runs dry; aging still takes each
+    bulk job to the model once it has been overtaken there for ``max_overtaken_s``, and
+    says so."""
+    recorder = LaneRecorder(infer_s=0.005)
+    proc = StageThreads(
+        recorder.prepare,
+        ahead=8,  # room for 8 prepared interactive jobs in front of the model
+        lane=lambda job: LANES[job.pipeline],
+        max_overtaken_s=0.05,
+        on_take=recorder.on_take,
+    )
+    try:
+        for n in range(200):
+            proc.submit(lane_job("live", n))
+        proc.submit(lane_job("bulk", 0))
+        proc.submit(lane_job("bulk", 1))
+        wait_for(lambda: proc.pending() == 0, timeout=30)
+    finally:
+        proc.close(5.0)
+    proc.check()
+    published = recorder.of("publish")
+    assert published.index("bulk1") < published.index("live199"), "bulk did not wait it out"
+    model = [(name, aged) for stage, name, aged in recorder.takes if stage == 1]
+    assert ("bulk0", True) in model and ("bulk1", True) in model, model
+    assert not any(aged for name, aged in model if name.startswith("live"))
+    assert [t for t in published if t.startswith("live")] == [f"live{n}" for n in range(200)]

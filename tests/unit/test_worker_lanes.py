@@ -1,0 +1,146 @@
+"""Priority lanes in a real ``Worker`` against fake Kafka clients (``tests/unit/fakes.py``):
+a bulk pipeline at its share of the in-flight bound has only its partitions paused while
+the interactive pipeline's keep flowing, interactive batches go ahead of waiting bulk
+ones, and every request of both is answered once, in order, and committed to the end."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, cast
+
+import orjson
+from confluent_kafka import Consumer
+from prometheus_client import CollectorRegistry
+
+from streamfer_dev.modelgen import DemoModel
+from tests.unit.fakes import FakeConsumer, FakeSink, GatedStore, requests, turn_until
+from worker.app import Worker
+from worker.config import WorkerConfig
+from worker.engines import OnnxEngine
+from worker.metrics import Metrics
+from worker.pipeline import Pipeline
+from worker.sink import Sink
+
+LIVE, BULK = "live-req", "bulk-req"
+
+
+def append(consumer: FakeConsumer, topic: str, partition: int, n: int) -> None:
+    log = consumer.logs.setdefault((topic, partition), [])
+    log += requests(partition, n, start=len(log), topic=topic)
+
+
+def two_pipeline_worker(
+    classifier: DemoModel, *, priorities: bool = True
+) -> tuple[Worker, FakeConsumer, FakeSink, dict[str, GatedStore], Metrics]:
+    """An interactive pipeline (batches of 4) and a bulk one (batches of 8); bound 4 x 8 =
+    32 records, so bulk's default share is 16 (two batches), resuming at 8."""
+    data = {
+        f"e{i}": {f: repr(float(v)).encode() for f, v in zip(classifier.fields, row, strict=True)}
+        for i, row in enumerate(classifier.features[:20].tolist())
+    }
+
+    def pipeline(name: str, topic: str, batch: int, priority: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "request_topics": [topic],
+            "result_topic": f"{name}-res",
+            "dead_letter_topic": f"{name}-dlq",
+            "features": {"fields": classifier.fields},
+            "model": {"path": str(classifier.path), "name": "demo"},
+            "batch": {"max_batch_size": batch, "max_wait_ms": 1},
+            **({"priority": priority} if priorities else {}),
+        }
+
+    config = WorkerConfig.model_validate(
+        {
+            "pipelines": [
+                pipeline("live", LIVE, 4, "interactive"),
+                pipeline("bulk", BULK, 8, "bulk"),
+            ],
+            "max_in_flight_batches": 4,
+            "poll_timeout_ms": 5,
+        }
+    )
+    metrics = Metrics(CollectorRegistry())
+    stores = {p.name: GatedStore(data, classifier.fields) for p in config.pipelines}
+    pipelines = [
+        Pipeline(
+            p,
+            store=stores[p.name],
+            engine=OnnxEngine(p.model),
+            metrics=metrics.for_pipeline(p.name),
+        )
+        for p in config.pipelines
+    ]
+    consumer, sink = FakeConsumer(), FakeSink()
+    worker = Worker(
+        config=config,
+        consumer=cast(Consumer, consumer),
+        sink=cast(Sink, sink),
+        pipelines=pipelines,
+        metrics=metrics,
+    )
+    worker._source.subscribe()
+    return worker, consumer, sink, stores, metrics
+
+
+def ids(sink: FakeSink, topic: str) -> list[str]:
+    return [orjson.loads(v)["id"] for t, v in sink.sent if t == topic]
+
+
+def settle(worker: Worker, consumer: FakeConsumer, ends: dict[tuple[str, int], int]) -> None:
+    """Turn, answering commits, until every partition's group offset is its log end."""
+    deadline = time.monotonic() + 20
+    while any(consumer.group_offsets.get(k, 0) != end for k, end in ends.items()):
+        assert time.monotonic() < deadline, (consumer.group_offsets, ends)
+        worker.run_once()
+        consumer.answer(worker, None)
+
+
+def test_a_bulk_pipeline_at_its_share_pauses_only_its_partitions(classifier: DemoModel) -> None:
+    worker, consumer, sink, stores, metrics = two_pipeline_worker(classifier)
+    parts = [(LIVE, 0), (LIVE, 1), (BULK, 0), (BULK, 1)]
+    consumer.assign(*parts)
+    stores["bulk"].gate.clear()  # the first bulk batch holds the first stage
+    append(consumer, BULK, 0, 100)
+    append(consumer, BULK, 1, 100)
+    turn_until(worker, lambda: consumer.paused == {(BULK, 0), (BULK, 1)})
+    assert worker._committer.records_of("bulk") == 16, "two batches: the share"
+    held = metrics.in_flight_share_held.labels("bulk")._value.get()
+    assert held == 1
+    # interactive records keep being fetched while bulk's partitions stay paused
+    append(consumer, LIVE, 0, 6)
+    append(consumer, LIVE, 1, 2)
+    turn_until(worker, lambda: worker._committer.records_of("live") == 8)
+    for _ in range(20):
+        worker.run_once()
+    assert consumer.paused == {(BULK, 0), (BULK, 1)}
+    assert worker._committer.records_of("bulk") == 16
+    stores["bulk"].gate.set()
+    settle(worker, consumer, {key: len(consumer.logs[key]) for key in parts})
+    assert consumer.paused == set()
+    assert metrics.in_flight_share_held.labels("bulk")._value.get() == 0
+    live, bulk = ids(sink, "live-res"), ids(sink, "bulk-res")
+    for topic, got in ((LIVE, live), (BULK, bulk)):
+        for partition in (0, 1):
+            mine = [i for i in got if i.startswith(f"r{partition}-")]
+            expected = len(consumer.logs.get((topic, partition), []))
+            assert mine == [f"r{partition}-{n}" for n in range(expected)]
+    # the interactive batches went ahead of the bulk batch that waited for the first stage
+    # (the second of bulk-req[0]: records 8-15) when they came
+    sent = [(t, orjson.loads(v)["id"]) for t, v in sink.sent]
+    assert sent.index(("live-res", live[-1])) < sent.index(("bulk-res", "r0-8")), sent[:40]
+
+
+def test_without_priorities_nothing_pauses_for_a_share(classifier: DemoModel) -> None:
+    """Today's behaviour: one lane, the whole bound for whoever fills it."""
+    worker, consumer, sink, stores, _ = two_pipeline_worker(classifier, priorities=False)
+    parts = [(LIVE, 0), (BULK, 0)]
+    consumer.assign(*parts)
+    stores["bulk"].gate.clear()
+    append(consumer, BULK, 0, 100)
+    turn_until(worker, lambda: worker._committer.records_of("bulk") >= 32)
+    assert consumer.paused in (set(), {(LIVE, 0), (BULK, 0)}), "only the whole bound pauses"
+    stores["bulk"].gate.set()
+    settle(worker, consumer, {(BULK, 0): 100})
+    assert ids(sink, "bulk-res") == [f"r0-{n}" for n in range(100)]

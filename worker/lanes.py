@@ -1,0 +1,104 @@
+"""Priority lanes: the queue one processing stage takes its next batch from.
+
+Several pipelines in one worker share the processing threads, the model's above all. Each
+pipeline's ``priority`` names its lane; a stage takes the oldest batch of the highest
+lane whose next stage has room, so a latency-sensitive pipeline's batch goes ahead of a
+bulk pipeline's waiting ones. Within a lane batches keep their order, which is all the
+ordering the worker promises: pipelines read disjoint topics, so one partition's batches
+always share a lane. A batch already running is never interrupted (an ONNX Runtime call
+cannot be), so a higher lane waits at most for the batch each stage is running. Aging
+keeps a lower lane from starving: once higher lanes have overtaken its next batch for
+``max_overtaken_s``, that batch goes next. With a single lane this is a plain FIFO.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+__all__ = ["LaneQueue", "Taken"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Taken(Generic[T]):
+    """An item a stage took: its lane, how long it waited in this queue, and whether it
+    went ahead of a higher lane because it had been overtaken too long."""
+
+    item: T
+    lane: int
+    waited_s: float
+    aged: bool
+
+
+class LaneQueue(Generic[T]):
+    """Items waiting for one stage, first in, first out per lane. Not thread-safe: the
+    caller holds its lock."""
+
+    def __init__(self, max_overtaken_s: float = 0.5) -> None:
+        self._max_overtaken_s = max_overtaken_s
+        self._lanes: dict[int, deque[tuple[T, float]]] = {}
+        self._order: list[int] = []
+        """Lanes seen so far, highest first."""
+        self._overtaken_since: dict[int, float] = {}
+        """Per lane: since when higher lanes have been taken while its next item could
+        have gone."""
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def append(self, lane: int, item: T, now: float) -> None:
+        queue = self._lanes.get(lane)
+        if queue is None:
+            queue = self._lanes[lane] = deque()
+            self._order = sorted(self._lanes, reverse=True)
+        queue.append((item, now))
+        self._size += 1
+
+    def count(self, lane: int) -> int:
+        """Items waiting in ``lane``."""
+        queue = self._lanes.get(lane)
+        return len(queue) if queue is not None else 0
+
+    def __iter__(self) -> Iterator[T]:
+        """Every waiting item, highest lane first, in order within a lane."""
+        for lane in self._order:
+            for item, _ in self._lanes[lane]:
+                yield item
+
+    def clear(self) -> None:
+        for queue in self._lanes.values():
+            queue.clear()
+        self._overtaken_since.clear()
+        self._size = 0
+
+    def take(self, ready: Callable[[int], bool], now: float) -> Taken[T] | None:
+        """The next item of the highest lane that is ``ready`` (its next stage has room),
+        or of a lower ready lane overtaken for ``max_overtaken_s``; None when no lane is
+        ready. Every lower ready lane passed over starts (or goes on) counting."""
+        ready_lanes = [lane for lane in self._order if self._lanes[lane] and ready(lane)]
+        since = self._overtaken_since
+        for lane in [lane for lane in since if lane not in ready_lanes]:
+            del since[lane]  # nothing to take, or its next stage is full: not overtaken
+        if not ready_lanes:
+            return None
+        chosen, aged = ready_lanes[0], False
+        if len(ready_lanes) > 1:
+            starved = [
+                lane
+                for lane in ready_lanes[1:]
+                if lane in since and now - since[lane] >= self._max_overtaken_s
+            ]
+            if starved:
+                chosen, aged = min(starved, key=since.__getitem__), True
+            else:
+                for lane in ready_lanes[1:]:
+                    since.setdefault(lane, now)
+        since.pop(chosen, None)
+        item, queued_at = self._lanes[chosen].popleft()
+        self._size -= 1
+        return Taken(item, chosen, max(0.0, now - queued_at), aged)
