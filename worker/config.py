@@ -329,7 +329,7 @@ class CacheSpec(_Frozen):
     max_entries: int = Field(default=100_000, ge=0, le=100_000_000)
     redis_ttl_s: int | None = Field(default=None, ge=1, le=365 * 86_400)
     redis_key_prefix: str = Field(default="streamfer:cache:", min_length=1, max_length=200)
-    redis_timeout_ms: float = Field(default=100.0, gt=0, le=60_000)
+    redis_timeout_ms: float = Field(default=250.0, gt=0, le=60_000)
 
 
 class PipelineConfig(_Frozen):

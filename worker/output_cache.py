@@ -178,7 +178,9 @@ class OutputCache:
                 zip(run, row_outputs(outputs, len(run)), ok.tolist(), strict=True)
             ):
                 if good:
-                    value = dumps(out)
+                    # a copy: orjson's own result keeps its 4 KiB buffer, which would make
+                    # each entry cost that much memory for as long as it is kept
+                    value = bytes(memoryview(dumps(out)))
                     encoded[r] = value
                     fresh.append((keys[r], value))
                 elif j in failed:

@@ -358,7 +358,9 @@ def keys_under(client: Any, prefix: str) -> list[bytes]:
 def redis_tier(stored: Stored, *, ttl: int, memory: bool = True) -> tuple[str, str]:
     """A fresh key prefix, and the cache table that keeps entries there for ``ttl`` s."""
     prefix = f"{stored.tag}:cache:"
-    lines = [f"redis_ttl_s = {ttl}", f'redis_key_prefix = "{prefix}"']
+    # a generous timeout: these tests are about what is cached, not how fast on a
+    # loaded machine (a round trip over it counts as an error and misses)
+    lines = [f"redis_ttl_s = {ttl}", f'redis_key_prefix = "{prefix}"', "redis_timeout_ms = 2000"]
     if not memory:
         lines.append("max_entries = 0")
     return prefix, "\n".join(lines)
@@ -464,7 +466,7 @@ def test_redis_entries_expire_after_their_ttl(
     serve: Callable[..., Served],
 ) -> None:
     stored = store(redis_url, data)
-    ttl = 5
+    ttl = 8
     prefix, cache = redis_tier(stored, ttl=ttl, memory=False)
     served = serve(stored, cache)
     client = redis.Redis.from_url(redis_url)
@@ -476,7 +478,7 @@ def test_redis_entries_expire_after_their_ttl(
         assert 0 < client.pttl(key) <= ttl * 1000
 
         left = client.pttl(key)
-        if left < 2000:
+        if left < 3000:
             pytest.fail(f"the machine is too slow for this TTL: {left} ms left")
         two = one.again("x2")
         got.update(served.round_trip([two]))
@@ -590,9 +592,25 @@ def test_an_unreachable_cache_redis_never_stops_the_pipeline(
 def cluster() -> Iterator[RedisCluster]:
     started = start_redis_cluster(nodes=3)
     try:
+        # start_redis_cluster waits for the first node to say ok; a write routed to a
+        # node that has not caught up yet fails with CLUSTERDOWN (seen once in 20 runs)
+        deadline = time.monotonic() + 30
+        pending = [node.address for node in started.nodes]
+        while pending and time.monotonic() < deadline:
+            pending = [url for url in pending if not _cluster_ok(url)]
+            time.sleep(0.1)
+        assert not pending, f"cluster nodes {pending} never said cluster_state:ok"
         yield started
     finally:
         started.stop()
+
+
+def _cluster_ok(url: str) -> bool:
+    node = redis.Redis.from_url(url)
+    try:
+        return bool(node.cluster("INFO")["cluster_state"] == "ok")
+    finally:
+        node.close()
 
 
 def test_the_redis_tier_on_a_cluster_spreads_keys_over_its_nodes(

@@ -406,3 +406,30 @@ enabled = true
     assert main(["run", "--config", str(path)]) == 2
     err = capsys.readouterr().err
     assert "cache.enabled" in err and "model.deterministic" in err
+
+
+def test_an_entry_costs_its_bytes_not_an_encoder_buffer(
+    classifier: DemoModel, store: MemoryStore, onnx_engine: OnnxEngine
+) -> None:
+    """orjson hands back its output in a 4 KiB buffer: kept as it is, 100,000 entries
+    would hold 400 MB instead of about 30."""
+    import tracemalloc
+
+    import numpy as np
+
+    h = Harness(classifier, store, onnx_engine)
+    name = onnx_engine.inputs[0].name
+    feeds = {name: np.random.default_rng(3).standard_normal((2000, 30)).astype(np.float32)}
+    outputs = onnx_engine.infer(feeds)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        rows = h.cache.look_up(feeds, onnx_engine)
+        h.cache.to_run(rows, feeds, onnx_engine)
+        h.cache.settle(rows, outputs, {})
+        rows = None  # only the cache's entries are left
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(h.cache.memory) == 2000
+    assert held / 2000 < 600, f"{held / 2000:.0f} bytes per entry"
