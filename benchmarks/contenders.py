@@ -9,6 +9,8 @@ partitions``; ``Launched.wait_ready`` waits until together they own every partit
 ``streamfer_2p`` is one ``streamfer run --processes 2``: a supervisor whose two workers
 log to its file, each line naming its process index; its CPU time and memory are its
 workers' too (``Launched.pids`` includes the processes' descendants).
+``streamfer_cache`` is one worker with the output cache on (in process only, its
+default ``max_entries``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 Layout = Literal["hash", "packed"]
 
-KAFKA_CONTENDERS = ("streamfer", "streamfer_2w", "streamfer_2p", "naive", "faust", "passthrough")
+KAFKA_CONTENDERS = (
+    "streamfer",
+    "streamfer_2w",
+    "streamfer_2p",
+    "streamfer_cache",
+    "naive",
+    "faust",
+    "passthrough",
+)
 
 _OWNING = re.compile(r"owning (\d+) partitions")
 _OWNING_BY_INDEX = re.compile(r"\[\d+ process (\d+)\] .*owning (\d+) partitions")
@@ -128,6 +138,8 @@ def launch(name: str, job: Job) -> Launched:
         return _streamfer(name, job, 2 if name == "streamfer_2w" else 1)
     if name == "streamfer_2p":
         return _streamfer(name, job, 1, processes=2)
+    if name == "streamfer_cache":
+        return _streamfer(name, job, 1, cache=True)
     if name == "naive":
         argv = [
             "-m",
@@ -211,7 +223,9 @@ def _with_descendants(pid: int) -> list[int]:
     return out
 
 
-def _streamfer(name: str, job: Job, workers: int, processes: int = 1) -> Launched:
+def _streamfer(
+    name: str, job: Job, workers: int, processes: int = 1, cache: bool = False
+) -> Launched:
     config = job.workdir / f"{name}-{job.group}.toml"
     config.write_text(
         worker_config_toml(
@@ -235,6 +249,7 @@ def _streamfer(name: str, job: Job, workers: int, processes: int = 1) -> Launche
         "PYTHONPATH": _pythonpath(),
         "STREAMFER_PIPELINES__0__BATCH__MODE": job.batch_mode,
         "STREAMFER_PIPELINES__0__SOURCE_HEADERS": "true" if job.source_headers else "false",
+        "STREAMFER_PIPELINES__0__CACHE__ENABLED": "true" if cache else "false",
     }
     launched = Launched(name, members_per_log=processes)
     args = ("--processes", str(processes)) if processes > 1 else ()

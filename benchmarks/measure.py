@@ -76,6 +76,8 @@ class Reading:
     cpu_last: float | None = None
     results_at_last: int = 0
     timed_out: bool = False
+    cached: int = 0
+    """Results that say ``"cached": true`` (the output cache served them)."""
 
     @property
     def lost(self) -> int:
@@ -160,6 +162,8 @@ def _count(out: Reading, msg: Any, pending: set[str]) -> None:
         request_ts = next((int(v) for k, v in msg.headers() or () if k == "request_ts_ms"), None)
     ts = msg.timestamp()[1]
     out.results[rid] += 1
+    if doc.get("cached") is True:
+        out.cached += 1
     pending.discard(rid)
     if request_ts is not None:
         out.latencies_ms.append(ts - request_ts)

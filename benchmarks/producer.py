@@ -6,6 +6,13 @@
 fast as it can (``--rate 0``, the backlog) or open-loop at R records/s (pacing every 20
 records, never waiting for results). Each record's Kafka timestamp is set by the client at
 produce time; that is the request time every contender's latency is measured from.
+
+``--repeat-share S --distinct D`` makes a stream for the output cache: every request
+also carries one feature inline (``--feature``, over its stored value), so that the
+inputs are set by the producer, not by the few hundred stored entities. A share S of the
+requests repeat one of D distinct inputs (entity ``j % E`` with the feature at
+``5 + j/1024``, j drawn uniformly), and the rest are inputs never sent before (the
+feature at ``30 + i/1024`` for request i). Every value is exactly a float32.
 """
 
 from __future__ import annotations
@@ -28,14 +35,30 @@ def request_ids(n: int) -> list[str]:
 
 
 def requests(
-    n: int, entity_prefix: str, n_entities: int, seed: int = 7
+    n: int,
+    entity_prefix: str,
+    n_entities: int,
+    seed: int = 7,
+    *,
+    repeat_share: float | None = None,
+    distinct: int = 1000,
+    feature: str = "f0",
 ) -> Iterator[tuple[str, bytes | None, bytes | None]]:
     """``(tag, key, value)`` triples for ``streamfer_dev.harness.produce_requests``."""
     rng = random.Random(seed)
     for i in range(n):
-        entity = f"{entity_prefix}{rng.randrange(n_entities)}"
         rid = f"r{i}"
-        yield rid, entity.encode(), orjson.dumps({"id": rid, "entity": entity})
+        if repeat_share is None:
+            entity = f"{entity_prefix}{rng.randrange(n_entities)}"
+            yield rid, entity.encode(), orjson.dumps({"id": rid, "entity": entity})
+            continue
+        if rng.random() < repeat_share:
+            j = rng.randrange(distinct)
+            entity, value = f"{entity_prefix}{j % n_entities}", 5.0 + j / 1024
+        else:
+            entity, value = f"{entity_prefix}{rng.randrange(n_entities)}", 30.0 + i / 1024
+        doc = {"id": rid, "entity": entity, "features": {feature: value}}
+        yield rid, entity.encode(), orjson.dumps(doc)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -47,11 +70,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--entity-prefix", required=True)
     parser.add_argument("--entities", type=int, required=True)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--repeat-share", type=float, default=None, help="share of requests that repeat"
+    )
+    parser.add_argument("--distinct", type=int, default=1000, help="inputs the repeats use")
+    parser.add_argument("--feature", default="f0", help="the feature sent inline")
     args = parser.parse_args(argv)
     produce_requests(
         args.bootstrap,
         args.topic,
-        requests(args.records, args.entity_prefix, args.entities, args.seed),
+        requests(
+            args.records,
+            args.entity_prefix,
+            args.entities,
+            args.seed,
+            repeat_share=args.repeat_share,
+            distinct=args.distinct,
+            feature=args.feature,
+        ),
         rate=args.rate,
     )
     return 0

@@ -47,6 +47,7 @@ def ratios(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "streamfer_2w_vs_streamfer": over(rps("streamfer_2w"), sf),
         "streamfer_2p_vs_streamfer": over(rps("streamfer_2p"), sf),
         "streamfer_2p_vs_streamfer_2w": over(rps("streamfer_2p"), rps("streamfer_2w")),
+        "streamfer_cache_vs_streamfer": over(rps("streamfer_cache"), sf),
         "p99_faust_over_streamfer": over(p99("faust"), p99("streamfer")),
         "p99_naive_over_streamfer": over(p99("naive"), p99("streamfer")),
     }
@@ -110,6 +111,11 @@ def format_table(report: dict[str, Any]) -> str:
             else ""
         )
         + ("" if report.get("source_headers", True) else ", no source headers")
+        + (
+            f", {report['repeat_share']:.0%} of requests repeat {report['distinct']:,} inputs"
+            if report.get("repeat_share") is not None
+            else ""
+        )
         + ";"
         f" {report['broker']}"
         + _warmup_text(report.get("broker_warmup"))
@@ -118,7 +124,7 @@ def format_table(report: dict[str, Any]) -> str:
         "",
     ]
     head = (
-        f"{'contender':<14}{'records':>8}{'records/s':>11}{'p50 ms':>9}{'p95 ms':>9}"
+        f"{'contender':<16}{'records':>8}{'records/s':>11}{'p50 ms':>9}{'p95 ms':>9}"
         f"{'p99 ms':>9}{'CPU s/10k':>10}{'RSS MB':>8}{'lost':>6}{'dup':>5}  note"
     )
     lines += [head, "-" * len(head)]
@@ -133,10 +139,12 @@ def format_table(report: dict[str, Any]) -> str:
                     f"; the faster of {r['rps_before']:,.0f}/s before the Kafka contenders"
                     f" and {r['rps_after']:,.0f}/s after"
                 )
+        if r.get("cached"):
+            note = f"{note}; {r['cached']:,} results from the cache".strip("; ")
         if r.get("error"):
             note = f"{note}; {r['error']}".strip("; ")
         lines.append(
-            f"{name:<14}{_fmt(r.get('records'), ',d'):>8}{_fmt(r['rps']):>11}"
+            f"{name:<16}{_fmt(r.get('records'), ',d'):>8}{_fmt(r['rps']):>11}"
             f"{_fmt(r['p50_ms'], ',.1f'):>9}{_fmt(r.get('p95_ms'), ',.1f'):>9}"
             f"{_fmt(r['p99_ms'], ',.1f'):>9}{_fmt(r.get('cpu_s_per_10k'), '.2f'):>10}"
             f"{_fmt(r.get('rss_mb'), ',.0f'):>8}{_fmt(r['lost'], 'd'):>6}"

@@ -9,7 +9,10 @@ per-record loop, the faust-streaming agent and the Kafka passthrough (all separa
 processes), then ONNX Runtime alone and Redis pipelined HMGET alone (in process).
 ``--mode backlog`` writes all records before the contender starts and times the drain;
 ``--mode steady`` starts the contender, waits for its assignment, then produces open-loop
-at ``--rate`` records/s. It prints a table, or one JSON object with ``--json``.
+at ``--rate`` records/s. ``--repeat-share S --distinct D`` makes a share S of the requests
+repeat D distinct inputs (``benchmarks.producer``), for ``streamfer_cache``, a worker with
+the output cache on, beside ``streamfer`` without it. It prints a table, or one JSON
+object with ``--json``.
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ from worker.topics import ensure_topics
 __all__ = ["ALL_CONTENDERS", "Options", "main", "run_benchmark"]
 
 ALL_CONTENDERS = (*KAFKA_CONTENDERS, "ort_alone", "redis_alone")
+DEFAULT_CONTENDERS = tuple(c for c in ALL_CONTENDERS if c != "streamfer_cache")
+"""What runs without ``--contenders``: every contender but the cached worker, which only
+says something about a stream that repeats itself (``--repeat-share``)."""
 SLOW_CONTENDERS = ("naive", "faust")
 ORT_CEILING_BUDGET_S = 2.0
 """How long ONNX Runtime alone is timed at the contenders' batch size."""
@@ -64,7 +70,7 @@ class Options:
     records: int = 20_000
     rate: float = 2000.0
     cap: int = 2000
-    contenders: tuple[str, ...] = ALL_CONTENDERS
+    contenders: tuple[str, ...] = DEFAULT_CONTENDERS
     partitions: int = 4
     max_batch_size: int = 256
     max_wait_ms: float = 20.0
@@ -78,6 +84,9 @@ class Options:
     consumer_options: tuple[tuple[str, str], ...] = ()
     broker_warmup: int = 20_000
     """Records a passthrough drains, unmeasured, before the first contender (0: none)."""
+    repeat_share: float | None = None
+    """Share of requests that repeat one of ``distinct`` inputs (None: entities only)."""
+    distinct: int = 1000
 
 
 def run_benchmark(
@@ -161,7 +170,12 @@ def run_benchmark(
             warm = replace(opts, mode="backlog", py_spy=None)
             n = opts.broker_warmup
             row, _ = _run_kafka_contender(
-                "passthrough", job_for("passthrough", "warmup"), n, len(entities), warm, run_id
+                "passthrough",
+                job_for("passthrough", "warmup"),
+                n,
+                len(entities),
+                replace(warm, repeat_share=None),
+                run_id,
             )
             extra["broker_warmup"] = {"records": n, "rps": row["rps"], "lost": row["lost"]}
             if row.get("error"):
@@ -213,6 +227,8 @@ def run_benchmark(
         "source_headers": opts.source_headers,
         "warmup_s": _warmup_s(opts),
         "consumer_options": dict(opts.consumer_options),
+        "repeat_share": opts.repeat_share,
+        "distinct": opts.distinct if opts.repeat_share is not None else None,
         "cpus": os.cpu_count(),
         "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "results": results,
@@ -272,6 +288,14 @@ def _run_kafka_contender(
         *("--records", str(n), "--rate", "0" if backlog else str(opts.rate)),
         *("--entity-prefix", f"{run_id}-", "--entities", str(n_entities)),
     ]
+    if opts.repeat_share is not None:
+        producer_argv += [
+            "--repeat-share",
+            str(opts.repeat_share),
+            "--distinct",
+            str(opts.distinct),
+        ]
+        producer_argv += ["--feature", job.fields[0]]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     producer: subprocess.Popen[bytes] | None = None
     profiler = Profiler(opts.py_spy) if opts.py_spy is not None else None
@@ -310,6 +334,8 @@ def _run_kafka_contender(
         row["workers"] = 2
     if name == "streamfer_2p":
         row["processes"] = 2
+    if reading.cached:
+        row["cached"] = reading.cached
     if reading.timed_out:
         row["error"] = "stalled or exited before every result arrived"
         row["log_tail"] = launched.log_tail()
@@ -359,8 +385,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--contenders",
-        default=",".join(ALL_CONTENDERS),
-        help=f"comma-separated subset of {','.join(ALL_CONTENDERS)}",
+        default=",".join(DEFAULT_CONTENDERS),
+        help=f"comma-separated subset of {','.join(ALL_CONTENDERS)} (default: all but "
+        "streamfer_cache)",
     )
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--max-batch-size", type=int, default=256)
@@ -420,6 +447,21 @@ def _parser() -> argparse.ArgumentParser:
         help="records a Kafka passthrough drains, unmeasured, before the first contender, "
         "so no contender pays for a cold broker (default 20000; 0 = none)",
     )
+    parser.add_argument(
+        "--repeat-share",
+        type=float,
+        default=None,
+        metavar="S",
+        help="a share S (0-1) of the requests repeat one of --distinct inputs, the rest are "
+        "new ones (each request carries one feature inline); default: entities only",
+    )
+    parser.add_argument(
+        "--distinct",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="with --repeat-share: how many distinct inputs the repeats use (default 1000)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
@@ -452,6 +494,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.py_spy is not None and not Profiler.available():
         print("--py-spy needs the py-spy binary: pip install py-spy", file=sys.stderr)
         return 2
+    if args.repeat_share is not None and not 0 <= args.repeat_share <= 1:
+        print("--repeat-share takes a share from 0 to 1", file=sys.stderr)
+        return 2
+    if args.distinct < 1:
+        print("--distinct must be at least 1", file=sys.stderr)
+        return 2
     pairs = [o.split("=", 1) for o in args.consumer_option]
     if any(len(p) != 2 for p in pairs):
         print("--consumer-option takes KEY=VALUE", file=sys.stderr)
@@ -474,6 +522,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         warmup_s=args.warmup_s,
         consumer_options=tuple((k, v) for k, v in pairs),
         broker_warmup=max(0, args.broker_warmup),
+        repeat_share=args.repeat_share,
+        distinct=args.distinct,
     )
 
     def progress(name: str) -> None:

@@ -19,6 +19,7 @@ from worker.config import WorkerConfig
 from worker.health import HealthState
 from worker.limits import RecordLimits
 from worker.metrics import Metrics
+from worker.output_cache import open_cache
 from worker.parts import open_parts
 from worker.pausing import share_fetch_options
 from worker.pipeline import Pipeline
@@ -51,6 +52,7 @@ def build_worker(
         metrics.model_info.labels(
             p.name, p.model.name, p.model.version, engine.model_hash, engine.providers[0]
         ).set(1)
+        cache = open_cache(p, config.redis, metrics, engine)
         pipelines.append(
             Pipeline(
                 p,
@@ -61,6 +63,7 @@ def build_worker(
                 retry_feature_store_s=config.feature_store_retry_s,
                 abort=abort,
                 on_feature_store=health.feature_store,
+                cache=cache,
             )
         )
     # The models are loaded: /healthz answers 200 from here, while the Kafka clients wait

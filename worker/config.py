@@ -36,6 +36,7 @@ __all__ = [
     "LIBRDKAFKA_SECRET_OPTIONS",
     "PRIORITY_NAMES",
     "BatchPolicy",
+    "CacheSpec",
     "CudaOptions",
     "FeatureSpec",
     "HooksSpec",
@@ -312,6 +313,10 @@ class ModelSpec(_Frozen):
     sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
     cuda: CudaOptions = CudaOptions()
     tensorrt: TensorrtOptions = TensorrtOptions()
+    deterministic: bool = True
+    """False: the model may answer the same inputs differently (sampling, dropout left
+    on, a random seed per run), so its outputs are never cached (``cache.enabled`` is
+    refused)."""
     pad_to_buckets: bool | None = None
     """None: on when the serving provider is CUDA or TensorRT."""
     io_binding: bool | None = None
@@ -343,6 +348,22 @@ class ModelSpec(_Frozen):
         return self
 
 
+class CacheSpec(_Frozen):
+    """The output cache (``worker.output_cache``): a row whose model inputs were seen
+    before gets the outputs computed then, without the model. ``max_entries`` rows are
+    kept in process (least recently used first out; 0: none); with ``redis_ttl_s`` they
+    are also shared through the worker's Redis for that many seconds, under
+    ``redis_key_prefix``, so other workers and restarts find them. The Redis tier is an
+    optimisation: a round trip that fails or takes over ``redis_timeout_ms`` counts as
+    misses, and the tier rests for a while, without holding the batch up."""
+
+    enabled: bool = False
+    max_entries: int = Field(default=100_000, ge=0, le=100_000_000)
+    redis_ttl_s: int | None = Field(default=None, ge=1, le=365 * 86_400)
+    redis_key_prefix: str = Field(default="streamfer:cache:", min_length=1, max_length=200)
+    redis_timeout_ms: float = Field(default=250.0, gt=0, le=60_000)
+
+
 class PipelineConfig(_Frozen):
     """Request topics → features → model → result topic, with its own batch policy.
 
@@ -358,6 +379,7 @@ class PipelineConfig(_Frozen):
     lookups: list[LookupSpec] = Field(default_factory=list)
     model: ModelSpec
     hooks: HooksSpec = HooksSpec()
+    cache: CacheSpec = CacheSpec()
     batch: BatchPolicy = BatchPolicy()
     max_record_bytes: int = Field(default=1_048_576, ge=64)
     source_headers: bool = True
@@ -418,6 +440,30 @@ class PipelineConfig(_Frozen):
             raise ValueError(
                 "no lookups and no model.inputs: name the features (lookups, "
                 "request.features_array or model.inputs)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _cache_is_sound(self) -> PipelineConfig:
+        cache = self.cache
+        if not cache.enabled:
+            return self
+        if not self.model.deterministic:
+            raise ValueError(
+                "cache.enabled = true but model.deterministic = false: a model that may "
+                "answer the same inputs differently cannot have its outputs cached"
+            )
+        hooks = [name for name in ("prepare", "postprocess") if getattr(self.hooks, name)]
+        if hooks:
+            raise ValueError(
+                f"cache.enabled = true with hooks.{' and hooks.'.join(hooks)}: hooks see the "
+                "whole request, so the model's inputs alone do not decide a result; turn "
+                "one of them off"
+            )
+        if cache.max_entries == 0 and cache.redis_ttl_s is None:
+            raise ValueError(
+                "cache.enabled = true with cache.max_entries = 0 and no cache.redis_ttl_s: "
+                "the cache has nowhere to keep anything"
             )
         return self
 

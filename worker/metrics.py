@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["METRIC_NAMES", "STAGES", "THREAD_STAGES", "Metrics", "PipelineMetrics"]
+__all__ = ["METRIC_NAMES", "STAGES", "THREAD_STAGES", "CacheMetrics", "Metrics", "PipelineMetrics"]
 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 _SECONDS_BUCKETS = (
@@ -59,6 +59,21 @@ class PipelineMetrics:
     dead_letters: Counter
     """Parent metric; labelled per code on the (rare) dead-letter path."""
     pipeline: str
+
+
+@dataclass(frozen=True, slots=True)
+class CacheMetrics:
+    """Pre-bound children of one pipeline's output cache (``worker.output_cache``)."""
+
+    memory_hits: Counter
+    redis_hits: Counter
+    batch_hits: Counter
+    misses: Counter
+    evictions: Counter
+    entries: Gauge
+    hit_ratio: Gauge
+    redis_errors: Counter
+    corrupt_values: Counter
 
 
 class Metrics:
@@ -190,6 +205,59 @@ class Metrics:
         self.rebalances = Counter(
             "streamfer_rebalances", "Partition assignment changes", ["kind"], registry=r
         )
+        self.cache_hits = Counter(
+            "streamfer_cache_hits",
+            "Rows the output cache served instead of the model, by tier (memory, redis, or "
+            "batch: a repeat of a row the model computed in the same batch)",
+            ["pipeline", "tier"],
+            registry=r,
+        )
+        self.cache_misses = Counter(
+            "streamfer_cache_misses",
+            "Rows the output cache did not hold, which the model computed",
+            ["pipeline"],
+            registry=r,
+        )
+        self.cache_evictions = Counter(
+            "streamfer_cache_evictions",
+            "Least recently used entries the in-process output cache dropped to stay "
+            "within max_entries",
+            ["pipeline"],
+            registry=r,
+        )
+        self.cache_entries = Gauge(
+            "streamfer_cache_entries",
+            "Entries held by the in-process output cache",
+            ["pipeline"],
+            registry=r,
+        )
+        self.cache_hit_ratio = Gauge(
+            "streamfer_cache_hit_ratio",
+            "Share of rows the output cache served, over the pipeline's last 100 batches",
+            ["pipeline"],
+            registry=r,
+        )
+        self.cache_errors = Counter(
+            "streamfer_cache_errors",
+            "Output cache Redis tier troubles, which read as misses: failed round trips "
+            "(redis) and stored values that could not be read (corrupt)",
+            ["pipeline", "kind"],
+            registry=r,
+        )
+
+    def for_cache(self, name: str) -> CacheMetrics:
+        hits = self.cache_hits
+        return CacheMetrics(
+            memory_hits=hits.labels(name, "memory"),
+            redis_hits=hits.labels(name, "redis"),
+            batch_hits=hits.labels(name, "batch"),
+            misses=self.cache_misses.labels(name),
+            evictions=self.cache_evictions.labels(name),
+            entries=self.cache_entries.labels(name),
+            hit_ratio=self.cache_hit_ratio.labels(name),
+            redis_errors=self.cache_errors.labels(name, "redis"),
+            corrupt_values=self.cache_errors.labels(name, "corrupt"),
+        )
 
     def for_pipeline(self, name: str) -> PipelineMetrics:
         stage = self.stage_seconds
@@ -240,4 +308,10 @@ METRIC_NAMES = (
     "streamfer_commits_total",
     "streamfer_commit_failures_total",
     "streamfer_rebalances_total",
+    "streamfer_cache_hits_total",
+    "streamfer_cache_misses_total",
+    "streamfer_cache_evictions_total",
+    "streamfer_cache_entries",
+    "streamfer_cache_hit_ratio",
+    "streamfer_cache_errors_total",
 )

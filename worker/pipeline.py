@@ -4,7 +4,8 @@
 letters and returns the delivery tracker and next offsets for the committer. Bad
 records never raise: each becomes a dead letter naming its stage and reason. A model
 that fails on a batch is retried on halves until the failing rows are isolated, so the
-other rows still publish.
+other rows still publish. With an output cache (``worker.output_cache``), rows whose
+inputs it holds skip the model and their results say ``"cached": true``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from worker.codec import decode_requests
 from worker.config import PipelineConfig
 from worker.dead_letters import DeadLetters
 from worker.engines import InferenceEngine, Outputs
-from worker.errors import EngineError, FeatureStoreConfigError, FeatureStoreError
+from worker.errors import ConfigError, EngineError, FeatureStoreConfigError, FeatureStoreError
 from worker.features import FeatureStore
 from worker.feeds import Assembled, BatchFetcher, FeedPlan, Feeds, assemble
 from worker.headers import MAX_RESULT_HEADERS_BYTES, SourceHeaders, trace_headers
@@ -35,7 +36,9 @@ from worker.hooks import BatchHooks
 from worker.limits import record_size
 from worker.lookups import OneStore
 from worker.metrics import PipelineMetrics
+from worker.output_cache import CachedRows, OutputCache
 from worker.request_shape import RequestShape
+from worker.result_rows import finite_rows, row_outputs
 from worker.sink import DeliveryTracker, Sink
 from worker.types import DecodedRequests, StageTimings
 
@@ -44,6 +47,9 @@ __all__ = ["Pipeline", "Prepared"]
 log = logging.getLogger(__name__)
 
 _perf = time.perf_counter
+
+_CACHED = b',"cached":true'
+"""Spliced into a result whose outputs came from the output cache."""
 
 
 class _NoSpan:
@@ -89,6 +95,8 @@ class Prepared:
     feeds: Feeds = field(default_factory=dict)
     outputs: Outputs = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)
+    cached: CachedRows | None = None
+    """With an output cache: each row's key and, after the model, its encoded outputs."""
 
 
 class Pipeline:
@@ -105,6 +113,7 @@ class Pipeline:
         retry_feature_store_s: float | None = 30.0,
         abort: threading.Event | None = None,
         on_feature_store: Callable[[bool, str | None], None] | None = None,
+        cache: OutputCache | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -117,6 +126,12 @@ class Pipeline:
             self._store = OneStore(name, store)
         self._engine = engine
         self._hooks = hooks or BatchHooks()
+        if cache is not None and self._hooks.active:
+            raise ConfigError(
+                f"pipelines.{self.name}: cache.enabled = true with hooks: hooks see the "
+                "whole request, so the model's inputs alone do not decide a result"
+            )
+        self._cache = cache
         self.metrics = metrics
         self._retry_s = retry_feature_store_s
         self._abort = abort or threading.Event()
@@ -185,6 +200,8 @@ class Pipeline:
         else:
             prepared.good = np.arange(len(decoded.rows))
             prepared.feeds = assembled.feeds
+        if self._cache is not None and len(prepared.good):
+            prepared.cached = self._cache.look_up(prepared.feeds, self._engine)
         return prepared
 
     def infer(self, prepared: Prepared) -> Prepared:
@@ -192,9 +209,12 @@ class Pipeline:
         bisection and becomes a dead letter, the others still publish."""
         if len(prepared.good):
             started = _perf()
-            docs = prepared.decoded.docs
-            requests = [docs[g] for g in prepared.good.tolist()] if self._hooks.active else []
-            prepared.outputs, prepared.failed = self._infer(prepared.feeds, requests)
+            if prepared.cached is not None:
+                self._infer_uncached(prepared, prepared.cached)
+            else:
+                docs = prepared.decoded.docs
+                requests = [docs[g] for g in prepared.good.tolist()] if self._hooks.active else []
+                prepared.outputs, prepared.failed = self._infer(prepared.feeds, requests)
             prepared.timings.infer_ms = (_perf() - started) * 1000.0
             self.metrics.infer_seconds.observe(prepared.timings.infer_ms / 1000.0)
             prepared.feeds = {}
@@ -220,6 +240,8 @@ class Pipeline:
         m.batches.inc()
         m.batch_size.observe(len(batch))
         tracker.seal()
+        if self._cache is not None and prepared.cached is not None:
+            self._cache.share(prepared.cached)  # while the deliveries are on their way
 
     _CONFIG_RETRY_S = (1.0, 30.0)
     """First and longest wait between tries while Redis refuses the configuration."""
@@ -301,20 +323,40 @@ class Pipeline:
             failed.update({half + i: why for i, why in right_failed.items()})
             return _stitch(left, right, half, n), failed
 
+    def _infer_uncached(self, prepared: Prepared, cached: CachedRows) -> None:
+        """Run the model on the rows the cache does not hold, in one call (bisected on
+        failure like any batch); the cache encodes and keeps what it computes."""
+        cache = self._cache
+        assert cache is not None
+        run = cache.to_run(cached, prepared.feeds, self._engine)
+        outputs: Outputs = {}
+        failed: dict[int, str] = {}
+        if len(run):
+            feeds = prepared.feeds
+            whole = len(run) == len(prepared.good)
+            outputs, failed = self._infer(
+                feeds if whole else {k: v[run] for k, v in feeds.items()}, []
+            )
+        cache.settle(cached, outputs, failed)
+        prepared.failed = cached.failed
+
     def _publish(self, sink: Sink, tracker: DeliveryTracker, prepared: Prepared) -> None:
         batch, good, failed = prepared.batch, prepared.good, prepared.failed
         rows, ids = prepared.decoded.rows, prepared.decoded.ids
-        finite = np.ones(len(good), dtype=np.bool_)
-        names: list[str] = []
-        cols: list[list[object]] = []
-        for name, values in prepared.outputs.items():
-            if values.dtype.kind == "f":
-                finite &= np.isfinite(values.reshape(len(values), -1)).all(axis=1)
-            names.append(name)
-            cols.append(values.tolist())
-        for i in failed:
-            finite[i] = False
-        refused = set(np.flatnonzero(~finite).tolist())
+        n = len(good)
+        cached = prepared.cached
+        outs: Iterable[object]
+        if cached is None:
+            finite = finite_rows(prepared.outputs, n)
+            for i in failed:
+                finite[i] = False
+            refused = set(np.flatnonzero(~finite).tolist())
+            outs = row_outputs(prepared.outputs, n)
+            marks: Iterable[bytes] = itertools.repeat(b"", n)
+        else:
+            refused = {i for i, value in enumerate(cached.encoded) if value is None}
+            outs = [None if v is None else orjson.Fragment(v) for v in cached.encoded]
+            marks = [_CACHED if hit else b"" for hit in cached.reused]
         # What every result of the batch shares is encoded once: the body is the
         # per-record part with this tail spliced in before its closing brace.
         tail = (
@@ -334,8 +376,7 @@ class Pipeline:
         room = sink.limit(topic)
         roomy = room - MAX_RESULT_HEADERS_BYTES
         too_large = 0
-        single = names[0] if len(names) == 1 else None
-        for i, (g, out) in enumerate(zip(good.tolist(), _per_row(cols, len(good)), strict=True)):
+        for i, (g, out, mark) in enumerate(zip(good.tolist(), outs, marks, strict=True)):
             msg = batch[rows[g]]
             if refused and i in refused:
                 reason = failed.get(i, "model returned NaN or infinity for this row")
@@ -348,11 +389,11 @@ class Pipeline:
                 {
                     "id": rid,
                     "key": key.decode("utf-8", "replace") if key is not None else None,
-                    "outputs": {single: out[0]} if single else dict(zip(names, out, strict=True)),
+                    "outputs": out,
                     "request_ts_ms": msg.timestamp()[1],
                 }
             )
-            value = head[:-1] + tail
+            value = head[:-1] + mark + tail
             headers = headers_of(msg, rid)
             # headers are small and bounded: only a large record needs the exact sum
             if (
@@ -378,15 +419,6 @@ class Pipeline:
         self.dead_letters.undelivered(
             sink, tracker, produced, why, prepared.batch, decoded.ids, decoded.rows
         )
-
-
-def _per_row(cols: list[list[object]], n: int) -> Iterable[tuple[object, ...]]:
-    """Each row's output values, in column order."""
-    if not cols:
-        return itertools.repeat((), n)
-    if len(cols) == 1:
-        return ((v,) for v in cols[0])
-    return zip(*cols, strict=True)
 
 
 def _stitch(left: Outputs, right: Outputs, n_left: int, n: int) -> Outputs:
