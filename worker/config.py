@@ -11,6 +11,7 @@ part early, and redis-py's own errors then quote the password) is refused here, 
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import tempfile
@@ -23,6 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from worker.errors import ConfigError
+from worker.model_versions import resolve_version
 
 __all__ = [
     "LIBRDKAFKA_SECRET_OPTIONS",
@@ -39,6 +41,7 @@ __all__ = [
     "RequestMapping",
     "TensorrtOptions",
     "WorkerConfig",
+    "is_loopback",
     "load_config",
     "parse_config",
     "redacted",
@@ -285,6 +288,15 @@ class ModelSpec(_Frozen):
     io_binding: bool | None = None
     """None: on when batches are padded and the serving provider is CUDA or TensorRT;
     models with string or map inputs or outputs are never bound."""
+    watch: bool | None = None
+    """Look for a new model every ``reload_poll_s`` and serve it without a restart
+    (``worker.reloader``). None: on when ``path`` is a directory of versions, off for a
+    file (which SIGHUP or ``POST /reload`` still make the worker look at)."""
+    reload_poll_s: float = Field(default=3.0, gt=0, le=3600)
+    version_dir: Path | None = None
+    """Set when the config is loaded, never written: the directory of numbered versions
+    that ``path`` named, when the worker follows its highest version (``path`` then
+    names that version's model.onnx, and ``version`` its name)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -396,10 +408,32 @@ def _owners(groups: Iterable[tuple[str, Iterable[str]]], what: str, kind: str) -
 
 
 class MetricsSettings(_Frozen):
-    """The Prometheus endpoint; off unless a port is given."""
+    """The Prometheus endpoint; off unless a port is given. ``reload_endpoint`` adds
+    ``POST /reload`` (look for a new model now), for a loopback ``host`` only."""
 
     host: str = "127.0.0.1"
     port: int | None = Field(default=None, ge=0, le=65535)
+    reload_endpoint: bool = False
+
+    @model_validator(mode="after")
+    def _reload_only_on_loopback(self) -> MetricsSettings:
+        if self.reload_endpoint and not is_loopback(self.host):
+            raise ValueError(
+                f"reload_endpoint = true needs a loopback host (127.0.0.1, ::1 or "
+                f"localhost), not {self.host!r}: anyone who reaches the port could make "
+                "the worker load models; send SIGHUP instead"
+            )
+        return self
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address, or ``localhost``) is only reachable from this host."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 class WorkerConfig(_Frozen):
@@ -685,12 +719,7 @@ def _read_secret_files(cfg: WorkerConfig, base_dir: Path, source: str) -> Worker
 def _resolve_and_check_models(cfg: WorkerConfig, base_dir: Path, source: str) -> WorkerConfig:
     pipelines = []
     for i, p in enumerate(cfg.pipelines):
-        model_path = p.model.path if p.model.path.is_absolute() else base_dir / p.model.path
-        if not model_path.is_file():
-            raise ConfigError(
-                f"{source}: pipelines[{i}].model.path: model file not found: {model_path}"
-            )
-        update: dict[str, Any] = {"path": model_path}
+        update = _model_source(p.model, base_dir, f"{source}: pipelines[{i}].model")
         trt = p.model.tensorrt
         dirs = {
             name: folder if folder.is_absolute() else base_dir / folder
@@ -709,6 +738,31 @@ def _resolve_and_check_models(cfg: WorkerConfig, base_dir: Path, source: str) ->
         model = p.model.model_copy(update=update)
         pipelines.append(p.model_copy(update={"model": model}))
     return cfg.model_copy(update={"pipelines": pipelines})
+
+
+def _model_source(model: ModelSpec, base_dir: Path, where: str) -> dict[str, Any]:
+    """``path``, ``version``, ``version_dir`` and ``watch`` as the worker serves them: a
+    file, or a directory of versions resolved to its highest (or pinned) one. Raises
+    ConfigError naming the field."""
+    if model.version_dir is not None:
+        raise ConfigError(
+            f"{where}.version_dir: is set by streamfer; give the directory of versions as "
+            "model.path"
+        )
+    path = model.path if model.path.is_absolute() else base_dir / model.path
+    if path.is_dir():
+        pinned = model.version if "version" in model.model_fields_set else None
+        field = f"{where}.version" if pinned is not None else f"{where}.path"
+        chosen = resolve_version(path, pinned, field=field)
+        return {
+            "path": chosen.path,
+            "version": chosen.name,
+            "version_dir": None if pinned is not None else path,
+            "watch": True if model.watch is None else model.watch,
+        }
+    if not path.is_file():
+        raise ConfigError(f"{where}.path: model file not found: {path}")
+    return {"path": path, "watch": bool(model.watch)}
 
 
 def _unwritable(folder: Path) -> str | None:

@@ -272,9 +272,83 @@ def test_missing_model_file_names_field(make_raw: Callable[..., Raw], tmp_path: 
     assert str(missing) in msg
 
 
-def test_model_path_is_a_directory(make_raw: Callable[..., Raw], tmp_path: Path) -> None:
+def test_model_path_is_a_directory_without_versions(
+    make_raw: Callable[..., Raw], tmp_path: Path
+) -> None:
     msg = config_error(make_raw(model={"path": str(tmp_path), "name": "m"}))
-    assert "pipelines[0].model.path" in msg
+    assert "pipelines[0].model.path" in msg and "holds no model version" in msg
+
+
+def _versions(root: Path, *names: str) -> Path:
+    for name in names:
+        (root / name).mkdir(parents=True)
+        (root / name / "model.onnx").write_bytes(b"")
+    return root
+
+
+def test_a_directory_of_versions_serves_the_highest_and_watches_it(
+    make_raw: Callable[..., Raw], tmp_path: Path
+) -> None:
+    root = _versions(tmp_path / "fraud", "1", "3", "2", "latest")
+    raw = make_raw(model={"path": "fraud", "name": "m"})
+    spec = parse_config(raw, environ={}, base_dir=tmp_path).pipelines[0].model
+    assert (spec.path, spec.version, spec.version_dir) == (root / "3" / "model.onnx", "3", root)
+    assert spec.watch is True
+    unwatched = make_raw(model={"path": str(root), "name": "m", "watch": False})
+    assert parse_config(unwatched, environ={}).pipelines[0].model.watch is False
+
+
+def test_a_pinned_version_of_a_directory_is_served_and_not_followed(
+    make_raw: Callable[..., Raw], tmp_path: Path
+) -> None:
+    root = _versions(tmp_path / "fraud", "1", "2", "3")
+    raw = make_raw(model={"path": str(root), "name": "m", "version": "2"})
+    spec = parse_config(raw, environ={}).pipelines[0].model
+    assert (spec.path, spec.version, spec.version_dir) == (root / "2" / "model.onnx", "2", None)
+    # an environment override pins too
+    env = {"STREAMFER_PIPELINES__0__MODEL__VERSION": "1"}
+    pinned = parse_config(make_raw(model={"path": str(root), "name": "m"}), environ=env)
+    assert pinned.pipelines[0].model.path == root / "1" / "model.onnx"
+    msg = config_error(make_raw(model={"path": str(root), "name": "m", "version": "4"}))
+    assert "pipelines[0].model.version" in msg and "no version 4" in msg and "1, 2, 3" in msg
+
+
+def test_a_plain_file_is_not_watched_unless_asked(
+    make_raw: Callable[..., Raw], model_file: Path
+) -> None:
+    spec = parse_config(make_raw(), environ={}).pipelines[0].model
+    assert (spec.watch, spec.version_dir, spec.version) == (False, None, "1")
+    watched = make_raw(model={"path": str(model_file), "name": "m", "watch": True})
+    assert parse_config(watched, environ={}).pipelines[0].model.watch is True
+    msg = config_error(make_raw(model={"path": str(model_file), "name": "m", "reload_poll_s": 0}))
+    assert "pipelines[0].model.reload_poll_s" in msg
+
+
+def test_version_dir_is_not_for_the_config_file(
+    make_raw: Callable[..., Raw], model_file: Path
+) -> None:
+    raw = make_raw(model={"path": str(model_file), "name": "m", "version_dir": "/models"})
+    assert "pipelines[0].model.version_dir: is set by streamfer" in config_error(raw)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"])
+def test_the_reload_endpoint_is_allowed_on_loopback(
+    make_raw: Callable[..., Raw], host: str
+) -> None:
+    raw = {**make_raw(), "metrics": {"host": host, "port": 9100, "reload_endpoint": True}}
+    assert parse_config(raw, environ={}).metrics.reload_endpoint is True
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.0.0.5", "worker.internal"])
+def test_the_reload_endpoint_is_refused_beyond_loopback(
+    make_raw: Callable[..., Raw], host: str
+) -> None:
+    raw = {**make_raw(), "metrics": {"host": host, "port": 9100, "reload_endpoint": True}}
+    msg = config_error(raw)
+    assert "metrics" in msg and "reload_endpoint = true needs a loopback host" in msg
+    assert repr(host) in msg
+    off = {**make_raw(), "metrics": {"host": host, "port": 9100}}
+    assert parse_config(off, environ={}).metrics.reload_endpoint is False
 
 
 def test_relative_model_path_resolves_against_base_dir(
