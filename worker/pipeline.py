@@ -35,6 +35,7 @@ from worker.hooks import BatchHooks
 from worker.limits import record_size
 from worker.lookups import OneStore
 from worker.metrics import PipelineMetrics
+from worker.model_slot import LiveModel, ModelIdentity, ModelSlot
 from worker.request_shape import RequestShape
 from worker.sink import DeliveryTracker, Sink
 from worker.types import DecodedRequests, StageTimings
@@ -78,7 +79,9 @@ class Prepared:
 
     ``good`` indexes ``decoded.rows`` (the requests that reach the model); ``feeds``
     (their model inputs, until the model has run), ``outputs`` and ``failed`` (row of
-    ``good`` -> why the model refused it) are aligned with it.
+    ``good`` -> why the model refused it) are aligned with it. ``model`` names the model
+    the infer step read from the slot, and ``engine`` holds its engine until the batch
+    is published (so a replaced engine lives until its last batch is out).
     """
 
     batch: Sequence[Message]
@@ -89,10 +92,16 @@ class Prepared:
     feeds: Feeds = field(default_factory=dict)
     outputs: Outputs = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)
+    model: ModelIdentity | None = None
+    engine: InferenceEngine | None = None
 
 
 class Pipeline:
-    """Processes batches for one pipeline config. Called from the worker's loop thread."""
+    """Processes batches for one pipeline config. Called from the worker's loop thread.
+
+    ``slot`` holds the model it serves, ``engine`` named as the config's model at first;
+    ``worker.reloader`` may swap it between two batches.
+    """
 
     def __init__(
         self,
@@ -115,7 +124,7 @@ class Pipeline:
         else:  # one lookup, from any FeatureStore
             name = config.lookups[0].name if config.lookups else "entity"
             self._store = OneStore(name, store)
-        self._engine = engine
+        self.slot = ModelSlot(LiveModel.of(config.model, engine))
         self._hooks = hooks or BatchHooks()
         self.metrics = metrics
         self._retry_s = retry_feature_store_s
@@ -123,11 +132,6 @@ class Pipeline:
         self._on_feature_store = on_feature_store or (lambda _ok, _why: None)
         """Hears (False, why) when enrichment starts failing or its reason changes, and
         (True, None) once the store answers again: readiness follows it."""
-        self._model_meta = {
-            "name": config.model.name,
-            "version": config.model.version,
-            "sha256": engine.model_hash,
-        }
         self.dead_letters = DeadLetters(config, metrics)
 
     def handle(
@@ -189,12 +193,15 @@ class Pipeline:
 
     def infer(self, prepared: Prepared) -> Prepared:
         """Run the model on the rows that reached it; a failing row is isolated by
-        bisection and becomes a dead letter, the others still publish."""
+        bisection and becomes a dead letter, the others still publish. The slot is read
+        here, once: the whole batch runs on (and names) one model version."""
+        live = self.slot.for_batch()
+        prepared.model, prepared.engine = live.identity, live.engine
         if len(prepared.good):
             started = _perf()
             docs = prepared.decoded.docs
             requests = [docs[g] for g in prepared.good.tolist()] if self._hooks.active else []
-            prepared.outputs, prepared.failed = self._infer(prepared.feeds, requests)
+            prepared.outputs, prepared.failed = self._infer(live.engine, prepared.feeds, requests)
             prepared.timings.infer_ms = (_perf() - started) * 1000.0
             self.metrics.infer_seconds.observe(prepared.timings.infer_ms / 1000.0)
             prepared.feeds = {}
@@ -204,16 +211,34 @@ class Pipeline:
         """Send a result or dead letter for every message of the batch, then seal the
         tracker. Deliveries complete asynchronously on ``sink``; the tracker says when."""
         batch, decoded = prepared.batch, prepared.decoded
+        if prepared.model is None:  # published without the infer step: nothing ran
+            prepared.model = self.slot.for_batch().identity
+        tag = prepared.model.tag
         for rej in decoded.rejections:
             self.dead_letters.send(
-                sink, tracker, batch[rej.index], rej.stage, rej.code, rej.reason, rej.request_id
+                sink,
+                tracker,
+                batch[rej.index],
+                rej.stage,
+                rej.code,
+                rej.reason,
+                rej.request_id,
+                model=tag,
             )
         for r, code, reason in prepared.feature_rejects:
             self.dead_letters.send(
-                sink, tracker, batch[decoded.rows[r]], "features", code, reason, decoded.ids[r]
+                sink,
+                tracker,
+                batch[decoded.rows[r]],
+                "features",
+                code,
+                reason,
+                decoded.ids[r],
+                model=tag,
             )
         if len(prepared.good):
-            self._publish(sink, tracker, prepared)
+            self._publish(sink, tracker, prepared, prepared.model)
+        prepared.engine = None  # a replaced engine is released after its last batch
         tracker.context = prepared  # to dead-letter what the broker refuses after this
         m = self.metrics
         m.records.inc(len(batch))
@@ -277,31 +302,33 @@ class Pipeline:
             return assembled
 
     def _infer(
-        self, feeds: Feeds, requests: list[dict[str, Any]]
+        self, engine: InferenceEngine, feeds: Feeds, requests: list[dict[str, Any]]
     ) -> tuple[Outputs, dict[int, str]]:
         """Run the hooks and the model; on failure bisect so only the failing rows are
         refused."""
         hooks = self._hooks
         try:
             if not hooks.active:
-                return self._engine.infer(feeds), {}
-            return hooks.after(requests, self._engine.infer(hooks.before(requests, feeds))), {}
+                return engine.infer(feeds), {}
+            return hooks.after(requests, engine.infer(hooks.before(requests, feeds))), {}
         except EngineError as exc:
             n = len(next(iter(feeds.values())))
             if n == 1:
                 return {}, {0: str(exc)}
             half = n // 2
             left, left_failed = self._infer(
-                {k: v[:half] for k, v in feeds.items()}, requests[:half]
+                engine, {k: v[:half] for k, v in feeds.items()}, requests[:half]
             )
             right, right_failed = self._infer(
-                {k: v[half:] for k, v in feeds.items()}, requests[half:]
+                engine, {k: v[half:] for k, v in feeds.items()}, requests[half:]
             )
             failed = dict(left_failed)
             failed.update({half + i: why for i, why in right_failed.items()})
             return _stitch(left, right, half, n), failed
 
-    def _publish(self, sink: Sink, tracker: DeliveryTracker, prepared: Prepared) -> None:
+    def _publish(
+        self, sink: Sink, tracker: DeliveryTracker, prepared: Prepared, model: ModelIdentity
+    ) -> None:
         batch, good, failed = prepared.batch, prepared.good, prepared.failed
         rows, ids = prepared.decoded.rows, prepared.decoded.ids
         finite = np.ones(len(good), dtype=np.bool_)
@@ -321,7 +348,7 @@ class Pipeline:
             b","
             + orjson.dumps(
                 {
-                    "model": self._model_meta,
+                    "model": model.meta,
                     "pipeline": self.name,
                     "timings_ms": prepared.timings.as_dict(),
                 }
@@ -340,7 +367,9 @@ class Pipeline:
             if refused and i in refused:
                 reason = failed.get(i, "model returned NaN or infinity for this row")
                 code = "model_error" if i in failed else "model_non_finite"
-                self.dead_letters.send(sink, tracker, msg, "infer", code, reason, ids[g])
+                self.dead_letters.send(
+                    sink, tracker, msg, "infer", code, reason, ids[g], model=model.tag
+                )
                 continue
             rid = ids[g]
             key = msg.key()
@@ -361,7 +390,9 @@ class Pipeline:
             ) or not send(tracker, topic, value, key, headers):
                 size = record_size(value, key, headers)
                 why = f"result of {size} bytes with key and headers; {topic} takes {room}"
-                self.dead_letters.send(sink, tracker, msg, "publish", "result_too_large", why, rid)
+                self.dead_letters.send(
+                    sink, tracker, msg, "publish", "result_too_large", why, rid, model=model.tag
+                )
                 too_large += 1
         self.metrics.results.inc(len(good) - len(refused) - too_large)
 
@@ -376,7 +407,14 @@ class Pipeline:
             return
         decoded = prepared.decoded
         self.dead_letters.undelivered(
-            sink, tracker, produced, why, prepared.batch, decoded.ids, decoded.rows
+            sink,
+            tracker,
+            produced,
+            why,
+            prepared.batch,
+            decoded.ids,
+            decoded.rows,
+            model=prepared.model.tag if prepared.model is not None else None,
         )
 
 
