@@ -51,6 +51,7 @@ from worker.membership import Membership
 from worker.metrics import Metrics
 from worker.pausing import PausingManager
 from worker.pipeline import Pipeline
+from worker.reloader import Reloader
 from worker.sink import DeliveryTracker, Sink
 from worker.source import Source, position
 from worker.stage_threads import StageThreads, Step
@@ -84,6 +85,7 @@ class Worker:
         abort: threading.Event | None = None,
         clock: Clock = monotonic_clock,
         fault_abort_every: int = 0,
+        reloader: Reloader | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics
@@ -93,6 +95,9 @@ class Worker:
         health = self.health
         metrics.ready.set_function(lambda: 0.0 if health.not_ready_reasons() else 1.0)
         self._abort = abort or threading.Event()
+        self._reloader = reloader
+        """Swaps new model versions into the pipelines from its own thread while ``run``
+        runs (``worker.reloader``)."""
         self._consumer = consumer
         self._sink = sink
         self._pipelines = {p.name: p for p in pipelines}
@@ -196,6 +201,8 @@ class Worker:
         again by whoever owns the partitions next.
         """
         self._source.subscribe()
+        if self._reloader is not None:
+            self._reloader.start()
         try:
             while not self._stop.is_set():
                 self.run_once()
@@ -386,6 +393,8 @@ class Worker:
 
     def _close(self) -> None:
         self._abort.set()
+        if self._reloader is not None and not self._reloader.stop(5.0):
+            log.warning("the model reload thread did not finish")
         if not self._threads.close(5.0):
             log.warning("the processing thread did not finish")
         try:

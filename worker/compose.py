@@ -19,8 +19,10 @@ from worker.config import WorkerConfig
 from worker.health import HealthState
 from worker.limits import RecordLimits
 from worker.metrics import Metrics
-from worker.parts import open_parts
+from worker.model_slot import ModelIdentity
+from worker.parts import LoadedModel, open_parts
 from worker.pipeline import Pipeline
+from worker.reloader import ModelWatch, Reloader, show_model
 from worker.sink import Sink
 from worker.source import consumer_config
 from worker.transactions import transactional_producer, verify_isolation
@@ -34,9 +36,12 @@ def build_worker(
     config: WorkerConfig,
     registry: CollectorRegistry | None = None,
     health: HealthState | None = None,
+    reload_requests: threading.Event | None = None,
 ) -> Worker:
     """Build real parts; load and warm every model before the group is joined.
 
+    The worker's ``Reloader`` watches the pipelines whose ``model.watch`` is on and looks
+    at every pipeline's model whenever ``reload_requests`` is set (SIGHUP, POST /reload).
     Raises ConfigError (including a broker without working transactions in
     exactly-once mode), EngineError or FeatureStoreError.
     """
@@ -45,23 +50,24 @@ def build_worker(
     abort = threading.Event()
 
     pipelines = []
+    watches = []
     for p in config.pipelines:
         engine, store, hooks = open_parts(p, config.redis, metrics=metrics)
-        metrics.model_info.labels(
-            p.name, p.model.name, p.model.version, engine.model_hash, engine.providers[0]
-        ).set(1)
-        pipelines.append(
-            Pipeline(
-                p,
-                store=store,
-                engine=engine,
-                metrics=metrics.for_pipeline(p.name),
-                hooks=hooks,
-                retry_feature_store_s=config.feature_store_retry_s,
-                abort=abort,
-                on_feature_store=health.feature_store,
-            )
+        identity = ModelIdentity(p.model.name, p.model.version, engine.model_hash)
+        shown = show_model(metrics, p.name, identity, engine.providers[0], hide=None)
+        pipeline = Pipeline(
+            p,
+            store=store,
+            engine=engine,
+            metrics=metrics.for_pipeline(p.name),
+            hooks=hooks,
+            retry_feature_store_s=config.feature_store_retry_s,
+            abort=abort,
+            on_feature_store=health.feature_store,
         )
+        pipelines.append(pipeline)
+        serving = LoadedModel(engine, pipeline.plan)
+        watches.append(ModelWatch(p, pipeline.slot, serving, metrics, shown=shown))
     # The models are loaded: /healthz answers 200 from here, while the Kafka clients wait
     # for the cluster's metadata (their timeouts, not a model, hold start-up up then).
     health.models_loaded = True
@@ -99,6 +105,7 @@ def build_worker(
         metrics=metrics,
         health=health,
         abort=abort,
+        reloader=Reloader(watches, requests=reload_requests),
         # the fault harness's injected aborts (benchmarks/chaos.py), never set otherwise
         fault_abort_every=int(os.environ.get("STREAMFER_FAULT_ABORT_EVERY", "0")),
     )

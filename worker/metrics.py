@@ -119,6 +119,13 @@ class Metrics:
             ["pipeline", "provider", "requested"],
             registry=r,
         )
+        self.model_reloads = Counter(
+            "streamfer_model_reloads",
+            "New model versions or changed model files: loaded (now serving) or refused "
+            "(failed to load, warm or fit the pipeline; the previous one keeps serving)",
+            ["pipeline", "result"],
+            registry=r,
+        )
         self.device_oom_retries = Counter(
             "streamfer_device_oom_retries",
             "Batches halved and retried after the device (or its memory arena) ran out of memory",
@@ -188,6 +195,7 @@ METRIC_NAMES = (
     "streamfer_feature_store_errors_total",
     "streamfer_model_info",
     "streamfer_inference_provider",
+    "streamfer_model_reloads_total",
     "streamfer_device_oom_retries_total",
     "streamfer_in_flight_batches",
     "streamfer_paused_partitions",
