@@ -34,8 +34,8 @@ from pathlib import Path
 
 from worker.config import ModelSpec, PipelineConfig
 from worker.engines import file_sha256
-from worker.errors import ModelMismatchError
 from worker.metrics import Metrics
+from worker.model_fit import ModelFit
 from worker.model_slot import LiveModel, ModelIdentity, ModelSlot
 from worker.model_versions import list_versions
 from worker.parts import LoadedModel, load_model
@@ -117,8 +117,7 @@ class ModelWatch:
     ) -> None:
         self._config = config
         self._slot = slot
-        self._plan = serving.plan
-        self._fields = sorted(serving.engine.outputs)
+        self._fit = ModelFit.of(serving)
         self._metrics = metrics
         self._load: Load = load or (lambda cfg, spec: load_model(cfg, spec, metrics=metrics))
         self._settle_s = settle_s
@@ -193,7 +192,7 @@ class ModelWatch:
         started = time.perf_counter()
         try:
             loaded = self._load(self._config, spec)
-            self._check_fits(loaded)
+            self._fit.check(ModelFit.of(loaded), "the live model's")
         except Exception as exc:  # onnxruntime raises its own untyped errors too
             return self._refuse(found, live, exc)
         if fingerprint(found.version, found.path) != found:
@@ -220,21 +219,6 @@ class ModelWatch:
             live.sha256[:12],
         )
         return Look.LOADED
-
-    def _check_fits(self, loaded: LoadedModel) -> None:
-        """Batches enriched for the live model may run on the new one: it must take the
-        same inputs, fed by the same features, and give the same result fields."""
-        new, old = loaded.plan, self._plan
-        if (new.inputs, new.numbers, new.texts) != (old.inputs, old.numbers, old.texts):
-            raise ModelMismatchError(
-                f"its inputs are not fed like the live model's: {new.describe()} where the "
-                f"live model has {old.describe()}"
-            )
-        fields = sorted(loaded.engine.outputs)
-        if fields != self._fields:
-            raise ModelMismatchError(
-                f"its results would have fields {fields}; the live model's have {self._fields}"
-            )
 
     def _refuse(self, found: Fingerprint, live: ModelIdentity, exc: Exception) -> Look:
         self._refused[found] = None

@@ -175,7 +175,11 @@ def test_a_newer_good_version_after_a_refused_one_is_served(root: Path) -> None:
     ("make", "says"),
     [
         (lambda p: _model(p, seed=2, n_in=4), "takes 4 columns but 3 features feed it"),
-        (lambda p: _model(p, seed=2, softmax=False), "results would have fields ['value']"),
+        (
+            lambda p: _model(p, seed=2, softmax=False),
+            "its results would be value (number[1]); the live model's are probabilities "
+            "(number[2])",
+        ),
     ],
     ids=["four-inputs", "other-outputs"],
 )
