@@ -29,6 +29,8 @@ from worker.model_versions import resolve_version
 __all__ = [
     "LIBRDKAFKA_SECRET_OPTIONS",
     "BatchPolicy",
+    "CanarySpec",
+    "CandidateSpec",
     "CudaOptions",
     "FeatureSpec",
     "HooksSpec",
@@ -39,6 +41,7 @@ __all__ = [
     "PipelineConfig",
     "RedisSettings",
     "RequestMapping",
+    "ShadowSpec",
     "TensorrtOptions",
     "WorkerConfig",
     "is_loopback",
@@ -323,6 +326,55 @@ class ModelSpec(_Frozen):
         return self
 
 
+class CandidateSpec(_Frozen):
+    """Another model run beside a pipeline's own, on the same features: a file, or a
+    directory of versions (its highest, or ``version``). It is loaded, checked and warmed
+    like the pipeline's model, whose other settings (providers, inputs, outputs ...) it
+    shares, and must feed exactly like it. Its results name ``name`` (default: the
+    pipeline model's) and ``version`` (for a file, required)."""
+
+    model: Path
+    version: str | None = None
+    name: str | None = Field(default=None, min_length=1)
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
+
+    def model_spec(self, primary: ModelSpec) -> ModelSpec:
+        """The candidate as a ``ModelSpec`` (once the config is loaded: ``model`` names a
+        file and ``version`` is set)."""
+        return primary.model_copy(
+            update={
+                "path": self.model,
+                "version": self.version or primary.version,
+                "name": self.name or primary.name,
+                "sha256": self.sha256,
+                "version_dir": None,
+                "watch": False,
+            }
+        )
+
+
+class CanarySpec(CandidateSpec):
+    """``[pipelines.canary]``: the records whose key hashes into the first ``percent`` of
+    10,000 buckets (``worker.canary``) are scored by this model instead, and their
+    results, published like the others, name it."""
+
+    percent: float = Field(gt=0, le=100)
+
+
+class ShadowSpec(CandidateSpec):
+    """``[pipelines.shadow]``: this model also scores a copy of every batch, after the
+    pipeline's model, on a thread of its own (``worker.shadow``); its results go to
+    ``topic``. The pipeline's publish waits at most ``max_delay_ms`` for room among the
+    ``queue_batches`` waiting for it; a batch that finds none is dropped for the shadow
+    and counted. Agreement with the pipeline's model is measured over about the last
+    ``agreement_rows`` rows."""
+
+    topic: str = Field(min_length=1)
+    queue_batches: int = Field(default=8, ge=1, le=1024)
+    max_delay_ms: float = Field(default=0.0, ge=0, le=10_000)
+    agreement_rows: int = Field(default=10_000, ge=1, le=100_000_000)
+
+
 class PipelineConfig(_Frozen):
     """Request topics → features → model → result topic, with its own batch policy.
 
@@ -337,6 +389,8 @@ class PipelineConfig(_Frozen):
     features: FeatureSpec | None = None
     lookups: list[LookupSpec] = Field(default_factory=list)
     model: ModelSpec
+    canary: CanarySpec | None = None
+    shadow: ShadowSpec | None = None
     hooks: HooksSpec = HooksSpec()
     batch: BatchPolicy = BatchPolicy()
     max_record_bytes: int = Field(default=1_048_576, ge=64)
@@ -380,6 +434,14 @@ class PipelineConfig(_Frozen):
         if unknown:
             raise ValueError(f"request.entities names {unknown}, which are not lookups {names}")
         _owners(((lk.name, lk.fields) for lk in self.lookups), "feature", "lookups")
+        if self.shadow is not None and self.shadow.topic in (
+            self.result_topic,
+            self.dead_letter_topic,
+        ):
+            raise ValueError(
+                f"shadow.topic {self.shadow.topic!r} must differ from result_topic and "
+                "dead_letter_topic"
+            )
         if not self.lookups and self.model.inputs is None and self.request.features_array is None:
             raise ValueError(
                 "no lookups and no model.inputs: name the features (lookups, "
@@ -476,7 +538,8 @@ class WorkerConfig(_Frozen):
             ((p.name, p.request_topics) for p in self.pipelines), "request topic", "pipelines"
         )
         for p in self.pipelines:
-            for out in (p.result_topic, p.dead_letter_topic):
+            shadow = [p.shadow.topic] if p.shadow is not None else []
+            for out in (p.result_topic, p.dead_letter_topic, *shadow):
                 if out in owner:
                     raise ValueError(f"output topic {out!r} of {p.name!r} is also a request topic")
         return self
@@ -736,7 +799,12 @@ def _resolve_and_check_models(cfg: WorkerConfig, base_dir: Path, source: str) ->
                         f"{source}: pipelines[{i}].model.tensorrt.{name}: {folder} {problem}"
                     )
         model = p.model.model_copy(update=update)
-        pipelines.append(p.model_copy(update={"model": model}))
+        candidates = {
+            role: _candidate_source(spec, base_dir, f"{source}: pipelines[{i}].{role}")
+            for role, spec in (("canary", p.canary), ("shadow", p.shadow))
+            if spec is not None
+        }
+        pipelines.append(p.model_copy(update={"model": model, **candidates}))
     return cfg.model_copy(update={"pipelines": pipelines})
 
 
@@ -763,6 +831,25 @@ def _model_source(model: ModelSpec, base_dir: Path, where: str) -> dict[str, Any
     if not path.is_file():
         raise ConfigError(f"{where}.path: model file not found: {path}")
     return {"path": path, "watch": bool(model.watch)}
+
+
+def _candidate_source(spec: CandidateSpec, base_dir: Path, where: str) -> CandidateSpec:
+    """``model`` as a file and ``version`` set: a directory of versions resolves to its
+    highest (or pinned) one; a file needs ``version``. Raises ConfigError naming the
+    field."""
+    path = spec.model if spec.model.is_absolute() else base_dir / spec.model
+    if path.is_dir():
+        field = f"{where}.version" if spec.version is not None else f"{where}.model"
+        chosen = resolve_version(path, spec.version, field=field)
+        return spec.model_copy(update={"model": chosen.path, "version": chosen.name})
+    if not path.is_file():
+        raise ConfigError(f"{where}.model: model file not found: {path}")
+    if spec.version is None:
+        raise ConfigError(
+            f"{where}.version: name the version of {path.name} (its results carry it), or "
+            "give model as a directory of versions"
+        )
+    return spec.model_copy(update={"model": path})
 
 
 def _unwritable(folder: Path) -> str | None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["METRIC_NAMES", "STAGES", "Metrics", "PipelineMetrics"]
+__all__ = ["METRIC_NAMES", "STAGES", "Metrics", "PipelineMetrics", "ShadowMetrics"]
 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 _SECONDS_BUCKETS = (
@@ -56,6 +56,19 @@ class PipelineMetrics:
     dead_letters: Counter
     """Parent metric; labelled per code on the (rare) dead-letter path."""
     pipeline: str
+    canary_records: Counter
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowMetrics:
+    """Pre-bound children for one pipeline's shadow model."""
+
+    done: Counter
+    dropped: Counter
+    failed: Counter
+    label_agreement: Gauge
+    score_abs_diff: Gauge
+    seconds: Histogram
 
 
 class Metrics:
@@ -126,6 +139,39 @@ class Metrics:
             ["pipeline", "result"],
             registry=r,
         )
+        self.canary_records = Counter(
+            "streamfer_canary_records",
+            "Records scored by the pipeline's canary model instead of its own",
+            ["pipeline"],
+            registry=r,
+        )
+        self.shadow_batches = Counter(
+            "streamfer_shadow_batches",
+            "Batches for the shadow model: done (its results produced and acknowledged), "
+            "dropped (it was behind) or failed (its model or its results' delivery failed)",
+            ["pipeline", "result"],
+            registry=r,
+        )
+        self.shadow_label_agreement = Gauge(
+            "streamfer_shadow_label_agreement",
+            "Share of recent rows whose shadow label equals the pipeline model's",
+            ["pipeline"],
+            registry=r,
+        )
+        self.shadow_score_abs_diff = Gauge(
+            "streamfer_shadow_score_abs_diff",
+            "Mean absolute difference of the shadow's scores from the pipeline model's, "
+            "over recent rows",
+            ["pipeline"],
+            registry=r,
+        )
+        self.shadow_seconds = Histogram(
+            "streamfer_shadow_seconds",
+            "Seconds per batch in the shadow model",
+            ["pipeline"],
+            buckets=_SECONDS_BUCKETS,
+            registry=r,
+        )
         self.device_oom_retries = Counter(
             "streamfer_device_oom_retries",
             "Batches halved and retried after the device (or its memory arena) ran out of memory",
@@ -180,6 +226,18 @@ class Metrics:
             feature_store_errors=self.feature_store_errors.labels(name),
             dead_letters=self.dead_letters,
             pipeline=name,
+            canary_records=self.canary_records.labels(name),
+        )
+
+    def for_shadow(self, name: str) -> ShadowMetrics:
+        batches = self.shadow_batches
+        return ShadowMetrics(
+            done=batches.labels(name, "done"),
+            dropped=batches.labels(name, "dropped"),
+            failed=batches.labels(name, "failed"),
+            label_agreement=self.shadow_label_agreement.labels(name),
+            score_abs_diff=self.shadow_score_abs_diff.labels(name),
+            seconds=self.shadow_seconds.labels(name),
         )
 
 
@@ -196,6 +254,11 @@ METRIC_NAMES = (
     "streamfer_model_info",
     "streamfer_inference_provider",
     "streamfer_model_reloads_total",
+    "streamfer_canary_records_total",
+    "streamfer_shadow_batches_total",
+    "streamfer_shadow_label_agreement",
+    "streamfer_shadow_score_abs_diff",
+    "streamfer_shadow_seconds",
     "streamfer_device_oom_retries_total",
     "streamfer_in_flight_batches",
     "streamfer_paused_partitions",

@@ -4,7 +4,9 @@
 letters and returns the delivery tracker and next offsets for the committer. Bad
 records never raise: each becomes a dead letter naming its stage and reason. A model
 that fails on a batch is retried on halves until the failing rows are isolated, so the
-other rows still publish.
+other rows still publish. With a canary (``worker.canary``) the batch's rows are split
+while decoding and the infer step makes two engine calls; with a shadow
+(``worker.shadow``) the batch is offered to it once its results are sent.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import orjson
 from confluent_kafka import Message
 
 from worker.batch import PartitionKey, next_offsets
-from worker.codec import decode_requests
+from worker.canary import Canary
+from worker.codec import decode_requests, result_tail
 from worker.config import PipelineConfig
 from worker.dead_letters import DeadLetters
 from worker.engines import InferenceEngine, Outputs
@@ -37,6 +40,7 @@ from worker.lookups import OneStore
 from worker.metrics import PipelineMetrics
 from worker.model_slot import LiveModel, ModelIdentity, ModelSlot
 from worker.request_shape import RequestShape
+from worker.shadow import ShadowBatch, ShadowRunner
 from worker.sink import DeliveryTracker, Sink
 from worker.types import DecodedRequests, StageTimings
 
@@ -81,7 +85,8 @@ class Prepared:
     (their model inputs, until the model has run), ``outputs`` and ``failed`` (row of
     ``good`` -> why the model refused it) are aligned with it. ``model`` names the model
     the infer step read from the slot, and ``engine`` holds its engine until the batch
-    is published (so a replaced engine lives until its last batch is out).
+    is published (so a replaced engine lives until its last batch is out); with a
+    canary, ``canary`` marks the rows of ``good`` its ``candidate`` scored.
     """
 
     batch: Sequence[Message]
@@ -94,13 +99,19 @@ class Prepared:
     failed: dict[int, str] = field(default_factory=dict)
     model: ModelIdentity | None = None
     engine: InferenceEngine | None = None
+    canary: npt.NDArray[np.bool_] | None = None
+    candidate: ModelIdentity | None = None
+    candidate_engine: InferenceEngine | None = None
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    """The rows' decoded requests, kept for a shadow's hooks."""
 
 
 class Pipeline:
     """Processes batches for one pipeline config. Called from the worker's loop thread.
 
     ``slot`` holds the model it serves, ``engine`` named as the config's model at first;
-    ``worker.reloader`` may swap it between two batches.
+    ``worker.reloader`` may swap it between two batches. ``canary`` scores its share of
+    the records instead; ``shadow`` is offered every batch once its results are sent.
     """
 
     def __init__(
@@ -114,6 +125,8 @@ class Pipeline:
         retry_feature_store_s: float | None = 30.0,
         abort: threading.Event | None = None,
         on_feature_store: Callable[[bool, str | None], None] | None = None,
+        canary: Canary | None = None,
+        shadow: ShadowRunner | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -133,6 +146,8 @@ class Pipeline:
         """Hears (False, why) when enrichment starts failing or its reason changes, and
         (True, None) once the store answers again: readiness follows it."""
         self.dead_letters = DeadLetters(config, metrics)
+        self.canary = canary
+        self.shadow = shadow
 
     def handle(
         self, batch: Sequence[Message], sink: Sink, tracker: DeliveryTracker | None = None
@@ -189,6 +204,10 @@ class Pipeline:
         else:
             prepared.good = np.arange(len(decoded.rows))
             prepared.feeds = assembled.feeds
+        if self.canary is not None and len(prepared.good):
+            good, rows, ids = prepared.good.tolist(), decoded.rows, decoded.ids
+            split = self.canary.mask([batch[rows[g]].key() for g in good], [ids[g] for g in good])
+            prepared.canary = split if split.any() else None
         return prepared
 
     def infer(self, prepared: Prepared) -> Prepared:
@@ -200,11 +219,27 @@ class Pipeline:
         if len(prepared.good):
             started = _perf()
             docs = prepared.decoded.docs
-            requests = [docs[g] for g in prepared.good.tolist()] if self._hooks.active else []
-            prepared.outputs, prepared.failed = self._infer(live.engine, prepared.feeds, requests)
+            wants = self._hooks.active or (self.shadow is not None and self.shadow.wants_requests)
+            requests = [docs[g] for g in prepared.good.tolist()] if wants else []
+            split = prepared.canary
+            if split is None or self.canary is None:
+                prepared.outputs, prepared.failed = self._infer(
+                    live.engine, prepared.feeds, requests
+                )
+            else:
+                candidate = self.canary.slot.for_batch()
+                prepared.candidate = candidate.identity
+                prepared.candidate_engine = candidate.engine
+                prepared.outputs, prepared.failed = self._infer_split(
+                    (live.engine, candidate.engine), prepared.feeds, requests, split
+                )
+                self.metrics.canary_records.inc(int(split.sum()))
             prepared.timings.infer_ms = (_perf() - started) * 1000.0
             self.metrics.infer_seconds.observe(prepared.timings.infer_ms / 1000.0)
-            prepared.feeds = {}
+            if self.shadow is None:
+                prepared.feeds = {}
+            elif wants:
+                prepared.requests = requests
         return prepared
 
     def publish(self, prepared: Prepared, sink: Sink, tracker: DeliveryTracker) -> None:
@@ -238,7 +273,9 @@ class Pipeline:
             )
         if len(prepared.good):
             self._publish(sink, tracker, prepared, prepared.model)
-        prepared.engine = None  # a replaced engine is released after its last batch
+            if self.shadow is not None:
+                self._offer_shadow(self.shadow, prepared, prepared.model)
+        prepared.engine = prepared.candidate_engine = None  # released after their last batch
         tracker.context = prepared  # to dead-letter what the broker refuses after this
         m = self.metrics
         m.records.inc(len(batch))
@@ -326,6 +363,50 @@ class Pipeline:
             failed.update({half + i: why for i, why in right_failed.items()})
             return _stitch(left, right, half, n), failed
 
+    def _infer_split(
+        self,
+        engines: tuple[InferenceEngine, InferenceEngine],
+        feeds: Feeds,
+        requests: list[dict[str, Any]],
+        split: npt.NDArray[np.bool_],
+    ) -> tuple[Outputs, dict[int, str]]:
+        """Two engine calls: the rows ``split`` marks on the canary's engine, the others
+        on the pipeline's; their outputs (of the same fields and shapes: checked when the
+        canary loaded) joined back in row order."""
+        parts: list[tuple[npt.NDArray[np.intp], Outputs]] = []
+        failed: dict[int, str] = {}
+        for engine, rows in zip(
+            engines, (np.flatnonzero(~split), np.flatnonzero(split)), strict=True
+        ):
+            if not len(rows):
+                continue
+            part = {k: v[rows] for k, v in feeds.items()}
+            outputs, refused = self._infer(
+                engine, part, [requests[r] for r in rows.tolist()] if requests else []
+            )
+            parts.append((rows, outputs))
+            failed.update({int(rows[i]): why for i, why in refused.items()})
+        return _scatter(parts, len(split)), failed
+
+    def _offer_shadow(self, shadow: ShadowRunner, prepared: Prepared, model: ModelIdentity) -> None:
+        """Hand the shadow its copy of the batch (after this batch's results are sent);
+        the feeds are let go here either way."""
+        batch, rows, ids = prepared.batch, prepared.decoded.rows, prepared.decoded.ids
+        good = prepared.good.tolist()
+        shadow.offer(
+            ShadowBatch(
+                messages=[batch[rows[g]] for g in good],
+                ids=[ids[g] for g in good],
+                feeds=prepared.feeds,
+                requests=prepared.requests,
+                published=prepared.outputs,
+                failed=prepared.failed,
+                shadows=model,
+                timings_ms=prepared.timings.as_dict(),
+            )
+        )
+        prepared.feeds, prepared.requests = {}, []
+
     def _publish(
         self, sink: Sink, tracker: DeliveryTracker, prepared: Prepared, model: ModelIdentity
     ) -> None:
@@ -344,16 +425,15 @@ class Pipeline:
         refused = set(np.flatnonzero(~finite).tolist())
         # What every result of the batch shares is encoded once: the body is the
         # per-record part with this tail spliced in before its closing brace.
-        tail = (
-            b","
-            + orjson.dumps(
-                {
-                    "model": model.meta,
-                    "pipeline": self.name,
-                    "timings_ms": prepared.timings.as_dict(),
-                }
-            )[1:]
-        )
+        # A canary's rows name it: a second shared tail, picked per row by the split.
+        shared = {"pipeline": self.name, "timings_ms": prepared.timings.as_dict()}
+        models = [model]
+        split: Iterable[bool] = itertools.repeat(False, len(good))
+        if prepared.canary is not None and prepared.candidate is not None:
+            models.append(prepared.candidate)
+            split = prepared.canary.tolist()
+        tails = [result_tail({"model": m.meta, **shared}) for m in models]
+        tags = [m.tag for m in models]
         topic = self.config.result_topic
         send = sink.send
         dumps = orjson.dumps
@@ -362,14 +442,14 @@ class Pipeline:
         roomy = room - MAX_RESULT_HEADERS_BYTES
         too_large = 0
         single = names[0] if len(names) == 1 else None
-        for i, (g, out) in enumerate(zip(good.tolist(), _per_row(cols, len(good)), strict=True)):
+        rows_out = zip(good.tolist(), _per_row(cols, len(good)), split, strict=True)
+        for i, (g, out, by_canary) in enumerate(rows_out):
             msg = batch[rows[g]]
             if refused and i in refused:
                 reason = failed.get(i, "model returned NaN or infinity for this row")
                 code = "model_error" if i in failed else "model_non_finite"
-                self.dead_letters.send(
-                    sink, tracker, msg, "infer", code, reason, ids[g], model=model.tag
-                )
+                tag = tags[by_canary]
+                self.dead_letters.send(sink, tracker, msg, "infer", code, reason, ids[g], model=tag)
                 continue
             rid = ids[g]
             key = msg.key()
@@ -381,7 +461,7 @@ class Pipeline:
                     "request_ts_ms": msg.timestamp()[1],
                 }
             )
-            value = head[:-1] + tail
+            value = head[:-1] + tails[by_canary]
             headers = headers_of(msg, rid)
             # headers are small and bounded: only a large record needs the exact sum
             if (
@@ -390,8 +470,9 @@ class Pipeline:
             ) or not send(tracker, topic, value, key, headers):
                 size = record_size(value, key, headers)
                 why = f"result of {size} bytes with key and headers; {topic} takes {room}"
+                tag = tags[by_canary]
                 self.dead_letters.send(
-                    sink, tracker, msg, "publish", "result_too_large", why, rid, model=model.tag
+                    sink, tracker, msg, "publish", "result_too_large", why, rid, model=tag
                 )
                 too_large += 1
         self.metrics.results.inc(len(good) - len(refused) - too_large)
@@ -425,6 +506,26 @@ def _per_row(cols: list[list[object]], n: int) -> Iterable[tuple[object, ...]]:
     if len(cols) == 1:
         return ((v,) for v in cols[0])
     return zip(*cols, strict=True)
+
+
+def _scatter(parts: Sequence[tuple[npt.NDArray[np.intp], Outputs]], n: int) -> Outputs:
+    """Join the outputs of row subsets of one batch into the batch's row order; rows of a
+    part that failed as a whole hold placeholders."""
+    if len(parts) == 1 and len(parts[0][0]) == n:
+        return parts[0][1]
+    template = next((outputs for _rows, outputs in parts if outputs), None)
+    if template is None:
+        return {}
+    joined: Outputs = {}
+    for name, sample in template.items():
+        dtype = np.result_type(*(o[name].dtype for _r, o in parts if name in o))
+        fill = np.nan if dtype.kind == "f" else 0
+        out = np.full((n, *sample.shape[1:]), fill, dtype=dtype)
+        for rows, outputs in parts:
+            if name in outputs:
+                out[rows] = outputs[name]
+        joined[name] = out
+    return joined
 
 
 def _stitch(left: Outputs, right: Outputs, n_left: int, n: int) -> Outputs:

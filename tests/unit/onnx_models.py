@@ -10,7 +10,8 @@
 - ``near_tie_mlp``: a random MLP of the same shape whose two classes' logits differ by
   about 1e-3, so any quantization flips labels; ``regression_mlp``: one output column.
 - ``random_mlp``: a small random MLP; the same shape with another seed is another
-  version of one model (the reload tests).
+  version of one model (the reload, canary and shadow tests), which
+  ``three_feature_pipeline`` serves from features ``a``, ``b`` and ``c``.
 
 Each returns the model's path and rows for it (the ones it was fitted on).
 """
@@ -19,9 +20,12 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from worker.config import FeatureSpec, ModelSpec, PipelineConfig
 
 Rows = npt.NDArray[np.float64]
 
@@ -31,6 +35,7 @@ __all__ = [
     "random_mlp",
     "regression_mlp",
     "sklearn_mlp",
+    "three_feature_pipeline",
     "write_csv",
 ]
 
@@ -126,6 +131,23 @@ def random_mlp(path: Path, n_in: int = 3, *, seed: int = 0, softmax: bool = True
     w2, b2 = rng.normal(0, 0.5, (8, n_out)), rng.normal(0, 0.1, n_out)
     path.parent.mkdir(parents=True, exist_ok=True)
     return _write_mlp(path, w1, b1, w2, b2, softmax=softmax)
+
+
+def three_feature_pipeline(model: Path, **fields: Any) -> PipelineConfig:
+    """Pipeline ``p`` (``req`` -> ``res``, ``dlq``) serving ``model`` (a ``random_mlp`` of
+    three inputs) as ``m`` version 1 from stored features ``a``, ``b`` and ``c``;
+    ``fields`` add or replace pipeline fields."""
+    return PipelineConfig(
+        **{
+            "name": "p",
+            "request_topics": ["req"],
+            "result_topic": "res",
+            "dead_letter_topic": "dlq",
+            "features": FeatureSpec(fields=["a", "b", "c"]),
+            "model": ModelSpec(path=model, name="m", version="1"),
+            **fields,
+        }
+    )
 
 
 def sklearn_mlp(path: Path) -> tuple[Path, Rows]:

@@ -709,3 +709,57 @@ def test_gpu_options_from_the_environment(make_raw: Callable[..., Raw]) -> None:
     }
     model = parse_config(make_raw(), environ=env).pipelines[0].model
     assert (model.cuda.device_id, model.tensorrt.fp16, model.pad_to_buckets) == (3, True, False)
+
+
+# --- canary and shadow ---------------------------------------------------------------
+
+
+def test_a_canary_file_needs_its_version_and_a_directory_gives_it(
+    make_raw: Callable[..., Raw], tmp_path: Path, model_file: Path
+) -> None:
+    msg = config_error(make_raw(canary={"model": str(model_file), "percent": 10}))
+    assert "pipelines[0].canary.version: name the version of m.onnx" in msg
+    root = _versions(tmp_path / "candidates", "4", "5")
+    raw = make_raw(canary={"model": "candidates", "percent": 12.5})
+    canary = parse_config(raw, environ={}, base_dir=tmp_path).pipelines[0].canary
+    assert canary is not None
+    assert (canary.model, canary.version, canary.percent) == (root / "5" / "model.onnx", "5", 12.5)
+    pinned = make_raw(canary={"model": str(root), "version": "4", "percent": 1})
+    canary = parse_config(pinned, environ={}).pipelines[0].canary
+    assert canary is not None and canary.model == root / "4" / "model.onnx"
+
+
+@pytest.mark.parametrize("percent", [0, -5, 100.1])
+def test_a_canary_percent_must_be_a_share(
+    make_raw: Callable[..., Raw], model_file: Path, percent: float
+) -> None:
+    canary = {"model": str(model_file), "version": "2", "percent": percent}
+    assert "pipelines[0].canary.percent" in config_error(make_raw(canary=canary))
+
+
+def test_a_missing_candidate_file_names_its_field(
+    make_raw: Callable[..., Raw], tmp_path: Path
+) -> None:
+    shadow = {"model": str(tmp_path / "nope.onnx"), "version": "2", "topic": "shadow"}
+    msg = config_error(make_raw(shadow=shadow))
+    assert "pipelines[0].shadow.model: model file not found" in msg
+
+
+def test_a_candidate_spec_shares_the_pipeline_models_settings(
+    make_raw: Callable[..., Raw], model_file: Path
+) -> None:
+    shadow = {"model": str(model_file), "version": "9", "topic": "shadow"}
+    cfg = parse_config(make_raw(shadow=shadow), environ={}).pipelines[0]
+    assert cfg.shadow is not None
+    spec = cfg.shadow.model_spec(cfg.model)
+    assert (spec.path, spec.name, spec.version, spec.sha256) == (model_file, "m", "9", None)
+    assert spec.providers == cfg.model.providers and spec.watch is False
+
+
+@pytest.mark.parametrize("topic", ["res", "dlq", "req"])
+def test_the_shadow_topic_is_its_own(
+    make_raw: Callable[..., Raw], model_file: Path, topic: str
+) -> None:
+    shadow = {"model": str(model_file), "version": "2", "topic": topic}
+    msg = config_error(make_raw(shadow=shadow))
+    assert repr(topic) in msg and ("shadow.topic" in msg or "also a request topic" in msg)

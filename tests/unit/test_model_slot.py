@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.unit.onnx_models import random_mlp
+from tests.unit.onnx_models import random_mlp, three_feature_pipeline
 from tests.unit.test_pipeline import FakeMessage, FakeSink
-from worker.config import FeatureSpec, ModelSpec, PipelineConfig
+from worker.config import ModelSpec, PipelineConfig
 from worker.engines import OnnxEngine
 from worker.metrics import Metrics
 from worker.model_slot import LiveModel, ModelIdentity, ModelSlot
@@ -37,14 +37,7 @@ def versions(tmp_path: Path) -> dict[str, Path]:
 
 @pytest.fixture
 def config(versions: dict[str, Path]) -> PipelineConfig:
-    return PipelineConfig(
-        name="p",
-        request_topics=["req"],
-        result_topic="res",
-        dead_letter_topic="dlq",
-        features=FeatureSpec(fields=FIELDS),
-        model=ModelSpec(path=versions["1"], name="m", version="1"),
-    )
+    return three_feature_pipeline(versions["1"])
 
 
 @pytest.fixture
