@@ -19,51 +19,42 @@ gap elsewhere in the run beside it.
 
 from __future__ import annotations
 
-import http.client
 import itertools
 import os
 import signal
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-import onnxruntime as ort
-import orjson
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from streamfer_dev.harness import WorkerProcess, produce_requests, wait_for_assignment
-from streamfer_dev.stack import free_port
+from streamfer_dev.harness import WorkerProcess, produce_requests
 from tests.conftest import Topics
 from tests.integration.helpers import assert_committed_to_end, scrape_metrics
-from tests.integration.recipes import NUMERIC, FraudData, fraud_data, torch_style_mlp
-from tests.integration.test_bring_your_own_model import request_doc, store_features
+from tests.integration.recipes import FraudData, fraud_data
+from tests.integration.served_mlp import (
+    PARTITIONS,
+    WINDOW_MS,
+    Result,
+    check_scores,
+    in_background,
+    mlp_versions,
+    post,
+    produced_requests,
+    read_results,
+    scores_by_version,
+    sha,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
 N_REQUESTS = 20_000
 RATE = 800.0
 """Requests per second: 25 s of steady stream, two or three batches per window."""
-WINDOW_MS = 50
 SLACK_MS = 450
-PARTITIONS = 4
-
-
-@dataclass(frozen=True)
-class Result:
-    partition: int
-    offset: int
-    ts_ms: int
-    doc: dict[str, Any]
-
-    @property
-    def version(self) -> str:
-        return str(self.doc["model"]["version"])
 
 
 @pytest.fixture(scope="module")
@@ -73,22 +64,7 @@ def data() -> FraudData:
 
 @pytest.fixture(scope="module")
 def models(data: FraudData, tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
-    """Version -> model bytes: three MLPs with the same signature and other weights (other
-    widths, and the output layer's bias moved, so that their scores differ on nearly
-    every row), and a broken file."""
-    import onnx
-    from onnx import numpy_helper
-
-    folder = tmp_path_factory.mktemp("mlps")
-    out = {}
-    for version, hidden, shift in (("1", 16, 0.0), ("2", 8, 0.7), ("4", 24, -0.7)):
-        model = onnx.load(torch_style_mlp(folder / version, data, hidden=hidden).model_path)
-        (bias,) = [t for t in model.graph.initializer if t.name == "fc2.bias"]
-        moved = numpy_helper.to_array(bias) + np.array([shift, -shift], dtype=np.float32)
-        bias.CopyFrom(numpy_helper.from_array(moved.astype(np.float32), "fc2.bias"))
-        out[version] = model.SerializeToString()
-    out["3"] = b"\x08\x07not an onnx model, a deployment gone wrong\n" * 200
-    return out
+    return mlp_versions(data, tmp_path_factory.mktemp("mlps"))
 
 
 def publish_version(root: Path, version: str, content: bytes) -> None:
@@ -97,140 +73,6 @@ def publish_version(root: Path, version: str, content: bytes) -> None:
     staging.mkdir()
     (staging / "model.onnx").write_bytes(content)
     os.rename(staging, root / version)
-
-
-def scores_by_version(
-    models: dict[str, bytes], data: FraudData
-) -> dict[str, np.ndarray[Any, np.dtype[np.float32]]]:
-    """Each good version's scores for every request row, from ONNX Runtime directly."""
-    rows = np.array([[float(r[c]) for c in NUMERIC] for r in data.rows()], dtype=np.float32)
-    out = {}
-    for version, content in models.items():
-        if version != "3":
-            session = ort.InferenceSession(content, providers=["CPUExecutionProvider"])
-            out[version] = np.asarray(session.run(None, {"input": rows})[0])
-    return out
-
-
-def config_text(
-    *,
-    bootstrap: str,
-    redis_url: str,
-    topics: Topics,
-    tag: str,
-    model_path: Path,
-    metrics_port: int,
-    model_lines: str = "",
-) -> str:
-    return f"""
-[kafka]
-bootstrap_servers = "{bootstrap}"
-group_id = "{topics.group}"
-session_timeout_ms = 10000
-
-[redis]
-url = "{redis_url}"
-
-[metrics]
-host = "127.0.0.1"
-port = {metrics_port}
-reload_endpoint = true
-
-[[pipelines]]
-name = "fraud"
-request_topics = ["{topics.requests}"]
-result_topic = "{topics.results}"
-dead_letter_topic = "{topics.dead_letters}"
-
-[pipelines.batch]
-max_batch_size = 64
-max_wait_ms = {WINDOW_MS}
-
-[pipelines.request]
-id = "meta.request_id"
-
-[pipelines.request.entities]
-user = "user.id"
-merchant = "merchant_id"
-
-[[pipelines.lookups]]
-name = "user"
-key_template = "{tag}:user:{{entity}}"
-fields = ["age_days", "country", "segment"]
-
-[[pipelines.lookups]]
-name = "merchant"
-key_template = "{tag}:merchant:{{entity}}"
-layout = "packed"
-fields = ["risk", "volume_30d"]
-
-[pipelines.model]
-path = "{model_path}"
-name = "fraud-mlp"
-{model_lines}
-
-[pipelines.model.inputs]
-input = {orjson.dumps(NUMERIC).decode()}
-
-[pipelines.model.outputs]
-scores = "output"
-"""
-
-
-def produced_requests(data: FraudData, count: int) -> list[tuple[str, bytes, bytes]]:
-    return [
-        (f"r{i}", f"k{i}".encode(), orjson.dumps(request_doc(f"r{i}", data.requests[i])))
-        for i in range(count)
-    ]
-
-
-def read_results(bootstrap: str, topic: str, ids: set[str], timeout: float) -> list[Result]:
-    """Every result on ``topic`` (from the start) until each of ``ids`` has one."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"reload-reader-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-        }
-    )
-    out: list[Result] = []
-    try:
-        meta = consumer.list_topics(topic, timeout=10).topics[topic]
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in meta.partitions])
-        pending = set(ids)
-        deadline = time.monotonic() + timeout
-        while pending and time.monotonic() < deadline:
-            for msg in consumer.consume(1000, 0.2):
-                if msg.error() is not None:
-                    continue
-                doc = orjson.loads(msg.value() or b"null")
-                out.append(Result(msg.partition(), msg.offset(), msg.timestamp()[1], doc))
-                pending.discard(doc["id"])
-    finally:
-        consumer.close()
-    return out
-
-
-def in_background(work: Callable[[], object]) -> Callable[[], None]:
-    """Run ``work`` on a thread; the returned function joins it and re-raises its error."""
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            work()
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-
-    def join() -> None:
-        thread.join(300)
-        assert not thread.is_alive(), "the producer did not finish"
-        if errors:
-            raise errors[0]
-
-    return join
 
 
 def reloads(port: int, result: str) -> float:
@@ -245,44 +87,6 @@ def live_models(port: int) -> set[tuple[str, str]]:
         for (name, labels), value in scrape_metrics(port).items()
         if name == "streamfer_model_info" and value == 1
     }
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
-def post(port: int, path: str, method: str = "POST") -> tuple[int, str]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request(method, path)
-        response = conn.getresponse()
-        return response.status, response.read().decode()
-    finally:
-        conn.close()
-
-
-def check_scores(
-    results: list[Result], expected: dict[str, np.ndarray[Any, Any]], versions: set[str]
-) -> None:
-    """Each result's scores are those of the version it names, and nearer to them than
-    to any other version's (the versions differ by far more than rounding on almost
-    every row, so the test can tell which one scored a row)."""
-    names = sorted(versions)
-    table = np.stack([expected[v] for v in names])  # (versions, rows, classes)
-    apart = np.abs(table[:, None] - table[None, :]).max(axis=-1)  # (v, v, rows)
-    distinct = apart[~np.eye(len(names), dtype=bool)].min(axis=0) > 1e-3
-    assert distinct.mean() > 0.95, f"versions differ on {distinct.mean():.1%} of rows only"
-    for r in results:
-        assert r.version in versions, r.doc["model"]
-        row = int(r.doc["id"][1:])
-        got = np.asarray(r.doc["outputs"]["scores"], dtype=np.float32)
-        np.testing.assert_allclose(got, expected[r.version][row], rtol=1e-5, atol=1e-6)
-        if distinct[row]:
-            nearest = names[int(np.abs(table[:, row] - got).max(axis=-1).argmin())]
-            assert nearest == r.version, f"{r.doc['id']} names {r.version}, scored by {nearest}"
 
 
 def check_in_order(results: list[Result], order: list[str]) -> None:
@@ -339,53 +143,10 @@ def pauses(results: list[Result], periods: list[tuple[float, float]]) -> Pauses:
     return Pauses(gap, late, gap_else, late_else)
 
 
-@pytest.fixture
-def worker_for(
-    kafka_bootstrap: str, redis_url: str, tmp_path: Path
-) -> Iterator[Callable[..., tuple[WorkerProcess, int]]]:
-    """Factory: store the data's features, write a config serving ``model_path``, start a
-    worker (``args``: ``--processes 2``, say) and wait until it owns every partition.
-    Returns it and its metrics port."""
-    started: list[WorkerProcess] = []
-
-    def start(
-        topics: Topics,
-        data: FraudData,
-        model_path: Path,
-        *,
-        model_lines: str = "",
-        args: tuple[str, ...] = (),
-    ) -> tuple[WorkerProcess, int]:
-        tag = f"reload-{uuid.uuid4().hex[:8]}"
-        store_features(redis_url, tag, data)
-        port = free_port()
-        config = tmp_path / "worker.toml"
-        config.write_text(
-            config_text(
-                bootstrap=kafka_bootstrap,
-                redis_url=redis_url,
-                topics=topics,
-                tag=tag,
-                model_path=model_path,
-                metrics_port=port,
-                model_lines=model_lines,
-            )
-        )
-        worker = WorkerProcess(config, tmp_path / "worker.log", args=args).start()
-        started.append(worker)
-        if not args:
-            wait_for_assignment([worker], PARTITIONS, timeout=90)
-        return worker, port
-
-    yield start
-    for worker in started:
-        worker.terminate()
-
-
 def test_versions_replaced_twice_under_a_steady_stream_one_of_them_broken(
     kafka_bootstrap: str,
     fresh_topics: Callable[..., Topics],
-    worker_for: Callable[..., tuple[WorkerProcess, int]],
+    mlp_worker: Callable[..., tuple[WorkerProcess, int]],
     data: FraudData,
     models: dict[str, bytes],
     tmp_path: Path,
@@ -394,8 +155,8 @@ def test_versions_replaced_twice_under_a_steady_stream_one_of_them_broken(
     root = tmp_path / "models" / "fraud-mlp"
     root.mkdir(parents=True)
     publish_version(root, "1", models["1"])
-    worker, port = worker_for(topics, data, root, model_lines="reload_poll_s = 0.5")
-    assert live_models(port) == {("1", _sha(models["1"]))}
+    worker, port = mlp_worker(topics, data, root, model_lines="reload_poll_s = 0.5")
+    assert live_models(port) == {("1", sha(models["1"]))}
 
     produced = produced_requests(data, N_REQUESTS)
     join = in_background(
@@ -422,7 +183,7 @@ def test_versions_replaced_twice_under_a_steady_stream_one_of_them_broken(
     order = ["1", "2", "4"]
     assert {r.version for r in results} == set(order)  # 3 never served
     for r in results:
-        assert r.doc["model"]["sha256"] == _sha(models[r.version])
+        assert r.doc["model"]["sha256"] == sha(models[r.version])
     check_scores(results, scores_by_version(models, data), set(order))
     check_in_order(results, order)
     seen_pauses = pauses(results, periods)
@@ -430,7 +191,7 @@ def test_versions_replaced_twice_under_a_steady_stream_one_of_them_broken(
     assert max(seen_pauses.gap_ms) <= WINDOW_MS + SLACK_MS, seen_pauses
 
     assert reloads(port, "loaded") == 2 and reloads(port, "refused") == 1
-    assert live_models(port) == {("4", _sha(models["4"]))}
+    assert live_models(port) == {("4", sha(models["4"]))}
     log = worker.log_text()
     assert "model version 3 at" in log and "refused" in log and "version 2 keeps serving" in log
     assert worker.terminate() == 0
@@ -440,7 +201,7 @@ def test_versions_replaced_twice_under_a_steady_stream_one_of_them_broken(
 def test_sighup_and_post_reload_a_file_that_is_not_watched(
     kafka_bootstrap: str,
     fresh_topics: Callable[..., Topics],
-    worker_for: Callable[..., tuple[WorkerProcess, int]],
+    mlp_worker: Callable[..., tuple[WorkerProcess, int]],
     data: FraudData,
     models: dict[str, bytes],
     tmp_path: Path,
@@ -450,7 +211,7 @@ def test_sighup_and_post_reload_a_file_that_is_not_watched(
     topics = fresh_topics(PARTITIONS)
     path = tmp_path / "fraud-mlp.onnx"
     path.write_bytes(models["1"])
-    worker, port = worker_for(topics, data, path, model_lines='version = "2026.1"')
+    worker, port = mlp_worker(topics, data, path, model_lines='version = "2026.1"')
     assert post(port, "/reload", "GET")[0] == 405
 
     count = 4000
@@ -461,7 +222,7 @@ def test_sighup_and_post_reload_a_file_that_is_not_watched(
     time.sleep(2)
     _replace(path, models["2"])
     time.sleep(3)
-    assert live_models(port) == {("2026.1", _sha(models["1"]))}  # not watched: not seen
+    assert live_models(port) == {("2026.1", sha(models["1"]))}  # not watched: not seen
     os.kill(worker.pid, signal.SIGHUP)
     wait_for(lambda: reloads(port, "loaded") == 1, 30, "SIGHUP to load the new file")
     time.sleep(2)
@@ -473,7 +234,7 @@ def test_sighup_and_post_reload_a_file_that_is_not_watched(
     results = read_results(kafka_bootstrap, topics.results, {r for r, _, _ in produced}, 120)
     assert sorted(r.doc["id"] for r in results) == sorted(r for r, _, _ in produced)
     assert {r.doc["model"]["version"] for r in results} == {"2026.1"}  # the config's
-    by_sha = {_sha(models[v]): v for v in ("1", "2", "4")}
+    by_sha = {sha(models[v]): v for v in ("1", "2", "4")}
     renamed = [  # each result named by the file it came from, to check as versions
         Result(r.partition, r.offset, r.ts_ms, {**r.doc, "model": {"version": by_sha[sha]}})
         for r in results
@@ -489,7 +250,7 @@ def test_sighup_and_post_reload_a_file_that_is_not_watched(
 def test_a_supervisor_hands_sighup_and_post_reload_to_every_worker(
     kafka_bootstrap: str,
     fresh_topics: Callable[..., Topics],
-    worker_for: Callable[..., tuple[WorkerProcess, int]],
+    mlp_worker: Callable[..., tuple[WorkerProcess, int]],
     data: FraudData,
     models: dict[str, bytes],
     tmp_path: Path,
@@ -497,7 +258,7 @@ def test_a_supervisor_hands_sighup_and_post_reload_to_every_worker(
     topics = fresh_topics(PARTITIONS)
     path = tmp_path / "fraud-mlp.onnx"
     path.write_bytes(models["1"])
-    supervisor, port = worker_for(topics, data, path, args=("--processes", "2"))
+    supervisor, port = mlp_worker(topics, data, path, args=("--processes", "2"))
 
     def per_process() -> dict[str, set[str]]:
         """Process -> the SHA-256 its streamfer_model_info shows (none until it serves)."""
@@ -514,26 +275,20 @@ def test_a_supervisor_hands_sighup_and_post_reload_to_every_worker(
     wait_for(lambda: len(per_process()) == 2, 90, "both workers to serve")
     _replace(path, models["2"])
     os.kill(supervisor.pid, signal.SIGHUP)
-    two = {"0": {_sha(models["2"])}, "1": {_sha(models["2"])}}
+    two = {"0": {sha(models["2"])}, "1": {sha(models["2"])}}
     wait_for(lambda: per_process() == two, 30, "both workers to load version 2")
     _replace(path, models["4"])
     status, body = post(port, "/reload")
     assert (status, body) == (202, "reload requested of 2 worker processes\n")
-    four = {"0": {_sha(models["4"])}, "1": {_sha(models["4"])}}
+    four = {"0": {sha(models["4"])}, "1": {sha(models["4"])}}
     wait_for(lambda: per_process() == four, 30, "both workers to load version 4")
 
     produced = produced_requests(data, 500)
     produce_requests(kafka_bootstrap, topics.requests, produced)
     results = read_results(kafka_bootstrap, topics.results, {r for r, _, _ in produced}, 90)
-    assert {r.doc["model"]["sha256"] for r in results} == {_sha(models["4"])}
+    assert {r.doc["model"]["sha256"] for r in results} == {sha(models["4"])}
     assert "restarting" not in supervisor.log_text()
     assert supervisor.terminate() == 0
-
-
-def _sha(content: bytes) -> str:
-    import hashlib
-
-    return hashlib.sha256(content).hexdigest()
 
 
 def _replace(path: Path, content: bytes) -> None:
