@@ -35,7 +35,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import cast
+from typing import Protocol, cast
 
 from confluent_kafka import (
     Consumer,
@@ -63,7 +63,7 @@ from worker.source import Source, position
 from worker.stage_threads import OnTake, StageThreads, Step
 from worker.stages import batch_steps
 
-__all__ = ["Worker"]
+__all__ = ["Background", "Worker"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,15 @@ _BROKERS_UNUSABLE = frozenset(
 
 _IDLE_CHECK_S = 0.005
 """Adaptive batching: how often the loop looks for an idle model while records wait."""
+
+
+class Background(Protocol):
+    """Work on a thread of its own beside the worker's: started when it runs, stopped
+    (within ``timeout``; True when it ended) when it closes."""
+
+    def start(self) -> None: ...
+
+    def stop(self, timeout: float) -> bool: ...
 
 
 class Worker:
@@ -91,6 +100,7 @@ class Worker:
         abort: threading.Event | None = None,
         clock: Clock = monotonic_clock,
         fault_abort_every: int = 0,
+        background: Sequence[Background] = (),
     ) -> None:
         self.config = config
         self.metrics = metrics
@@ -100,6 +110,8 @@ class Worker:
         health = self.health
         metrics.ready.set_function(lambda: 0.0 if health.not_ready_reasons() else 1.0)
         self._abort = abort or threading.Event()
+        self._background = list(background)
+        """Threads of their own while ``run`` runs: the model reloader, shadow models."""
         self._consumer = consumer
         self._sink = sink
         self._pipelines = {p.name: p for p in pipelines}
@@ -224,6 +236,8 @@ class Worker:
         again by whoever owns the partitions next.
         """
         self._source.subscribe()
+        for part in self._background:
+            part.start()
         try:
             while not self._stop.is_set():
                 self.run_once()
@@ -460,6 +474,9 @@ class Worker:
         self._abort.set()
         if not self._threads.close(5.0):
             log.warning("the processing thread did not finish")
+        for part in self._background:  # after the stages: a shadow scores their last batches
+            if not part.stop(5.0):
+                log.warning("%s did not finish", type(part).__name__)
         try:
             self._source.close()
         except Exception:  # close must not hide the error that brought us here

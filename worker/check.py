@@ -8,7 +8,8 @@ handed instead of producing it. A request carrying every feature inline (strings
 model's encoders accept, see ``OnnxEngine.example``) must come out as a result; one
 naming a probe entity in every lookup exercises the lookups (its result or dead letter
 is fine, a Redis refusal is not). Requests are written in the pipeline's own request
-shape. ``CheckedPipeline.signature`` says how each model input is fed.
+shape. ``CheckedPipeline.signature`` says how each model input is fed, and that the
+canary and shadow models load and fit (``worker.candidates``).
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ import orjson
 from confluent_kafka import Message
 from prometheus_client import CollectorRegistry
 
+from worker.candidates import load_candidates
 from worker.config import PipelineConfig, RedisSettings
 from worker.errors import EngineError
 from worker.features import PROBE_ENTITY
 from worker.limits import RecordLimits
 from worker.metrics import Metrics
-from worker.parts import open_parts
+from worker.parts import LoadedModel, open_parts
 from worker.pipeline import Pipeline
 from worker.sink import DeliveryTracker, Headers
 
@@ -87,6 +89,7 @@ def check_pipeline(cfg: PipelineConfig, redis: RedisSettings) -> CheckedPipeline
             hooks=hooks,
         )
         plan = pipeline.plan
+        candidates = load_candidates(cfg, LoadedModel(engine, plan), warm_up=[1])
         example = engine.example(plan.widths())(1)
         values: dict[str, Any] = {}
         for feed in plan.inputs:
@@ -130,6 +133,16 @@ def check_pipeline(cfg: PipelineConfig, redis: RedisSettings) -> CheckedPipeline
         f"output {name} <- {out} {engine.output_types[out]}" for name, out in engine.outputs.items()
     ]
     signature.append(f"provider {engine.provider} (requested {', '.join(engine.requested)})")
+    if candidates.canary is not None and cfg.canary is not None:
+        model = candidates.canary.identity
+        signature.append(
+            f"canary {model.tag} ({model.sha256[:12]}) fits; scores {cfg.canary.percent:g}% of keys"
+        )
+    if candidates.shadow is not None and cfg.shadow is not None:
+        model = candidates.shadow.identity
+        signature.append(
+            f"shadow {model.tag} ({model.sha256[:12]}) fits; results to {cfg.shadow.topic}"
+        )
     outcomes = {}
     for out_topic, value, _ in sink.records:
         doc = orjson.loads(value)

@@ -3,9 +3,11 @@ slice of history, show or reset a group's offsets, and inspect or optimize a mod
 
 Signal handlers only set a flag: the first SIGTERM or SIGINT asks the worker to drain,
 commit and leave the group; a second one exits at once (uncommitted records are then
-consumed again by the group). ``run --processes N`` runs a supervisor of N workers
+consumed again by the group). SIGHUP asks it to look for a new model version now
+(``worker.reloader``). ``run --processes N`` runs a supervisor of N workers
 (``worker.supervisor``), which forwards the first signal to them and SIGKILLs them on the
-second; a worker it started drains on a signal and leaves repeats to it.
+second, and forwards every SIGHUP; a worker it started drains on a signal and leaves
+repeats to it.
 
 Exit codes: 0 clean stop, 1 the worker failed, 2 bad configuration or usage.
 """
@@ -17,7 +19,8 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -382,6 +385,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 2
     if processes > 1 and index is None:
         return _run_supervisor(args, config, processes)
+    reload_requests = threading.Event()
+    _install_reload_signal(reload_requests.set)
     setup_logging(
         config.log_format, getattr(logging, config.log_level.upper()), process_index=index
     )
@@ -390,10 +395,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
     registry = CollectorRegistry()
     health = HealthState(liveness_timeout_s=config.liveness_timeout_s)
     if config.metrics.port is not None:
-        server = HealthServer(health, registry, config.metrics.host, config.metrics.port).start()
-        log.info("metrics, /healthz and /readyz on http://%s:%d", config.metrics.host, server.port)
+        reload = reload_requests.set if config.metrics.reload_endpoint else None
+        server = HealthServer(
+            health, registry, config.metrics.host, config.metrics.port, reload=reload
+        ).start()
+        log.info(
+            "metrics, /healthz and /readyz%s on http://%s:%d",
+            " (and POST /reload)" if reload is not None else "",
+            config.metrics.host,
+            server.port,
+        )
     try:
-        worker = build_worker(config, registry, health)
+        worker = build_worker(config, registry, health, reload_requests)
     except StreamferError as exc:
         log.error("cannot start: %s", exc)
         return 2 if isinstance(exc, ConfigError) else 1
@@ -418,7 +431,7 @@ def _run_supervisor(args: argparse.Namespace, config: WorkerConfig, processes: i
     /metrics, /healthz and /readyz take the configured address."""
     from prometheus_client import CollectorRegistry
 
-    from worker.health import HttpEndpoint
+    from worker.health import HttpEndpoint, reload_response
     from worker.logs import setup_logging
     from worker.metrics_merge import MergedEndpoints
     from worker.supervisor import Supervisor, plan_for
@@ -430,6 +443,7 @@ def _run_supervisor(args: argparse.Namespace, config: WorkerConfig, processes: i
     )
     supervisor = Supervisor(plan, registry)
     _install_signal_handlers(supervisor.signalled, repeat_exits=False)
+    _install_reload_signal(supervisor.request_reload)
     merged: MergedEndpoints | None = None
     server: HttpEndpoint | None = None
     if config.metrics.port is not None:
@@ -439,8 +453,13 @@ def _run_supervisor(args: argparse.Namespace, config: WorkerConfig, processes: i
             stopping=lambda: supervisor.stopping,
             threads=min(64, 2 * processes),
         )
+        post = (
+            reload_response(supervisor.request_reload) if config.metrics.reload_endpoint else None
+        )
         try:
-            server = HttpEndpoint(merged.respond, config.metrics.host, config.metrics.port)
+            server = HttpEndpoint(
+                merged.respond, config.metrics.host, config.metrics.port, post=post
+            )
         except OSError as exc:
             where = f"{config.metrics.host}:{config.metrics.port}"
             log.error("cannot serve metrics on %s (metrics.host, metrics.port): %s", where, exc)
@@ -672,6 +691,18 @@ def _install_signal_handlers(stop: object, *, repeat_exits: bool = True) -> None
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+
+
+def _install_reload_signal(reload: Callable[[], object]) -> None:
+    """SIGHUP calls ``reload`` (which sets a flag). A supervisor starts its workers with
+    SIGHUP blocked, so that one forwarded before this handler exists waits, pending,
+    instead of killing the worker: it is delivered here, once unblocked."""
+
+    def handler(_signum: int, _frame: FrameType | None) -> None:
+        reload()
+
+    signal.signal(signal.SIGHUP, handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
 
 
 if __name__ == "__main__":

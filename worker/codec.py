@@ -35,6 +35,7 @@ __all__ = [
     "MAX_REASON_LENGTH",
     "decode_requests",
     "encode_dead_letter",
+    "result_tail",
     "safe_text",
 ]
 
@@ -269,6 +270,12 @@ def _json_type(value: Any) -> str:
     if isinstance(value, list):
         return "array"
     return "object"
+
+
+def result_tail(shared: dict[str, Any]) -> bytes:
+    """What every result of a batch shares (model, pipeline, timings ...), encoded once
+    per batch: a result is its own fields encoded without the closing brace, then this."""
+    return b"," + orjson.dumps(shared)[1:]
 
 
 def safe_text(text: str, limit: int = MAX_REASON_LENGTH) -> str:

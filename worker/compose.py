@@ -10,19 +10,29 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from typing import NamedTuple
 
 from confluent_kafka import Consumer
 from prometheus_client import CollectorRegistry
 
-from worker.app import Worker
-from worker.config import WorkerConfig
+from worker.app import Background, Worker
+from worker.canary import Canary
+from worker.candidates import load_candidates
+from worker.config import PipelineConfig, WorkerConfig
+from worker.engines import OnnxEngine
+from worker.feeds import FeedPlan
 from worker.health import HealthState
+from worker.hooks import BatchHooks
 from worker.limits import RecordLimits
+from worker.lookups import RedisLookups
 from worker.metrics import Metrics
+from worker.model_slot import ModelSlot
 from worker.output_cache import open_cache
-from worker.parts import open_parts
+from worker.parts import LoadedModel, open_parts
 from worker.pausing import share_fetch_options
 from worker.pipeline import Pipeline
+from worker.reloader import ModelWatch, Reloader, show_model
+from worker.shadow import ShadowRunner
 from worker.sink import Sink
 from worker.source import consumer_config
 from worker.transactions import transactional_producer, verify_isolation
@@ -36,9 +46,12 @@ def build_worker(
     config: WorkerConfig,
     registry: CollectorRegistry | None = None,
     health: HealthState | None = None,
+    reload_requests: threading.Event | None = None,
 ) -> Worker:
     """Build real parts; load and warm every model before the group is joined.
 
+    The worker's ``Reloader`` watches the pipelines whose ``model.watch`` is on and looks
+    at every pipeline's model whenever ``reload_requests`` is set (SIGHUP, POST /reload).
     Raises ConfigError (including a broker without working transactions in
     exactly-once mode), EngineError or FeatureStoreError.
     """
@@ -46,32 +59,45 @@ def build_worker(
     health = health or HealthState(liveness_timeout_s=config.liveness_timeout_s)
     abort = threading.Event()
 
-    pipelines = []
-    for p in config.pipelines:
-        engine, store, hooks = open_parts(p, config.redis, metrics=metrics)
-        metrics.model_info.labels(
-            p.name, p.model.name, p.model.version, engine.model_hash, engine.providers[0]
-        ).set(1)
-        cache = open_cache(p, config.redis, metrics, engine)
-        pipelines.append(
-            Pipeline(
-                p,
-                store=store,
-                engine=engine,
-                metrics=metrics.for_pipeline(p.name),
-                hooks=hooks,
-                retry_feature_store_s=config.feature_store_retry_s,
-                abort=abort,
-                on_feature_store=health.feature_store,
-                cache=cache,
-            )
-        )
+    loaded = [_load(p, config, metrics) for p in config.pipelines]
     # The models are loaded: /healthz answers 200 from here, while the Kafka clients wait
     # for the cluster's metadata (their timeouts, not a model, hold start-up up then).
     health.models_loaded = True
     health.turned()
+    shadow_topics = [p.shadow.topic for p in config.pipelines if p.shadow is not None]
     outputs = [t for p in config.pipelines for t in (p.result_topic, p.dead_letter_topic)]
-    limits = RecordLimits.read(config.kafka, outputs)
+    limits = RecordLimits.read(config.kafka, outputs + shadow_topics)
+    pipelines = []
+    watches = []
+    background: list[Background] = []
+    for p, parts in zip(config.pipelines, loaded, strict=True):
+        shadow = None
+        if parts.shadow is not None and p.shadow is not None:
+            shadow_sink = Sink.from_settings(config.kafka, limits)  # never transactional
+            shadow_sink.warm_up([p.shadow.topic])
+            shadow = ShadowRunner(
+                p, parts.shadow, shadow_sink, metrics.for_shadow(p.name), hooks=parts.hooks
+            )
+            background.append(shadow)
+        pipeline = Pipeline(
+            p,
+            store=parts.store,
+            engine=parts.engine,
+            metrics=metrics.for_pipeline(p.name),
+            hooks=parts.hooks,
+            retry_feature_store_s=config.feature_store_retry_s,
+            abort=abort,
+            on_feature_store=health.feature_store,
+            canary=parts.canary,
+            shadow=shadow,
+            cache=open_cache(p, config.redis, metrics, parts.engine),
+        )
+        pipelines.append(pipeline)
+        identity = pipeline.slot.for_batch().identity
+        shown = show_model(metrics, p.name, identity, parts.engine.providers[0], hide=None)
+        serving = LoadedModel(parts.engine, pipeline.plan)
+        watches.append(ModelWatch(p, pipeline.slot, serving, metrics, shown=shown))
+    background.insert(0, Reloader(watches, requests=reload_requests))
     if config.delivery == "exactly-once":
         if config.exactly_once_probe:
             verify_isolation(config.kafka, topic=config.exactly_once_probe_topic)
@@ -105,8 +131,52 @@ def build_worker(
         metrics=metrics,
         health=health,
         abort=abort,
+        background=background,
         # the fault harness's injected aborts (benchmarks/chaos.py), never set otherwise
         fault_abort_every=int(os.environ.get("STREAMFER_FAULT_ABORT_EVERY", "0")),
     )
     built.append(worker)
     return worker
+
+
+class _Loaded(NamedTuple):
+    engine: OnnxEngine
+    store: RedisLookups
+    hooks: BatchHooks
+    canary: Canary | None
+    shadow: ModelSlot | None
+
+
+def _load(p: PipelineConfig, config: WorkerConfig, metrics: Metrics) -> _Loaded:
+    """A pipeline's model, lookups and hooks (``open_parts``), then its canary and shadow
+    models (``load_candidates``)."""
+    engine, store, hooks = open_parts(p, config.redis, metrics=metrics)
+    try:
+        serving = LoadedModel(engine, FeedPlan.build(p, engine.inputs))
+        canary, shadow = load_candidates(p, serving, metrics=metrics)
+    except BaseException:
+        store.close()
+        raise
+    if canary is not None and p.canary is not None:
+        log.info(
+            "pipeline %s: canary %s (sha256 %s) scores %g%% of keys",
+            p.name,
+            canary.identity.tag,
+            canary.identity.sha256[:12],
+            p.canary.percent,
+        )
+    if shadow is not None and p.shadow is not None:
+        log.info(
+            "pipeline %s: shadow %s (sha256 %s) scores a copy of every batch into %s",
+            p.name,
+            shadow.identity.tag,
+            shadow.identity.sha256[:12],
+            p.shadow.topic,
+        )
+    return _Loaded(
+        engine,
+        store,
+        hooks,
+        Canary(ModelSlot(canary), p.canary.percent) if canary and p.canary else None,
+        ModelSlot(shadow) if shadow is not None else None,
+    )

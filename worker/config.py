@@ -11,6 +11,7 @@ part early, and redis-py's own errors then quote the password) is refused here, 
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import tempfile
@@ -31,12 +32,15 @@ from pydantic import (
 )
 
 from worker.errors import ConfigError
+from worker.model_versions import resolve_version
 
 __all__ = [
     "LIBRDKAFKA_SECRET_OPTIONS",
     "PRIORITY_NAMES",
     "BatchPolicy",
     "CacheSpec",
+    "CanarySpec",
+    "CandidateSpec",
     "CudaOptions",
     "FeatureSpec",
     "HooksSpec",
@@ -48,8 +52,10 @@ __all__ = [
     "Priority",
     "RedisSettings",
     "RequestMapping",
+    "ShadowSpec",
     "TensorrtOptions",
     "WorkerConfig",
+    "is_loopback",
     "load_config",
     "parse_config",
     "redacted",
@@ -322,6 +328,15 @@ class ModelSpec(_Frozen):
     io_binding: bool | None = None
     """None: on when batches are padded and the serving provider is CUDA or TensorRT;
     models with string or map inputs or outputs are never bound."""
+    watch: bool | None = None
+    """Look for a new model every ``reload_poll_s`` and serve it without a restart
+    (``worker.reloader``). None: on when ``path`` is a directory of versions, off for a
+    file (which SIGHUP or ``POST /reload`` still make the worker look at)."""
+    reload_poll_s: float = Field(default=3.0, gt=0, le=3600)
+    version_dir: Path | None = None
+    """Set when the config is loaded, never written: the directory of numbered versions
+    that ``path`` named, when the worker follows its highest version (``path`` then
+    names that version's model.onnx, and ``version`` its name)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -364,6 +379,55 @@ class CacheSpec(_Frozen):
     redis_timeout_ms: float = Field(default=250.0, gt=0, le=60_000)
 
 
+class CandidateSpec(_Frozen):
+    """Another model run beside a pipeline's own, on the same features: a file, or a
+    directory of versions (its highest, or ``version``). It is loaded, checked and warmed
+    like the pipeline's model, whose other settings (providers, inputs, outputs ...) it
+    shares, and must feed exactly like it. Its results name ``name`` (default: the
+    pipeline model's) and ``version`` (for a file, required)."""
+
+    model: Path
+    version: str | None = None
+    name: str | None = Field(default=None, min_length=1)
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
+
+    def model_spec(self, primary: ModelSpec) -> ModelSpec:
+        """The candidate as a ``ModelSpec`` (once the config is loaded: ``model`` names a
+        file and ``version`` is set)."""
+        return primary.model_copy(
+            update={
+                "path": self.model,
+                "version": self.version or primary.version,
+                "name": self.name or primary.name,
+                "sha256": self.sha256,
+                "version_dir": None,
+                "watch": False,
+            }
+        )
+
+
+class CanarySpec(CandidateSpec):
+    """``[pipelines.canary]``: the records whose key hashes into the first ``percent`` of
+    10,000 buckets (``worker.canary``) are scored by this model instead, and their
+    results, published like the others, name it."""
+
+    percent: float = Field(gt=0, le=100)
+
+
+class ShadowSpec(CandidateSpec):
+    """``[pipelines.shadow]``: this model also scores a copy of every batch, after the
+    pipeline's model, on a thread of its own (``worker.shadow``); its results go to
+    ``topic``. The pipeline's publish waits at most ``max_delay_ms`` for room among the
+    ``queue_batches`` waiting for it; a batch that finds none is dropped for the shadow
+    and counted. Agreement with the pipeline's model is measured over about the last
+    ``agreement_rows`` rows."""
+
+    topic: str = Field(min_length=1)
+    queue_batches: int = Field(default=8, ge=1, le=1024)
+    max_delay_ms: float = Field(default=0.0, ge=0, le=10_000)
+    agreement_rows: int = Field(default=10_000, ge=1, le=100_000_000)
+
+
 class PipelineConfig(_Frozen):
     """Request topics → features → model → result topic, with its own batch policy.
 
@@ -378,6 +442,8 @@ class PipelineConfig(_Frozen):
     features: FeatureSpec | None = None
     lookups: list[LookupSpec] = Field(default_factory=list)
     model: ModelSpec
+    canary: CanarySpec | None = None
+    shadow: ShadowSpec | None = None
     hooks: HooksSpec = HooksSpec()
     cache: CacheSpec = CacheSpec()
     batch: BatchPolicy = BatchPolicy()
@@ -436,6 +502,14 @@ class PipelineConfig(_Frozen):
         if unknown:
             raise ValueError(f"request.entities names {unknown}, which are not lookups {names}")
         _owners(((lk.name, lk.fields) for lk in self.lookups), "feature", "lookups")
+        if self.shadow is not None and self.shadow.topic in (
+            self.result_topic,
+            self.dead_letter_topic,
+        ):
+            raise ValueError(
+                f"shadow.topic {self.shadow.topic!r} must differ from result_topic and "
+                "dead_letter_topic"
+            )
         if not self.lookups and self.model.inputs is None and self.request.features_array is None:
             raise ValueError(
                 "no lookups and no model.inputs: name the features (lookups, "
@@ -459,6 +533,12 @@ class PipelineConfig(_Frozen):
                 f"cache.enabled = true with hooks.{' and hooks.'.join(hooks)}: hooks see the "
                 "whole request, so the model's inputs alone do not decide a result; turn "
                 "one of them off"
+            )
+        beside = [name for name in ("canary", "shadow") if getattr(self, name) is not None]
+        if beside:
+            raise ValueError(
+                f"cache.enabled = true with a {' and a '.join(beside)}: their results are "
+                "published and compared per model, the cache's per input; turn one off"
             )
         if cache.max_entries == 0 and cache.redis_ttl_s is None:
             raise ValueError(
@@ -488,10 +568,32 @@ def _owners(groups: Iterable[tuple[str, Iterable[str]]], what: str, kind: str) -
 
 
 class MetricsSettings(_Frozen):
-    """The Prometheus endpoint; off unless a port is given."""
+    """The Prometheus endpoint; off unless a port is given. ``reload_endpoint`` adds
+    ``POST /reload`` (look for a new model now), for a loopback ``host`` only."""
 
     host: str = "127.0.0.1"
     port: int | None = Field(default=None, ge=0, le=65535)
+    reload_endpoint: bool = False
+
+    @model_validator(mode="after")
+    def _reload_only_on_loopback(self) -> MetricsSettings:
+        if self.reload_endpoint and not is_loopback(self.host):
+            raise ValueError(
+                f"reload_endpoint = true needs a loopback host (127.0.0.1, ::1 or "
+                f"localhost), not {self.host!r}: anyone who reaches the port could make "
+                "the worker load models; send SIGHUP instead"
+            )
+        return self
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address, or ``localhost``) is only reachable from this host."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 class WorkerConfig(_Frozen):
@@ -542,7 +644,8 @@ class WorkerConfig(_Frozen):
             ((p.name, p.request_topics) for p in self.pipelines), "request topic", "pipelines"
         )
         for p in self.pipelines:
-            for out in (p.result_topic, p.dead_letter_topic):
+            shadow = [p.shadow.topic] if p.shadow is not None else []
+            for out in (p.result_topic, p.dead_letter_topic, *shadow):
                 if out in owner:
                     raise ValueError(f"output topic {out!r} of {p.name!r} is also a request topic")
         return self
@@ -820,12 +923,7 @@ def _read_secret_files(cfg: WorkerConfig, base_dir: Path, source: str) -> Worker
 def _resolve_and_check_models(cfg: WorkerConfig, base_dir: Path, source: str) -> WorkerConfig:
     pipelines = []
     for i, p in enumerate(cfg.pipelines):
-        model_path = p.model.path if p.model.path.is_absolute() else base_dir / p.model.path
-        if not model_path.is_file():
-            raise ConfigError(
-                f"{source}: pipelines[{i}].model.path: model file not found: {model_path}"
-            )
-        update: dict[str, Any] = {"path": model_path}
+        update = _model_source(p.model, base_dir, f"{source}: pipelines[{i}].model")
         trt = p.model.tensorrt
         dirs = {
             name: folder if folder.is_absolute() else base_dir / folder
@@ -842,8 +940,57 @@ def _resolve_and_check_models(cfg: WorkerConfig, base_dir: Path, source: str) ->
                         f"{source}: pipelines[{i}].model.tensorrt.{name}: {folder} {problem}"
                     )
         model = p.model.model_copy(update=update)
-        pipelines.append(p.model_copy(update={"model": model}))
+        candidates = {
+            role: _candidate_source(spec, base_dir, f"{source}: pipelines[{i}].{role}")
+            for role, spec in (("canary", p.canary), ("shadow", p.shadow))
+            if spec is not None
+        }
+        pipelines.append(p.model_copy(update={"model": model, **candidates}))
     return cfg.model_copy(update={"pipelines": pipelines})
+
+
+def _model_source(model: ModelSpec, base_dir: Path, where: str) -> dict[str, Any]:
+    """``path``, ``version``, ``version_dir`` and ``watch`` as the worker serves them: a
+    file, or a directory of versions resolved to its highest (or pinned) one. Raises
+    ConfigError naming the field."""
+    if model.version_dir is not None:
+        raise ConfigError(
+            f"{where}.version_dir: is set by streamfer; give the directory of versions as "
+            "model.path"
+        )
+    path = model.path if model.path.is_absolute() else base_dir / model.path
+    if path.is_dir():
+        pinned = model.version if "version" in model.model_fields_set else None
+        field = f"{where}.version" if pinned is not None else f"{where}.path"
+        chosen = resolve_version(path, pinned, field=field)
+        return {
+            "path": chosen.path,
+            "version": chosen.name,
+            "version_dir": None if pinned is not None else path,
+            "watch": True if model.watch is None else model.watch,
+        }
+    if not path.is_file():
+        raise ConfigError(f"{where}.path: model file not found: {path}")
+    return {"path": path, "watch": bool(model.watch)}
+
+
+def _candidate_source(spec: CandidateSpec, base_dir: Path, where: str) -> CandidateSpec:
+    """``model`` as a file and ``version`` set: a directory of versions resolves to its
+    highest (or pinned) one; a file needs ``version``. Raises ConfigError naming the
+    field."""
+    path = spec.model if spec.model.is_absolute() else base_dir / spec.model
+    if path.is_dir():
+        field = f"{where}.version" if spec.version is not None else f"{where}.model"
+        chosen = resolve_version(path, spec.version, field=field)
+        return spec.model_copy(update={"model": chosen.path, "version": chosen.name})
+    if not path.is_file():
+        raise ConfigError(f"{where}.model: model file not found: {path}")
+    if spec.version is None:
+        raise ConfigError(
+            f"{where}.version: name the version of {path.name} (its results carry it), or "
+            "give model as a directory of versions"
+        )
+    return spec.model_copy(update={"model": path})
 
 
 def _unwritable(folder: Path) -> str | None:

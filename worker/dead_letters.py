@@ -47,9 +47,11 @@ class DeadLetters:
         request_id: str | None,
         *,
         bare: bool = False,
+        model: str | None = None,
     ) -> None:
         """Send the dead letter of ``msg``, sized to what its topic takes; ``bare`` leaves
-        the original key and value out (the dead letter itself was refused)."""
+        the original key and value out (the dead letter itself was refused). ``model``
+        (``name:version``) names the model version of the batch; default: the config's."""
         cfg = self._config
         topic = cfg.dead_letter_topic
         source_topic, partition, offset = position(msg)
@@ -73,7 +75,7 @@ class DeadLetters:
             max_value_bytes=cfg.max_record_bytes,
             request_id=request_id,
             worker_version=__version__,
-            model=self._model_tag,
+            model=model or self._model_tag,
             max_bytes=sink.limit(topic) - headers_size(headers),
         )
         if not sink.send(tracker, topic, body, key, headers):
@@ -92,10 +94,13 @@ class DeadLetters:
         batch: Sequence[Message],
         ids: Sequence[str],
         rows: Sequence[int],
+        *,
+        model: str | None = None,
     ) -> None:
         """Dead-letter the request behind ``produced``, a record the broker refused for
         itself, found in ``batch`` from the refused record's body (delivery reports carry
-        no headers): a result by its request id and key, a dead letter by its source.
+        no headers): a result by its request id and key, a dead letter by its source;
+        ``model`` names the batch's model version, as ``send``'s.
         Call only from the thread that serves deliveries, once the batch is sealed."""
         topic = cast(str, produced.topic())
         try:
@@ -109,7 +114,16 @@ class DeadLetters:
                 request = next((m for m in matches if m.key() == produced.key()), None)
                 if request is not None:
                     reason = f"{topic} refused the result: {why}"
-                    self.send(sink, tracker, request, "publish", "result_refused", reason, rid)
+                    self.send(
+                        sink,
+                        tracker,
+                        request,
+                        "publish",
+                        "result_refused",
+                        reason,
+                        rid,
+                        model=model,
+                    )
                     return
             elif doc.get("key_b64") is None and doc.get("value_b64") is None:
                 tracker.fail(f"{topic} refuses even a bare dead letter: {why}")
@@ -123,6 +137,8 @@ class DeadLetters:
                     code = doc.get("code", "dead_letter_refused")
                     reason = f"{why}; the original key and value are left out"
                     rid = doc.get("request_id")
-                    self.send(sink, tracker, request, stage, code, reason, rid, bare=True)
+                    self.send(
+                        sink, tracker, request, stage, code, reason, rid, bare=True, model=model
+                    )
                     return
         tracker.fail(f"{topic}: refused ({why}) and its request cannot be found")

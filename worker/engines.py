@@ -25,6 +25,7 @@ import hashlib
 import logging
 import re
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain, pairwise
@@ -278,7 +279,9 @@ class OnnxEngine:
         self.io_path = "session.run"
         """How batches reach the model, in words, for the log and the device check."""
         self._buckets: Buckets | None = None
-        self._runner: Runner = self._plain
+        # Runners reach the engine through a weak reference: none makes a reference cycle,
+        # so an engine no batch holds any more (one a reload replaced) is freed at once.
+        self._runner: Runner = _plain_runner(weakref.ref(self))
         self._pick_runner(spec, sizes, declared)
 
     def _pick_runner(self, spec: ModelSpec, sizes: Sequence[int], declared: Sequence[Any]) -> None:
@@ -309,17 +312,16 @@ class OnnxEngine:
                 self.io_path,
             )
 
-    def _plain(self, feeds: Feeds, rows: int) -> list[Any]:
-        values: list[Any] = self._run(self._wanted, feeds)
-        return values
-
     def _padded_runner(self, buckets: Buckets) -> Runner:
         padded = PaddedFeeds(buckets)
         self.io_path = "session.run on reused padded buffers"
+        engine = weakref.ref(self)
 
         def run(feeds: Feeds, rows: int) -> list[Any]:
+            me = engine()
+            assert me is not None  # the engine owns this runner
             size, held = padded.fill(feeds, rows)
-            return [rows_of(v, rows, size) for v in self._run(self._wanted, held)]
+            return [rows_of(v, rows, size) for v in me._run(me._wanted, held)]
 
         return run
 
@@ -492,6 +494,16 @@ class OnnxEngine:
                     folder,
                 )
             self._trt_cache = None
+
+
+def _plain_runner(engine: weakref.ref[OnnxEngine]) -> Runner:
+    def run(feeds: Feeds, rows: int) -> list[Any]:
+        me = engine()
+        assert me is not None  # the engine owns this runner
+        values: list[Any] = me._run(me._wanted, feeds)
+        return values
+
+    return run
 
 
 # An older TensorRT provider refuses explicit profiles that leave a TensorRT subgraph's

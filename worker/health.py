@@ -5,7 +5,9 @@ attributes suffice) and read by the HTTP thread. ``/healthz`` answers 200 while 
 keeps turning (503 while the models load); ``/readyz`` answers 200 when the worker owns
 partitions (or is waiting for an assignment in a group that has none for it), its models
 are loaded and the broker and the feature store answer, else 503 with the reasons;
-``/metrics`` is Prometheus text from the worker's own registry. ``HttpEndpoint`` is the
+``/metrics`` is Prometheus text from the worker's own registry; with ``reload`` given
+(``[metrics] reload_endpoint = true``, loopback hosts only), ``POST /reload`` asks the
+worker to look for a new model version and answers 202 at once. ``HttpEndpoint`` is the
 same bounded server answering from any ``Respond`` function (the supervisor of several
 worker processes serves its merged endpoints with it).
 
@@ -35,10 +37,12 @@ __all__ = [
     "CONNECTION_DEADLINE_S",
     "CONNECTION_TIMEOUT_S",
     "MAX_CONNECTIONS",
+    "RELOAD_PATH",
     "HealthServer",
     "HealthState",
     "HttpEndpoint",
     "Respond",
+    "reload_response",
 ]
 
 log = logging.getLogger(__name__)
@@ -54,6 +58,9 @@ then (which resets the per-read timeout) cannot keep its thread either."""
 _POLL_S = 0.25
 """How often the accept loop checks for shutdown and for connections past their deadline."""
 _TEXT = "text/plain; charset=utf-8"
+RELOAD_PATH = "/reload"
+_MAX_POST_BODY = 64 * 1024
+"""A POST needs no body; a larger one than this is refused unread."""
 
 Respond = Callable[[str], tuple[int, bytes, str]]
 """A request path (without the query) -> status, body and content type. Called on the
@@ -117,7 +124,8 @@ class HealthState:
 
 class HttpEndpoint:
     """Serves what ``respond`` answers on a daemon thread, a thread per connection for at
-    most ``max_connections`` connections (see the module docstring)."""
+    most ``max_connections`` connections (see the module docstring). ``post`` answers
+    POST requests; without it they get 501, as any other method."""
 
     def __init__(
         self,
@@ -125,6 +133,7 @@ class HttpEndpoint:
         host: str,
         port: int,
         *,
+        post: Respond | None = None,
         max_connections: int = MAX_CONNECTIONS,
         connection_timeout_s: float = CONNECTION_TIMEOUT_S,
         connection_deadline_s: float = CONNECTION_DEADLINE_S,
@@ -133,7 +142,7 @@ class HttpEndpoint:
             raise ValueError("max_connections and the connection times must be positive")
         self._server = _BoundedHTTPServer(
             (host, port),
-            _handler_for(respond, connection_timeout_s),
+            _handler_for(respond, post, connection_timeout_s),
             max_connections=max_connections,
             deadline_s=connection_deadline_s,
         )
@@ -171,7 +180,8 @@ class _Limits(TypedDict, total=False):
 
 
 class HealthServer(HttpEndpoint):
-    """Serves one worker's /metrics, /healthz and /readyz (limits as ``HttpEndpoint``'s)."""
+    """Serves one worker's /metrics, /healthz and /readyz (limits as ``HttpEndpoint``'s),
+    and ``POST /reload`` when ``reload`` is given (it only sets a flag)."""
 
     def __init__(
         self,
@@ -179,9 +189,12 @@ class HealthServer(HttpEndpoint):
         registry: CollectorRegistry,
         host: str,
         port: int,
+        *,
+        reload: Callable[[], str | None] | None = None,
         **limits: Unpack[_Limits],
     ) -> None:
-        super().__init__(_worker_responses(state, registry), host, port, **limits)
+        post = reload_response(reload) if reload is not None else None
+        super().__init__(_worker_responses(state, registry), host, port, post=post, **limits)
 
 
 class _BoundedHTTPServer(ThreadingHTTPServer):
@@ -273,13 +286,49 @@ def _worker_responses(state: HealthState, registry: CollectorRegistry) -> Respon
     return respond
 
 
-def _handler_for(respond: Respond, timeout_s: float) -> type[BaseHTTPRequestHandler]:
+def reload_response(reload: Callable[[], str | None]) -> Respond:
+    """The ``post`` answers of an endpoint whose ``POST /reload`` calls ``reload``, which
+    must not block (it asks; the reloader's thread does the work) and may return the
+    line to answer with."""
+
+    def respond(path: str) -> tuple[int, bytes, str]:
+        if path != RELOAD_PATH:
+            return 404, b"not found\n", _TEXT
+        said = reload()
+        return 202, f"{said or 'reload requested'}\n".encode(), _TEXT
+
+    return respond
+
+
+def _handler_for(
+    respond: Respond, post: Respond | None, timeout_s: float
+) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         timeout = timeout_s  # StreamRequestHandler.setup sets it on the socket
 
         def do_GET(self) -> None:
-            code, body, ctype = respond(self.path.split("?", 1)[0])
+            path = self.path.split("?", 1)[0]
+            if post is not None and path == RELOAD_PATH:
+                self._answer(405, b"use POST\n", _TEXT, allow="POST")
+                return
+            self._answer(*respond(path))
+
+        def do_POST(self) -> None:
+            if post is None:
+                self.send_error(501, f"Unsupported method ({self.command!r})")
+                return
+            length = self.headers.get("Content-Length", "0")
+            wanted = int(length) if length.isdigit() else 0
+            if wanted > _MAX_POST_BODY:
+                self._answer(413, b"no body is wanted\n", _TEXT)
+                return
+            self.rfile.read(wanted)  # none is needed; read so the client sees the answer
+            self._answer(*post(self.path.split("?", 1)[0]))
+
+        def _answer(self, code: int, body: bytes, ctype: str, allow: str | None = None) -> None:
             self.send_response(code)
+            if allow is not None:
+                self.send_header("Allow", allow)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()

@@ -12,7 +12,15 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["METRIC_NAMES", "STAGES", "THREAD_STAGES", "CacheMetrics", "Metrics", "PipelineMetrics"]
+__all__ = [
+    "METRIC_NAMES",
+    "STAGES",
+    "THREAD_STAGES",
+    "CacheMetrics",
+    "Metrics",
+    "PipelineMetrics",
+    "ShadowMetrics",
+]
 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 _SECONDS_BUCKETS = (
@@ -59,6 +67,19 @@ class PipelineMetrics:
     dead_letters: Counter
     """Parent metric; labelled per code on the (rare) dead-letter path."""
     pipeline: str
+    canary_records: Counter
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowMetrics:
+    """Pre-bound children for one pipeline's shadow model."""
+
+    done: Counter
+    dropped: Counter
+    failed: Counter
+    label_agreement: Gauge
+    score_abs_diff: Gauge
+    seconds: Histogram
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +156,46 @@ class Metrics:
             "The execution provider that serves each pipeline's model, and the one the "
             "config asked for first (value is always 1; they differ after a fallback)",
             ["pipeline", "provider", "requested"],
+            registry=r,
+        )
+        self.model_reloads = Counter(
+            "streamfer_model_reloads",
+            "New model versions or changed model files: loaded (now serving) or refused "
+            "(failed to load, warm or fit the pipeline; the previous one keeps serving)",
+            ["pipeline", "result"],
+            registry=r,
+        )
+        self.canary_records = Counter(
+            "streamfer_canary_records",
+            "Records scored by the pipeline's canary model instead of its own",
+            ["pipeline"],
+            registry=r,
+        )
+        self.shadow_batches = Counter(
+            "streamfer_shadow_batches",
+            "Batches for the shadow model: done (its results produced and acknowledged), "
+            "dropped (it was behind) or failed (its model or its results' delivery failed)",
+            ["pipeline", "result"],
+            registry=r,
+        )
+        self.shadow_label_agreement = Gauge(
+            "streamfer_shadow_label_agreement",
+            "Share of recent rows whose shadow label equals the pipeline model's",
+            ["pipeline"],
+            registry=r,
+        )
+        self.shadow_score_abs_diff = Gauge(
+            "streamfer_shadow_score_abs_diff",
+            "Mean absolute difference of the shadow's scores from the pipeline model's, "
+            "over recent rows",
+            ["pipeline"],
+            registry=r,
+        )
+        self.shadow_seconds = Histogram(
+            "streamfer_shadow_seconds",
+            "Seconds per batch in the shadow model",
+            ["pipeline"],
+            buckets=_SECONDS_BUCKETS,
             registry=r,
         )
         self.device_oom_retries = Counter(
@@ -278,6 +339,18 @@ class Metrics:
             feature_store_errors=self.feature_store_errors.labels(name),
             dead_letters=self.dead_letters,
             pipeline=name,
+            canary_records=self.canary_records.labels(name),
+        )
+
+    def for_shadow(self, name: str) -> ShadowMetrics:
+        batches = self.shadow_batches
+        return ShadowMetrics(
+            done=batches.labels(name, "done"),
+            dropped=batches.labels(name, "dropped"),
+            failed=batches.labels(name, "failed"),
+            label_agreement=self.shadow_label_agreement.labels(name),
+            score_abs_diff=self.shadow_score_abs_diff.labels(name),
+            seconds=self.shadow_seconds.labels(name),
         )
 
 
@@ -293,6 +366,12 @@ METRIC_NAMES = (
     "streamfer_feature_store_errors_total",
     "streamfer_model_info",
     "streamfer_inference_provider",
+    "streamfer_model_reloads_total",
+    "streamfer_canary_records_total",
+    "streamfer_shadow_batches_total",
+    "streamfer_shadow_label_agreement",
+    "streamfer_shadow_score_abs_diff",
+    "streamfer_shadow_seconds",
     "streamfer_device_oom_retries_total",
     "streamfer_stage_wait_seconds",
     "streamfer_aged_batches_total",

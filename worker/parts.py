@@ -19,13 +19,39 @@ from worker.hooks import BatchHooks, load_hooks
 from worker.lookups import RedisLookups
 from worker.metrics import Metrics
 
-__all__ = ["Parts", "open_parts"]
+__all__ = ["LoadedModel", "Parts", "load_model", "open_parts"]
 
 
 class Parts(NamedTuple):
     engine: OnnxEngine
     store: RedisLookups
     hooks: BatchHooks
+
+
+class LoadedModel(NamedTuple):
+    engine: OnnxEngine
+    plan: FeedPlan
+
+
+def load_model(
+    config: PipelineConfig,
+    spec: ModelSpec,
+    *,
+    warm_up: Iterable[int] | None = None,
+    metrics: Metrics | None = None,
+) -> LoadedModel:
+    """The engine of ``spec``, checked against ``config``'s inputs (its feed plan) and
+    run once per ``warm_up`` batch size (default: every ``warm_up_sizes`` bucket). What
+    a worker does at start-up and ``worker.reloader`` does with each new version, on
+    the calling thread: it blocks while the model loads and warms, using CPU (or the
+    device) beside the batches being served. Raises ``ModelMismatchError`` or
+    ``EngineError`` as ``open_parts`` says."""
+    buckets = warm_up_sizes(config.batch.max_batch_size)
+    oom = metrics.device_oom_retries.labels(config.name).inc if metrics is not None else None
+    engine = OnnxEngine(spec, batch_sizes=buckets, on_device_oom=oom)
+    plan = FeedPlan.build(config.model_copy(update={"model": spec}), engine.inputs)
+    engine.warm_up(buckets if warm_up is None else warm_up, engine.example(plan.widths()))
+    return LoadedModel(engine, plan)
 
 
 def open_parts(
@@ -39,10 +65,10 @@ def open_parts(
     """The engine of ``model`` (default: the pipeline's), checked against the config's
     inputs and run once per ``warm_up`` batch size (default: every size a worker hands
     it, see ``warm_up_sizes``, which are also the buckets a GPU pads batches to, and
-    TensorRT builds its engine for, here); then the lookups, each probed with the
-    command a batch sends; then the hooks. The caller closes the store; it is closed
-    here when its probe fails. With ``metrics``, the engine's provider is exported and
-    its out-of-memory retries counted.
+    TensorRT builds its engine for, here: ``load_model``); then the lookups, each probed
+    with the command a batch sends; then the hooks. The caller closes the store; it is
+    closed here when its probe fails. With ``metrics``, the engine's provider is
+    exported and its out-of-memory retries counted.
 
     Blocks while the model loads and runs and for one Redis round trip per lookup.
     Raises ``ModelMismatchError`` (the config does not fit the model's inputs),
@@ -52,14 +78,10 @@ def open_parts(
     (Redis is unreachable).
     """
     spec = config.model if model is None else model
-    buckets = warm_up_sizes(config.batch.max_batch_size)
-    oom = metrics.device_oom_retries.labels(config.name).inc if metrics is not None else None
-    engine = OnnxEngine(spec, batch_sizes=buckets, on_device_oom=oom)
+    hooks = load_hooks(config.hooks, f"pipelines.{config.name}")
+    engine, plan = load_model(config, spec, warm_up=warm_up, metrics=metrics)
     if metrics is not None:
         metrics.inference_provider.labels(config.name, engine.provider, spec.providers[0]).set(1)
-    plan = FeedPlan.build(config.model_copy(update={"model": spec}), engine.inputs)
-    hooks = load_hooks(config.hooks, f"pipelines.{config.name}")
-    engine.warm_up(buckets if warm_up is None else warm_up, engine.example(plan.widths()))
     store = RedisLookups.connect(redis, config, plan.stored_text())
     try:
         store.probe()

@@ -5,7 +5,11 @@ letters and returns the delivery tracker and next offsets for the committer. Bad
 records never raise: each becomes a dead letter naming its stage and reason. A model
 that fails on a batch is retried on halves until the failing rows are isolated, so the
 other rows still publish. With an output cache (``worker.output_cache``), rows whose
-inputs it holds skip the model and their results say ``"cached": true``.
+inputs it holds skip the model and their results say ``"cached": true``. With a canary
+(``worker.canary``) the batch's rows are split while decoding and the infer step makes
+two engine calls; with a shadow (``worker.shadow``) the batch is offered to it once its
+results are sent. The cache serves pipelines without a canary or shadow (the config
+refuses the pair).
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ import orjson
 from confluent_kafka import Message
 
 from worker.batch import PartitionKey, next_offsets
-from worker.codec import decode_requests
+from worker.canary import Canary
+from worker.codec import decode_requests, result_tail
 from worker.config import PipelineConfig
 from worker.dead_letters import DeadLetters
 from worker.engines import InferenceEngine, Outputs
@@ -36,9 +41,11 @@ from worker.hooks import BatchHooks
 from worker.limits import record_size
 from worker.lookups import OneStore
 from worker.metrics import PipelineMetrics
+from worker.model_slot import LiveModel, ModelIdentity, ModelSlot
 from worker.output_cache import CachedRows, OutputCache
 from worker.request_shape import RequestShape
 from worker.result_rows import finite_rows, row_outputs
+from worker.shadow import ShadowBatch, ShadowRunner
 from worker.sink import DeliveryTracker, Sink
 from worker.types import DecodedRequests, StageTimings
 
@@ -84,7 +91,10 @@ class Prepared:
 
     ``good`` indexes ``decoded.rows`` (the requests that reach the model); ``feeds``
     (their model inputs, until the model has run), ``outputs`` and ``failed`` (row of
-    ``good`` -> why the model refused it) are aligned with it.
+    ``good`` -> why the model refused it) are aligned with it. ``model`` names the model
+    the infer step read from the slot, and ``engine`` holds its engine until the batch
+    is published (so a replaced engine lives until its last batch is out); with a
+    canary, ``canary`` marks the rows of ``good`` its ``candidate`` scored.
     """
 
     batch: Sequence[Message]
@@ -97,10 +107,22 @@ class Prepared:
     failed: dict[int, str] = field(default_factory=dict)
     cached: CachedRows | None = None
     """With an output cache: each row's key and, after the model, its encoded outputs."""
+    model: ModelIdentity | None = None
+    engine: InferenceEngine | None = None
+    canary: npt.NDArray[np.bool_] | None = None
+    candidate: ModelIdentity | None = None
+    candidate_engine: InferenceEngine | None = None
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    """The rows' decoded requests, kept for a shadow's hooks."""
 
 
 class Pipeline:
-    """Processes batches for one pipeline config. Called from the worker's loop thread."""
+    """Processes batches for one pipeline config. Called from the worker's loop thread.
+
+    ``slot`` holds the model it serves, ``engine`` named as the config's model at first;
+    ``worker.reloader`` may swap it between two batches. ``canary`` scores its share of
+    the records instead; ``shadow`` is offered every batch once its results are sent.
+    """
 
     def __init__(
         self,
@@ -113,6 +135,8 @@ class Pipeline:
         retry_feature_store_s: float | None = 30.0,
         abort: threading.Event | None = None,
         on_feature_store: Callable[[bool, str | None], None] | None = None,
+        canary: Canary | None = None,
+        shadow: ShadowRunner | None = None,
         cache: OutputCache | None = None,
     ) -> None:
         self.config = config
@@ -124,12 +148,17 @@ class Pipeline:
         else:  # one lookup, from any FeatureStore
             name = config.lookups[0].name if config.lookups else "entity"
             self._store = OneStore(name, store)
-        self._engine = engine
+        self.slot = ModelSlot(LiveModel.of(config.model, engine))
         self._hooks = hooks or BatchHooks()
         if cache is not None and self._hooks.active:
             raise ConfigError(
                 f"pipelines.{self.name}: cache.enabled = true with hooks: hooks see the "
                 "whole request, so the model's inputs alone do not decide a result"
+            )
+        if cache is not None and (canary is not None or shadow is not None):
+            raise ConfigError(
+                f"pipelines.{self.name}: cache.enabled = true with a canary or shadow: "
+                "their rows are compared and published per model, the cache's per input"
             )
         self._cache = cache
         self.metrics = metrics
@@ -138,12 +167,9 @@ class Pipeline:
         self._on_feature_store = on_feature_store or (lambda _ok, _why: None)
         """Hears (False, why) when enrichment starts failing or its reason changes, and
         (True, None) once the store answers again: readiness follows it."""
-        self._model_meta = {
-            "name": config.model.name,
-            "version": config.model.version,
-            "sha256": engine.model_hash,
-        }
         self.dead_letters = DeadLetters(config, metrics)
+        self.canary = canary
+        self.shadow = shadow
 
     def handle(
         self, batch: Sequence[Message], sink: Sink, tracker: DeliveryTracker | None = None
@@ -201,39 +227,83 @@ class Pipeline:
             prepared.good = np.arange(len(decoded.rows))
             prepared.feeds = assembled.feeds
         if self._cache is not None and len(prepared.good):
-            prepared.cached = self._cache.look_up(prepared.feeds, self._engine)
+            # keyed by the live model; a swap before the infer step is noticed there
+            engine = self.slot.for_batch().engine
+            prepared.cached = self._cache.look_up(prepared.feeds, engine)
+        if self.canary is not None and len(prepared.good):
+            good, rows, ids = prepared.good.tolist(), decoded.rows, decoded.ids
+            split = self.canary.mask([batch[rows[g]].key() for g in good], [ids[g] for g in good])
+            prepared.canary = split if split.any() else None
         return prepared
 
     def infer(self, prepared: Prepared) -> Prepared:
         """Run the model on the rows that reached it; a failing row is isolated by
-        bisection and becomes a dead letter, the others still publish."""
+        bisection and becomes a dead letter, the others still publish. The slot is read
+        here, once: the whole batch runs on (and names) one model version."""
+        live = self.slot.for_batch()
+        prepared.model, prepared.engine = live.identity, live.engine
         if len(prepared.good):
             started = _perf()
+            docs = prepared.decoded.docs
+            wants = self._hooks.active or (self.shadow is not None and self.shadow.wants_requests)
+            requests = [docs[g] for g in prepared.good.tolist()] if wants else []
+            split = prepared.canary
             if prepared.cached is not None:
-                self._infer_uncached(prepared, prepared.cached)
+                self._infer_uncached(prepared, prepared.cached, live.engine)
+            elif split is None or self.canary is None:
+                prepared.outputs, prepared.failed = self._infer(
+                    live.engine, prepared.feeds, requests
+                )
             else:
-                docs = prepared.decoded.docs
-                requests = [docs[g] for g in prepared.good.tolist()] if self._hooks.active else []
-                prepared.outputs, prepared.failed = self._infer(prepared.feeds, requests)
+                candidate = self.canary.slot.for_batch()
+                prepared.candidate = candidate.identity
+                prepared.candidate_engine = candidate.engine
+                prepared.outputs, prepared.failed = self._infer_split(
+                    (live.engine, candidate.engine), prepared.feeds, requests, split
+                )
+                self.metrics.canary_records.inc(int(split.sum()))
             prepared.timings.infer_ms = (_perf() - started) * 1000.0
             self.metrics.infer_seconds.observe(prepared.timings.infer_ms / 1000.0)
-            prepared.feeds = {}
+            if self.shadow is None:
+                prepared.feeds = {}
+            elif wants:
+                prepared.requests = requests
         return prepared
 
     def publish(self, prepared: Prepared, sink: Sink, tracker: DeliveryTracker) -> None:
         """Send a result or dead letter for every message of the batch, then seal the
         tracker. Deliveries complete asynchronously on ``sink``; the tracker says when."""
         batch, decoded = prepared.batch, prepared.decoded
+        if prepared.model is None:  # published without the infer step: nothing ran
+            prepared.model = self.slot.for_batch().identity
+        tag = prepared.model.tag
         for rej in decoded.rejections:
             self.dead_letters.send(
-                sink, tracker, batch[rej.index], rej.stage, rej.code, rej.reason, rej.request_id
+                sink,
+                tracker,
+                batch[rej.index],
+                rej.stage,
+                rej.code,
+                rej.reason,
+                rej.request_id,
+                model=tag,
             )
         for r, code, reason in prepared.feature_rejects:
             self.dead_letters.send(
-                sink, tracker, batch[decoded.rows[r]], "features", code, reason, decoded.ids[r]
+                sink,
+                tracker,
+                batch[decoded.rows[r]],
+                "features",
+                code,
+                reason,
+                decoded.ids[r],
+                model=tag,
             )
         if len(prepared.good):
-            self._publish(sink, tracker, prepared)
+            self._publish(sink, tracker, prepared, prepared.model)
+            if self.shadow is not None:
+                self._offer_shadow(self.shadow, prepared, prepared.model)
+        prepared.engine = prepared.candidate_engine = None  # released after their last batch
         tracker.context = prepared  # to dead-letter what the broker refuses after this
         m = self.metrics
         m.records.inc(len(batch))
@@ -299,48 +369,96 @@ class Pipeline:
             return assembled
 
     def _infer(
-        self, feeds: Feeds, requests: list[dict[str, Any]]
+        self, engine: InferenceEngine, feeds: Feeds, requests: list[dict[str, Any]]
     ) -> tuple[Outputs, dict[int, str]]:
         """Run the hooks and the model; on failure bisect so only the failing rows are
         refused."""
         hooks = self._hooks
         try:
             if not hooks.active:
-                return self._engine.infer(feeds), {}
-            return hooks.after(requests, self._engine.infer(hooks.before(requests, feeds))), {}
+                return engine.infer(feeds), {}
+            return hooks.after(requests, engine.infer(hooks.before(requests, feeds))), {}
         except EngineError as exc:
             n = len(next(iter(feeds.values())))
             if n == 1:
                 return {}, {0: str(exc)}
             half = n // 2
             left, left_failed = self._infer(
-                {k: v[:half] for k, v in feeds.items()}, requests[:half]
+                engine, {k: v[:half] for k, v in feeds.items()}, requests[:half]
             )
             right, right_failed = self._infer(
-                {k: v[half:] for k, v in feeds.items()}, requests[half:]
+                engine, {k: v[half:] for k, v in feeds.items()}, requests[half:]
             )
             failed = dict(left_failed)
             failed.update({half + i: why for i, why in right_failed.items()})
             return _stitch(left, right, half, n), failed
 
-    def _infer_uncached(self, prepared: Prepared, cached: CachedRows) -> None:
+    def _infer_uncached(
+        self, prepared: Prepared, cached: CachedRows, engine: InferenceEngine
+    ) -> None:
         """Run the model on the rows the cache does not hold, in one call (bisected on
         failure like any batch); the cache encodes and keeps what it computes."""
         cache = self._cache
         assert cache is not None
-        run = cache.to_run(cached, prepared.feeds, self._engine)
+        run = cache.to_run(cached, prepared.feeds, engine)
         outputs: Outputs = {}
         failed: dict[int, str] = {}
         if len(run):
             feeds = prepared.feeds
             whole = len(run) == len(prepared.good)
             outputs, failed = self._infer(
-                feeds if whole else {k: v[run] for k, v in feeds.items()}, []
+                engine, feeds if whole else {k: v[run] for k, v in feeds.items()}, []
             )
         cache.settle(cached, outputs, failed)
         prepared.failed = cached.failed
 
-    def _publish(self, sink: Sink, tracker: DeliveryTracker, prepared: Prepared) -> None:
+    def _infer_split(
+        self,
+        engines: tuple[InferenceEngine, InferenceEngine],
+        feeds: Feeds,
+        requests: list[dict[str, Any]],
+        split: npt.NDArray[np.bool_],
+    ) -> tuple[Outputs, dict[int, str]]:
+        """Two engine calls: the rows ``split`` marks on the canary's engine, the others
+        on the pipeline's; their outputs (of the same fields and shapes: checked when the
+        canary loaded) joined back in row order."""
+        parts: list[tuple[npt.NDArray[np.intp], Outputs]] = []
+        failed: dict[int, str] = {}
+        for engine, rows in zip(
+            engines, (np.flatnonzero(~split), np.flatnonzero(split)), strict=True
+        ):
+            if not len(rows):
+                continue
+            part = {k: v[rows] for k, v in feeds.items()}
+            outputs, refused = self._infer(
+                engine, part, [requests[r] for r in rows.tolist()] if requests else []
+            )
+            parts.append((rows, outputs))
+            failed.update({int(rows[i]): why for i, why in refused.items()})
+        return _scatter(parts, len(split)), failed
+
+    def _offer_shadow(self, shadow: ShadowRunner, prepared: Prepared, model: ModelIdentity) -> None:
+        """Hand the shadow its copy of the batch (after this batch's results are sent);
+        the feeds are let go here either way."""
+        batch, rows, ids = prepared.batch, prepared.decoded.rows, prepared.decoded.ids
+        good = prepared.good.tolist()
+        shadow.offer(
+            ShadowBatch(
+                messages=[batch[rows[g]] for g in good],
+                ids=[ids[g] for g in good],
+                feeds=prepared.feeds,
+                requests=prepared.requests,
+                published=prepared.outputs,
+                failed=prepared.failed,
+                shadows=model,
+                timings_ms=prepared.timings.as_dict(),
+            )
+        )
+        prepared.feeds, prepared.requests = {}, []
+
+    def _publish(
+        self, sink: Sink, tracker: DeliveryTracker, prepared: Prepared, model: ModelIdentity
+    ) -> None:
         batch, good, failed = prepared.batch, prepared.good, prepared.failed
         rows, ids = prepared.decoded.rows, prepared.decoded.ids
         n = len(good)
@@ -359,16 +477,15 @@ class Pipeline:
             marks = [_CACHED if hit else b"" for hit in cached.reused]
         # What every result of the batch shares is encoded once: the body is the
         # per-record part with this tail spliced in before its closing brace.
-        tail = (
-            b","
-            + orjson.dumps(
-                {
-                    "model": self._model_meta,
-                    "pipeline": self.name,
-                    "timings_ms": prepared.timings.as_dict(),
-                }
-            )[1:]
-        )
+        # A canary's rows name it: a second shared tail, picked per row by the split.
+        shared = {"pipeline": self.name, "timings_ms": prepared.timings.as_dict()}
+        models = [model]
+        split: Iterable[bool] = itertools.repeat(False, len(good))
+        if prepared.canary is not None and prepared.candidate is not None:
+            models.append(prepared.candidate)
+            split = prepared.canary.tolist()
+        tails = [result_tail({"model": m.meta, **shared}) for m in models]
+        tags = [m.tag for m in models]
         topic = self.config.result_topic
         send = sink.send
         dumps = orjson.dumps
@@ -376,12 +493,14 @@ class Pipeline:
         room = sink.limit(topic)
         roomy = room - MAX_RESULT_HEADERS_BYTES
         too_large = 0
-        for i, (g, out, mark) in enumerate(zip(good.tolist(), outs, marks, strict=True)):
+        rows_out = zip(good.tolist(), outs, marks, split, strict=True)
+        for i, (g, out, mark, by_canary) in enumerate(rows_out):
             msg = batch[rows[g]]
             if refused and i in refused:
                 reason = failed.get(i, "model returned NaN or infinity for this row")
                 code = "model_error" if i in failed else "model_non_finite"
-                self.dead_letters.send(sink, tracker, msg, "infer", code, reason, ids[g])
+                tag = tags[by_canary]
+                self.dead_letters.send(sink, tracker, msg, "infer", code, reason, ids[g], model=tag)
                 continue
             rid = ids[g]
             key = msg.key()
@@ -393,7 +512,7 @@ class Pipeline:
                     "request_ts_ms": msg.timestamp()[1],
                 }
             )
-            value = head[:-1] + mark + tail
+            value = head[:-1] + mark + tails[by_canary]
             headers = headers_of(msg, rid)
             # headers are small and bounded: only a large record needs the exact sum
             if (
@@ -402,7 +521,10 @@ class Pipeline:
             ) or not send(tracker, topic, value, key, headers):
                 size = record_size(value, key, headers)
                 why = f"result of {size} bytes with key and headers; {topic} takes {room}"
-                self.dead_letters.send(sink, tracker, msg, "publish", "result_too_large", why, rid)
+                tag = tags[by_canary]
+                self.dead_letters.send(
+                    sink, tracker, msg, "publish", "result_too_large", why, rid, model=tag
+                )
                 too_large += 1
         self.metrics.results.inc(len(good) - len(refused) - too_large)
 
@@ -417,8 +539,35 @@ class Pipeline:
             return
         decoded = prepared.decoded
         self.dead_letters.undelivered(
-            sink, tracker, produced, why, prepared.batch, decoded.ids, decoded.rows
+            sink,
+            tracker,
+            produced,
+            why,
+            prepared.batch,
+            decoded.ids,
+            decoded.rows,
+            model=prepared.model.tag if prepared.model is not None else None,
         )
+
+
+def _scatter(parts: Sequence[tuple[npt.NDArray[np.intp], Outputs]], n: int) -> Outputs:
+    """Join the outputs of row subsets of one batch into the batch's row order; rows of a
+    part that failed as a whole hold placeholders."""
+    if len(parts) == 1 and len(parts[0][0]) == n:
+        return parts[0][1]
+    template = next((outputs for _rows, outputs in parts if outputs), None)
+    if template is None:
+        return {}
+    joined: Outputs = {}
+    for name, sample in template.items():
+        dtype = np.result_type(*(o[name].dtype for _r, o in parts if name in o))
+        fill = np.nan if dtype.kind == "f" else 0
+        out = np.full((n, *sample.shape[1:]), fill, dtype=dtype)
+        for rows, outputs in parts:
+            if name in outputs:
+                out[rows] = outputs[name]
+        joined[name] = out
+    return joined
 
 
 def _stitch(left: Outputs, right: Outputs, n_left: int, n: int) -> Outputs:

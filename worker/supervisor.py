@@ -8,7 +8,11 @@ A child that crashes is started again after a backoff (1 s doubling to 30 s, bac
 once a child has run 60 s); a child that exits 2 (a bad config, a model that does not
 fit) would fail again, so the supervisor stops the others and exits 2. SIGTERM or SIGINT
 is forwarded once, as SIGTERM, to every child, which drains and commits; a second signal
-SIGKILLs them. Children run in process groups of their own (a terminal's Ctrl-C reaches
+SIGKILLs them. SIGHUP (and ``POST /reload`` on the supervisor's endpoint) is forwarded,
+as SIGHUP, to every running child: each looks for a new model version
+(``worker.reloader``). Children start with SIGHUP blocked, until their handler is in
+place, so an early one is held rather than fatal; a child started later loads the newest
+version anyway. Children run in process groups of their own (a terminal's Ctrl-C reaches
 the supervisor only) and ask the kernel for a SIGTERM when the supervisor dies
 (``follow_supervisor``, PR_SET_PDEATHSIG), so none outlives it, even a SIGKILLed one.
 
@@ -281,6 +285,7 @@ class Supervisor:
         self._lock = threading.Lock()
         self._children = [_Child(i) for i in range(plan.processes)]
         self._signals = 0
+        self._reload = threading.Event()
         self._stop_deadline: float | None = None
         self._draining: list[_Child] = []
         """The children running when the stop began: the exit code says how they ended."""
@@ -303,6 +308,12 @@ class Supervisor:
     def signalled(self) -> None:
         """A SIGTERM or SIGINT came: the first drains every child, the next kills them."""
         self._signals += 1
+
+    def request_reload(self) -> str:
+        """SIGHUP or ``POST /reload``: every running child is sent SIGHUP (from the
+        supervising thread); only sets a flag here."""
+        self._reload.set()
+        return f"reload requested of {self._plan.processes} worker processes"
 
     @property
     def stopping(self) -> bool:
@@ -331,6 +342,9 @@ class Supervisor:
             if self._signals > 1 and not self._killed:
                 log.warning("second signal: killing the worker processes")
                 self._kill_running()
+            if self._reload.is_set():
+                self._reload.clear()
+                self._forward_reload()
             for child in self._children:
                 code = child.process.poll() if child.process is not None else None
                 if code is not None:
@@ -367,6 +381,8 @@ class Supervisor:
             child.restart_at = None
             child.port = port
             child.started_at = self._clock()
+            # SIGHUP blocked in the child until its handler is there (worker.cli)
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
             try:
                 # Its own process group: a terminal's Ctrl-C reaches the supervisor alone,
                 # which forwards it once (a second one would make the child exit at once).
@@ -377,7 +393,20 @@ class Supervisor:
                 log.error("process %d: cannot start: %s", child.index, exc)
                 child.restart_at = self._clock() + self._plan.restart.max_delay_s
                 return
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         log.info("process %d started: pid %d", child.index, child.process.pid)
+
+    def _forward_reload(self) -> None:
+        if self.stopping:
+            return
+        sent = 0
+        for child in self._children:
+            if child.process is not None and child.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.process.pid, signal.SIGHUP)
+                    sent += 1
+        log.info("reload: SIGHUP sent to %d worker processes", sent)
 
     def _exited(self, child: _Child, code: int) -> None:
         """Record how a child ended and decide what follows: nothing while stopping, a stop

@@ -9,6 +9,9 @@
   per row, and the scaler is an ai.onnx.ml op.
 - ``near_tie_mlp``: a random MLP of the same shape whose two classes' logits differ by
   about 1e-3, so any quantization flips labels; ``regression_mlp``: one output column.
+- ``random_mlp``: a small random MLP; the same shape with another seed is another
+  version of one model (the reload, canary and shadow tests), which
+  ``three_feature_pipeline`` serves from features ``a``, ``b`` and ``c``.
 
 Each returns the model's path and rows for it (the ones it was fitted on).
 """
@@ -17,13 +20,24 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from worker.config import FeatureSpec, ModelSpec, PipelineConfig
+
 Rows = npt.NDArray[np.float64]
 
-__all__ = ["helper_mlp", "near_tie_mlp", "regression_mlp", "sklearn_mlp", "write_csv"]
+__all__ = [
+    "helper_mlp",
+    "near_tie_mlp",
+    "random_mlp",
+    "regression_mlp",
+    "sklearn_mlp",
+    "three_feature_pipeline",
+    "write_csv",
+]
 
 
 def write_csv(path: Path, rows: npt.NDArray[np.generic], header: list[str] | None = None) -> Path:
@@ -106,6 +120,34 @@ def regression_mlp(path: Path, rows: int = 100) -> tuple[Path, Rows]:
     w1, b1, w2 = rng.normal(0, 0.5, (8, 32)), rng.normal(0, 0.1, 32), rng.normal(0, 0.5, (32, 1))
     x = rng.normal(0, 1, (rows, 8)).astype(np.float32).astype(np.float64)
     return _write_mlp(path, w1, b1, w2, np.zeros(1), softmax=False), x
+
+
+def random_mlp(path: Path, n_in: int = 3, *, seed: int = 0, softmax: bool = True) -> Path:
+    """A random ``n_in -> 8 -> 2`` MLP with softmax (output ``probabilities``), or
+    ``n_in -> 8 -> 1`` without (output ``value``); ``path``'s directory is made."""
+    rng = np.random.default_rng(seed)
+    n_out = 2 if softmax else 1
+    w1, b1 = rng.normal(0, 0.5, (n_in, 8)), rng.normal(0, 0.1, 8)
+    w2, b2 = rng.normal(0, 0.5, (8, n_out)), rng.normal(0, 0.1, n_out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return _write_mlp(path, w1, b1, w2, b2, softmax=softmax)
+
+
+def three_feature_pipeline(model: Path, **fields: Any) -> PipelineConfig:
+    """Pipeline ``p`` (``req`` -> ``res``, ``dlq``) serving ``model`` (a ``random_mlp`` of
+    three inputs) as ``m`` version 1 from stored features ``a``, ``b`` and ``c``;
+    ``fields`` add or replace pipeline fields."""
+    return PipelineConfig(
+        **{
+            "name": "p",
+            "request_topics": ["req"],
+            "result_topic": "res",
+            "dead_letter_topic": "dlq",
+            "features": FeatureSpec(fields=["a", "b", "c"]),
+            "model": ModelSpec(path=model, name="m", version="1"),
+            **fields,
+        }
+    )
 
 
 def sklearn_mlp(path: Path) -> tuple[Path, Rows]:

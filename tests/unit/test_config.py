@@ -272,9 +272,83 @@ def test_missing_model_file_names_field(make_raw: Callable[..., Raw], tmp_path: 
     assert str(missing) in msg
 
 
-def test_model_path_is_a_directory(make_raw: Callable[..., Raw], tmp_path: Path) -> None:
+def test_model_path_is_a_directory_without_versions(
+    make_raw: Callable[..., Raw], tmp_path: Path
+) -> None:
     msg = config_error(make_raw(model={"path": str(tmp_path), "name": "m"}))
-    assert "pipelines[0].model.path" in msg
+    assert "pipelines[0].model.path" in msg and "holds no model version" in msg
+
+
+def _versions(root: Path, *names: str) -> Path:
+    for name in names:
+        (root / name).mkdir(parents=True)
+        (root / name / "model.onnx").write_bytes(b"")
+    return root
+
+
+def test_a_directory_of_versions_serves_the_highest_and_watches_it(
+    make_raw: Callable[..., Raw], tmp_path: Path
+) -> None:
+    root = _versions(tmp_path / "fraud", "1", "3", "2", "latest")
+    raw = make_raw(model={"path": "fraud", "name": "m"})
+    spec = parse_config(raw, environ={}, base_dir=tmp_path).pipelines[0].model
+    assert (spec.path, spec.version, spec.version_dir) == (root / "3" / "model.onnx", "3", root)
+    assert spec.watch is True
+    unwatched = make_raw(model={"path": str(root), "name": "m", "watch": False})
+    assert parse_config(unwatched, environ={}).pipelines[0].model.watch is False
+
+
+def test_a_pinned_version_of_a_directory_is_served_and_not_followed(
+    make_raw: Callable[..., Raw], tmp_path: Path
+) -> None:
+    root = _versions(tmp_path / "fraud", "1", "2", "3")
+    raw = make_raw(model={"path": str(root), "name": "m", "version": "2"})
+    spec = parse_config(raw, environ={}).pipelines[0].model
+    assert (spec.path, spec.version, spec.version_dir) == (root / "2" / "model.onnx", "2", None)
+    # an environment override pins too
+    env = {"STREAMFER_PIPELINES__0__MODEL__VERSION": "1"}
+    pinned = parse_config(make_raw(model={"path": str(root), "name": "m"}), environ=env)
+    assert pinned.pipelines[0].model.path == root / "1" / "model.onnx"
+    msg = config_error(make_raw(model={"path": str(root), "name": "m", "version": "4"}))
+    assert "pipelines[0].model.version" in msg and "no version 4" in msg and "1, 2, 3" in msg
+
+
+def test_a_plain_file_is_not_watched_unless_asked(
+    make_raw: Callable[..., Raw], model_file: Path
+) -> None:
+    spec = parse_config(make_raw(), environ={}).pipelines[0].model
+    assert (spec.watch, spec.version_dir, spec.version) == (False, None, "1")
+    watched = make_raw(model={"path": str(model_file), "name": "m", "watch": True})
+    assert parse_config(watched, environ={}).pipelines[0].model.watch is True
+    msg = config_error(make_raw(model={"path": str(model_file), "name": "m", "reload_poll_s": 0}))
+    assert "pipelines[0].model.reload_poll_s" in msg
+
+
+def test_version_dir_is_not_for_the_config_file(
+    make_raw: Callable[..., Raw], model_file: Path
+) -> None:
+    raw = make_raw(model={"path": str(model_file), "name": "m", "version_dir": "/models"})
+    assert "pipelines[0].model.version_dir: is set by streamfer" in config_error(raw)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"])
+def test_the_reload_endpoint_is_allowed_on_loopback(
+    make_raw: Callable[..., Raw], host: str
+) -> None:
+    raw = {**make_raw(), "metrics": {"host": host, "port": 9100, "reload_endpoint": True}}
+    assert parse_config(raw, environ={}).metrics.reload_endpoint is True
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.0.0.5", "worker.internal"])
+def test_the_reload_endpoint_is_refused_beyond_loopback(
+    make_raw: Callable[..., Raw], host: str
+) -> None:
+    raw = {**make_raw(), "metrics": {"host": host, "port": 9100, "reload_endpoint": True}}
+    msg = config_error(raw)
+    assert "metrics" in msg and "reload_endpoint = true needs a loopback host" in msg
+    assert repr(host) in msg
+    off = {**make_raw(), "metrics": {"host": host, "port": 9100}}
+    assert parse_config(off, environ={}).metrics.reload_endpoint is False
 
 
 def test_relative_model_path_resolves_against_base_dir(
@@ -728,3 +802,68 @@ def test_a_share_smaller_than_one_batch_is_refused(make_raw: Callable[..., Raw])
     assert "bulk_in_flight_share (which applies to pipelines[1], 'bulk')" in config_error(raw)
     raw["pipelines"][1]["batch"] = {"max_batch_size": 204}  # just fits
     parse_config(raw, environ={})
+
+
+# --- canary and shadow ---------------------------------------------------------------
+
+
+def test_a_canary_file_needs_its_version_and_a_directory_gives_it(
+    make_raw: Callable[..., Raw], tmp_path: Path, model_file: Path
+) -> None:
+    msg = config_error(make_raw(canary={"model": str(model_file), "percent": 10}))
+    assert "pipelines[0].canary.version: name the version of m.onnx" in msg
+    root = _versions(tmp_path / "candidates", "4", "5")
+    raw = make_raw(canary={"model": "candidates", "percent": 12.5})
+    canary = parse_config(raw, environ={}, base_dir=tmp_path).pipelines[0].canary
+    assert canary is not None
+    assert (canary.model, canary.version, canary.percent) == (root / "5" / "model.onnx", "5", 12.5)
+    pinned = make_raw(canary={"model": str(root), "version": "4", "percent": 1})
+    canary = parse_config(pinned, environ={}).pipelines[0].canary
+    assert canary is not None and canary.model == root / "4" / "model.onnx"
+
+
+@pytest.mark.parametrize("percent", [0, -5, 100.1])
+def test_a_canary_percent_must_be_a_share(
+    make_raw: Callable[..., Raw], model_file: Path, percent: float
+) -> None:
+    canary = {"model": str(model_file), "version": "2", "percent": percent}
+    assert "pipelines[0].canary.percent" in config_error(make_raw(canary=canary))
+
+
+def test_a_missing_candidate_file_names_its_field(
+    make_raw: Callable[..., Raw], tmp_path: Path
+) -> None:
+    shadow = {"model": str(tmp_path / "nope.onnx"), "version": "2", "topic": "shadow"}
+    msg = config_error(make_raw(shadow=shadow))
+    assert "pipelines[0].shadow.model: model file not found" in msg
+
+
+def test_a_candidate_spec_shares_the_pipeline_models_settings(
+    make_raw: Callable[..., Raw], model_file: Path
+) -> None:
+    shadow = {"model": str(model_file), "version": "9", "topic": "shadow"}
+    cfg = parse_config(make_raw(shadow=shadow), environ={}).pipelines[0]
+    assert cfg.shadow is not None
+    spec = cfg.shadow.model_spec(cfg.model)
+    assert (spec.path, spec.name, spec.version, spec.sha256) == (model_file, "m", "9", None)
+    assert spec.providers == cfg.model.providers and spec.watch is False
+
+
+@pytest.mark.parametrize("topic", ["res", "dlq", "req"])
+def test_the_shadow_topic_is_its_own(
+    make_raw: Callable[..., Raw], model_file: Path, topic: str
+) -> None:
+    shadow = {"model": str(model_file), "version": "2", "topic": topic}
+    msg = config_error(make_raw(shadow=shadow))
+    assert repr(topic) in msg and ("shadow.topic" in msg or "also a request topic" in msg)
+
+
+def test_a_cache_beside_a_canary_or_shadow_is_refused(
+    make_raw: Callable[..., Raw], model_file: Path
+) -> None:
+    canary = {"model": str(model_file), "version": "2", "percent": 10}
+    msg = config_error(make_raw(cache={"enabled": True}, canary=canary))
+    assert "cache.enabled = true with a canary" in msg
+    shadow = {"model": str(model_file), "version": "2", "topic": "shadow"}
+    msg = config_error(make_raw(cache={"enabled": True}, shadow=shadow))
+    assert "cache.enabled = true with a shadow" in msg

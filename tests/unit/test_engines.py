@@ -840,3 +840,29 @@ def test_the_device_oom_patterns_match_runtimes_words() -> None:
     ):
         assert is_device_oom(RuntimeError(text)), text
     assert not is_device_oom(RuntimeError("Got invalid dimensions for input: X"))
+
+
+@pytest.mark.parametrize(
+    "how",
+    [{}, {"pad_to_buckets": True}, {"pad_to_buckets": True, "io_binding": True}],
+    ids=["session.run", "padded", "bound"],
+)
+def test_an_engine_nothing_holds_is_freed_at_once(
+    make_spec: SpecFactory, how: dict[str, bool]
+) -> None:
+    """No reference cycle (its runners reach it weakly): a model a reload replaced is
+    freed as soon as the last batch that ran on it lets go, not at some later collection
+    of old objects."""
+    import gc
+    import weakref
+
+    engine = OnnxEngine(make_spec(**how), batch_sizes=[1, 2, 4])
+    engine.warm_up([1, 2, 4])
+    engine.infer(np.zeros((3, 30), dtype=np.float32))
+    gone = weakref.ref(engine)
+    gc.disable()
+    try:
+        del engine
+        assert gone() is None
+    finally:
+        gc.enable()

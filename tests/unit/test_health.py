@@ -23,6 +23,8 @@ from worker.health import (
     MAX_CONNECTIONS,
     HealthServer,
     HealthState,
+    HttpEndpoint,
+    reload_response,
 )
 
 Serve = Callable[..., HealthServer]
@@ -248,3 +250,59 @@ def test_not_ready_until_a_broker_answers_and_says_why() -> None:
     state.broker(True)
     state.joined = True
     assert state.not_ready_reasons() == []
+
+
+# --- POST /reload ------------------------------------------------------------------------
+
+
+def request(
+    port: int, method: str, path: str, body: bytes | None = None
+) -> tuple[int, bytes, dict[str, str]]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request(method, path, body=body)
+        response = conn.getresponse()
+        return response.status, response.read(), dict(response.getheaders())
+    finally:
+        conn.close()
+
+
+def test_post_reload_asks_and_answers_202_at_once(state: HealthState) -> None:
+    asked = threading.Event()
+    server = HealthServer(state, CollectorRegistry(), "127.0.0.1", 0, reload=asked.set).start()
+    try:
+        status, body, _ = request(server.port, "POST", "/reload")
+        assert (status, body) == (202, b"reload requested\n")
+        assert asked.is_set()
+        asked.clear()
+        assert request(server.port, "POST", "/reload?now=1", b"{}")[0] == 202
+        assert asked.is_set()
+        assert request(server.port, "POST", "/metrics")[0] == 404
+        status, _, headers = request(server.port, "GET", "/reload")
+        assert (status, headers.get("Allow")) == (405, "POST")
+        assert get(server.port, "/healthz") == (200, b"ok\n")  # GET as before
+        status, _, _ = request(server.port, "POST", "/reload", b"x" * (64 * 1024 + 1))
+        assert status == 413
+    finally:
+        server.stop()
+
+
+def test_without_the_reload_endpoint_post_is_refused_as_before(serve: Serve) -> None:
+    server = serve()
+    assert request(server.port, "POST", "/reload")[0] == 501
+    assert request(server.port, "PUT", "/reload")[0] == 501
+    assert get(server.port, "/reload")[0] == 404
+
+
+def test_the_reload_answer_may_say_what_was_asked(state: HealthState) -> None:
+    endpoint = HttpEndpoint(
+        lambda path: (404, b"", "text/plain"),
+        "127.0.0.1",
+        0,
+        post=reload_response(lambda: "reload requested of 3 worker processes"),
+    ).start()
+    try:
+        status, body, _ = request(endpoint.port, "POST", "/reload")
+        assert (status, body) == (202, b"reload requested of 3 worker processes\n")
+    finally:
+        endpoint.stop()

@@ -6,6 +6,7 @@ tests/integration/test_processes.py)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -402,3 +403,78 @@ def test_a_second_signal_kills_the_children_at_once(
     assert _wait(lambda: "code" in out, timeout=10)
     assert out["code"] == 1
     assert supervisor.children()[0].exit_code == -9
+
+
+HUP_CHILD = """
+import os, pathlib, signal, sys, time
+index = os.environ["STREAMFER_PROCESS_INDEX"]
+folder = pathlib.Path(sys.argv[1])
+blocked = signal.SIGHUP in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+(folder / f"blocked-{index}").write_text(str(blocked))
+time.sleep(float(sys.argv[2]))  # a slow start: models loading, say
+def hup(signum, frame):
+    with (folder / f"hups-{index}").open("a") as fh:
+        fh.write("hup\\n")
+signal.signal(signal.SIGHUP, hup)
+signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
+(folder / f"ready-{index}").write_text("yes")
+while True:
+    time.sleep(0.05)
+"""
+"""A worker as ``worker.cli`` starts one: SIGHUP handled (counted in a file) once its
+handler is installed, after ``sys.argv[2]`` seconds, and unblocked only then."""
+
+
+def _hups(tmp_path: Path, index: int) -> int:
+    path = tmp_path / f"hups-{index}"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _hup_supervisor(tmp_path: Path, processes: int, start_s: float) -> Supervisor:
+    plan = SupervisorPlan(
+        processes=processes,
+        command=(sys.executable, "-c", HUP_CHILD, str(tmp_path), str(start_s)),
+        environ=dict(os.environ),
+        child_metrics=False,
+        group_instance_id=None,
+        stop_timeout_s=30,
+        burst=False,
+        restart=FAST,
+    )
+    return Supervisor(plan, CollectorRegistry(), tick_s=0.02)
+
+
+def test_a_reload_request_reaches_every_running_child_as_sighup(
+    tmp_path: Path, in_background: Callable[[Supervisor], dict[str, int]]
+) -> None:
+    supervisor = _hup_supervisor(tmp_path, 2, 0.0)
+    out = in_background(supervisor)
+    assert _wait(lambda: all((tmp_path / f"ready-{i}").exists() for i in (0, 1)))
+    assert supervisor.request_reload() == "reload requested of 2 worker processes"
+    assert _wait(lambda: _hups(tmp_path, 0) == 1 and _hups(tmp_path, 1) == 1)
+    supervisor.request_reload()
+    assert _wait(lambda: _hups(tmp_path, 0) == 2 and _hups(tmp_path, 1) == 2)
+    supervisor.signalled()
+    assert _wait(lambda: "code" in out)
+    assert out["code"] == 0
+
+
+def test_a_sighup_before_a_child_handles_it_waits_instead_of_killing_it(
+    tmp_path: Path, in_background: Callable[[Supervisor], dict[str, int]]
+) -> None:
+    """Children start with SIGHUP blocked (the supervisor's own mask is untouched): one
+    forwarded while a child still loads is delivered once its handler is there."""
+    supervisor = _hup_supervisor(tmp_path, 1, 1.5)
+    out = in_background(supervisor)
+    assert _wait(lambda: (tmp_path / "blocked-0").exists())
+    assert (tmp_path / "blocked-0").read_text() == "True"
+    assert not (tmp_path / "ready-0").exists()
+    supervisor.request_reload()
+    assert _wait(lambda: _hups(tmp_path, 0) == 1)
+    (child,) = supervisor.children()
+    assert (child.state, child.restarts) == ("running", 0)
+    assert signal.SIGHUP not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    supervisor.signalled()
+    assert _wait(lambda: "code" in out)
+    assert out["code"] == 0
