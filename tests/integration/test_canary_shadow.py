@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -28,6 +29,7 @@ from tests.integration.helpers import (
 )
 from tests.integration.recipes import NUMERIC, FraudData, fraud_data
 from tests.integration.served_mlp import (
+    Result,
     check_scores,
     in_background,
     mlp_versions,
@@ -68,6 +70,29 @@ def _shadow_topic(bootstrap: str, topics: Topics) -> str:
 def _sample(port: int, name: str, **labels: str) -> float:
     key = (name, tuple(sorted({"pipeline": "fraud", **labels}.items())))
     return scrape_metrics(port).get(key, 0.0)
+
+
+def _results_and_shadows(
+    bootstrap: str, topics: Topics, shadow_topic: str, produced: list[tuple[str, bytes, bytes]]
+) -> tuple[list[Result], list[Result]]:
+    """Stream ``produced`` at 1,000/s; every request has one result and one shadow."""
+    produce_requests(bootstrap, topics.requests, produced, rate=1000)
+    ids = {rid for rid, _, _ in produced}
+    results = read_results(bootstrap, topics.results, ids, timeout=120)
+    shadows = read_results(bootstrap, shadow_topic, ids, timeout=120)
+    assert sorted(r.doc["id"] for r in results) == sorted(ids)  # none lost, none twice
+    assert sorted(r.doc["id"] for r in shadows) == sorted(ids)  # every batch, every row
+    return results, shadows
+
+
+def _assert_agreement(
+    port: int, published: np.ndarray[Any, Any], shadow: np.ndarray[Any, Any]
+) -> None:
+    """The worker's agreement metrics say what the two score tables (row-aligned) do."""
+    share = float((published.argmax(axis=1) == shadow.argmax(axis=1)).mean())
+    diff = float(np.abs(published.astype(np.float64) - shadow).mean())
+    assert _sample(port, "streamfer_shadow_label_agreement") == pytest.approx(share, abs=1e-12)
+    assert _sample(port, "streamfer_shadow_score_abs_diff") == pytest.approx(diff, rel=1e-5)
 
 
 def _canary_keys(keys: list[bytes], percent: float) -> set[bytes]:
@@ -140,12 +165,7 @@ def test_a_shadow_that_keeps_up_scores_every_batch_and_measures_agreement(
     worker, port = mlp_worker(topics, data, primary, pipeline_extra=shadow)
 
     produced = produced_requests(data, N_REQUESTS)
-    produce_requests(kafka_bootstrap, topics.requests, produced, rate=1000)
-    ids = {rid for rid, _, _ in produced}
-    results = read_results(kafka_bootstrap, topics.results, ids, timeout=120)
-    shadows = read_results(kafka_bootstrap, shadow_topic, ids, timeout=120)
-    assert sorted(r.doc["id"] for r in results) == sorted(ids)
-    assert sorted(r.doc["id"] for r in shadows) == sorted(ids)  # every batch, every row
+    results, shadows = _results_and_shadows(kafka_bootstrap, topics, shadow_topic, produced)
 
     expected = scores_by_version(models, data)
     check_scores(results, expected, {"1"})
@@ -158,17 +178,61 @@ def test_a_shadow_that_keeps_up_scores_every_batch_and_measures_agreement(
     for r in shadows[:200]:
         assert_valid(schema, r.doc)
     # the same rows through both models: what the worker's agreement metrics must say
-    ours, theirs = expected["1"][:N_REQUESTS], expected["2"][:N_REQUESTS]
-    share = float((ours.argmax(axis=1) == theirs.argmax(axis=1)).mean())
-    diff = float(np.abs(ours.astype(np.float64) - theirs).mean())
-    assert _sample(port, "streamfer_shadow_label_agreement") == pytest.approx(share, abs=1e-12)
-    assert _sample(port, "streamfer_shadow_score_abs_diff") == pytest.approx(diff, rel=1e-5)
+    _assert_agreement(port, expected["1"][:N_REQUESTS], expected["2"][:N_REQUESTS])
     batches = _sample(port, "streamfer_batches_total")
     assert _sample(port, "streamfer_shadow_batches_total", result="done") == batches
     assert _sample(port, "streamfer_shadow_batches_total", result="dropped") == 0
     assert _sample(port, "streamfer_shadow_batches_total", result="failed") == 0
     assert _sample(port, "streamfer_shadow_seconds_count") == batches
     assert worker.terminate() == 0
+
+
+def test_a_canary_and_a_shadow_together_each_do_their_part(
+    kafka_bootstrap: str,
+    fresh_topics: Callable[..., Topics],
+    mlp_worker: Callable[..., tuple[WorkerProcess, int]],
+    data: FraudData,
+    models: dict[str, bytes],
+    tmp_path: Path,
+) -> None:
+    """Version 1 serves, version 2 is the canary for a fifth of the keys, version 4 the
+    shadow of every row: results split by the key rule, shadows for every id, and the
+    agreement measured against what was published (the canary's scores on its rows)."""
+    topics = fresh_topics(4)
+    shadow_topic = _shadow_topic(kafka_bootstrap, topics)
+    primary = _write(tmp_path / "fraud.onnx", models["1"])
+    canary = _write(tmp_path / "fraud-canary.onnx", models["2"])
+    shadow = _write(tmp_path / "fraud-shadow.onnx", models["4"])
+    extra = (
+        f'[pipelines.canary]\nmodel = "{canary}"\nversion = "2"\npercent = 20\n'
+        f'[pipelines.shadow]\nmodel = "{shadow}"\nversion = "4"\ntopic = "{shadow_topic}"\n'
+        "queue_batches = 64\n"
+    )
+    worker, port = mlp_worker(topics, data, primary, pipeline_extra=extra)
+
+    produced = produced_requests(data, N_REQUESTS)
+    results, shadows = _results_and_shadows(kafka_bootstrap, topics, shadow_topic, produced)
+
+    chosen = _canary_keys([key for _, key, _ in produced], 20)
+    assert 0.17 < len(chosen) / N_REQUESTS < 0.23
+    for r in results:
+        assert r.version == ("2" if r.doc["key"].encode() in chosen else "1"), r.doc["key"]
+    expected = scores_by_version(models, data)
+    check_scores(results, expected, {"1", "2"})
+    check_scores(shadows, expected, {"4"})
+    assert _sample(port, "streamfer_canary_records_total") == len(chosen)
+
+    served = np.stack(
+        [
+            expected["2" if key in chosen else "1"][int(rid[1:])]
+            for rid, key, _ in sorted(produced, key=lambda p: int(p[0][1:]))
+        ]
+    )
+    _assert_agreement(port, served, expected["4"][: len(served)])
+    batches = _sample(port, "streamfer_batches_total")
+    assert _sample(port, "streamfer_shadow_batches_total", result="done") == batches
+    assert worker.terminate() == 0
+    assert_committed_to_end(kafka_bootstrap, topics.group, topics.requests)
 
 
 def _slow_like_the_pipeline(path: Path, seconds_per_batch: float) -> Path:
