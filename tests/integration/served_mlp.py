@@ -146,9 +146,17 @@ scores = "output"
 """
 
 
-def produced_requests(data: FraudData, count: int) -> list[tuple[str, bytes, bytes]]:
+def produced_requests(
+    data: FraudData, count: int, prefix: str = "r"
+) -> list[tuple[str, bytes, bytes]]:
+    """(id, key, value) of the first ``count`` request rows; ids are ``prefix`` (one
+    letter) and the row number, so a run can send the same rows again under new ids."""
     return [
-        (f"r{i}", f"k{i}".encode(), orjson.dumps(request_doc(f"r{i}", data.requests[i])))
+        (
+            f"{prefix}{i}",
+            f"k{i}".encode(),
+            orjson.dumps(request_doc(f"{prefix}{i}", data.requests[i])),
+        )
         for i in range(count)
     ]
 

@@ -247,6 +247,61 @@ def test_sighup_and_post_reload_a_file_that_is_not_watched(
     assert worker.terminate() == 0
 
 
+def test_a_reload_under_the_output_cache_never_serves_the_old_models_outputs(
+    kafka_bootstrap: str,
+    fresh_topics: Callable[..., Topics],
+    mlp_worker: Callable[..., tuple[WorkerProcess, int]],
+    data: FraudData,
+    models: dict[str, bytes],
+    tmp_path: Path,
+) -> None:
+    """The same 500 rows four times (ids a, b, c, d), the file replaced and reloaded
+    between b and c: a computes with the first model, b is all cached, c computes again
+    with the new model (a cache key holds the model's SHA-256), d is all cached again."""
+    topics = fresh_topics(PARTITIONS)
+    path = tmp_path / "fraud-mlp.onnx"
+    path.write_bytes(models["1"])
+    worker, port = mlp_worker(
+        topics, data, path, pipeline_extra="[pipelines.cache]\nenabled = true\n"
+    )
+    expected = scores_by_version(models, data)
+    by_sha = {sha(models[v]): v for v in ("1", "2", "4")}
+    count = 500
+
+    def one_round(prefix: str, version: str, cached: bool) -> None:
+        produced = produced_requests(data, count, prefix)
+        produce_requests(kafka_bootstrap, topics.requests, produced)
+        ids = {rid for rid, _, _ in produced}
+        results = [
+            r for r in read_results(kafka_bootstrap, topics.results, ids, 90) if r.doc["id"] in ids
+        ]
+        assert sorted(r.doc["id"] for r in results) == sorted(ids)
+        assert {r.doc.get("cached", False) for r in results} == {cached}, prefix
+        named = [
+            Result(r.partition, r.offset, r.ts_ms, {**r.doc, "model": {"version": by_sha[s]}})
+            for r in results
+            for s in [r.doc["model"]["sha256"]]
+        ]
+        check_scores(named, expected, {version})
+
+    one_round("a", "1", cached=False)
+    one_round("b", "1", cached=True)
+    _replace(path, models["2"])
+    os.kill(worker.pid, signal.SIGHUP)
+    wait_for(lambda: reloads(port, "loaded") == 1, 30, "SIGHUP to load the new file")
+    one_round("c", "2", cached=False)
+    one_round("d", "2", cached=True)
+    metrics = scrape_metrics(port)
+    misses = metrics[("streamfer_cache_misses_total", (("pipeline", "fraud"),))]
+    hits = sum(
+        v
+        for (name, labels), v in metrics.items()
+        if name == "streamfer_cache_hits_total" and dict(labels)["pipeline"] == "fraud"
+    )
+    assert (misses, hits) == (2 * count, 2 * count)
+    assert worker.terminate() == 0
+
+
 def test_a_supervisor_hands_sighup_and_post_reload_to_every_worker(
     kafka_bootstrap: str,
     fresh_topics: Callable[..., Topics],
