@@ -33,20 +33,22 @@ from worker.codec import decode_requests, result_tail
 from worker.config import PipelineConfig
 from worker.dead_letters import DeadLetters
 from worker.engines import InferenceEngine, Outputs
-from worker.errors import ConfigError, EngineError, FeatureStoreConfigError, FeatureStoreError
+from worker.errors import ConfigError
 from worker.features import FeatureStore
-from worker.feeds import Assembled, BatchFetcher, FeedPlan, Feeds, assemble
+from worker.feeds import BatchFetcher, FeedPlan, Feeds, assemble
 from worker.headers import MAX_RESULT_HEADERS_BYTES, SourceHeaders, trace_headers
 from worker.hooks import BatchHooks
 from worker.limits import record_size
 from worker.lookups import OneStore
 from worker.metrics import PipelineMetrics
+from worker.model_calls import ModelCalls
 from worker.model_slot import LiveModel, ModelIdentity, ModelSlot
 from worker.output_cache import CachedRows, OutputCache
 from worker.request_shape import RequestShape
 from worker.result_rows import finite_rows, row_outputs
 from worker.shadow import ShadowBatch, ShadowRunner
 from worker.sink import DeliveryTracker, Sink
+from worker.store_wait import StoreWait
 from worker.types import DecodedRequests, StageTimings
 
 __all__ = ["Pipeline", "Prepared"]
@@ -150,6 +152,7 @@ class Pipeline:
             self._store = OneStore(name, store)
         self.slot = ModelSlot(LiveModel.of(config.model, engine))
         self._hooks = hooks or BatchHooks()
+        self._calls = ModelCalls(self._hooks)
         if cache is not None and self._hooks.active:
             raise ConfigError(
                 f"pipelines.{self.name}: cache.enabled = true with hooks: hooks see the "
@@ -162,11 +165,13 @@ class Pipeline:
             )
         self._cache = cache
         self.metrics = metrics
-        self._retry_s = retry_feature_store_s
-        self._abort = abort or threading.Event()
-        self._on_feature_store = on_feature_store or (lambda _ok, _why: None)
-        """Hears (False, why) when enrichment starts failing or its reason changes, and
-        (True, None) once the store answers again: readiness follows it."""
+        self._store_wait = StoreWait(
+            self.name,
+            retry_s=retry_feature_store_s,
+            abort=abort or threading.Event(),
+            errors=metrics.feature_store_errors,
+            on_feature_store=on_feature_store or (lambda _ok, _why: None),
+        )
         self.dead_letters = DeadLetters(config, metrics)
         self.canary = canary
         self.shadow = shadow
@@ -210,7 +215,7 @@ class Pipeline:
         prepared = Prepared(batch, decoded, timings)
         if not decoded.rows:
             return prepared
-        assembled = self._assemble(decoded)
+        assembled = self._store_wait.call(lambda: assemble(self.plan, decoded, self._store))
         if assembled.lookups:
             m.feature_hits.inc(assembled.lookups - assembled.misses)
             if assembled.misses:
@@ -249,16 +254,19 @@ class Pipeline:
             requests = [docs[g] for g in prepared.good.tolist()] if wants else []
             split = prepared.canary
             if prepared.cached is not None:
-                self._infer_uncached(prepared, prepared.cached, live.engine)
+                assert self._cache is not None
+                prepared.failed = self._calls.uncached(
+                    self._cache, prepared.cached, prepared.feeds, live.engine
+                )
             elif split is None or self.canary is None:
-                prepared.outputs, prepared.failed = self._infer(
+                prepared.outputs, prepared.failed = self._calls.run(
                     live.engine, prepared.feeds, requests
                 )
             else:
                 candidate = self.canary.slot.for_batch()
                 prepared.candidate = candidate.identity
                 prepared.candidate_engine = candidate.engine
-                prepared.outputs, prepared.failed = self._infer_split(
+                prepared.outputs, prepared.failed = self._calls.split(
                     (live.engine, candidate.engine), prepared.feeds, requests, split
                 )
                 self.metrics.canary_records.inc(int(split.sum()))
@@ -312,130 +320,6 @@ class Pipeline:
         tracker.seal()
         if self._cache is not None and prepared.cached is not None:
             self._cache.share(prepared.cached)  # while the deliveries are on their way
-
-    _CONFIG_RETRY_S = (1.0, 30.0)
-    """First and longest wait between tries while Redis refuses the configuration."""
-    _REPEAT_LOG_S = 60.0
-    """How often an unchanged configuration refusal is logged again."""
-
-    def _assemble(self, decoded: DecodedRequests) -> Assembled:
-        """``assemble``, waiting while the batch as a whole cannot be enriched.
-
-        An outage (FeatureStoreError) is retried with backoff, 0.1 s to 5 s, until
-        ``retry_feature_store_s`` passes; then it is raised. A refusal only an operator can
-        fix (FeatureStoreConfigError: NOPERM, credentials ...) is retried with backoff up to
-        30 s and no deadline, logged when it changes and once a minute: no record is at
-        fault, so none is dead-lettered, and stopping would only hand the batch to a worker
-        that meets the same refusal. ``on_feature_store`` hears (False, reason) whenever the
-        reason changes and (True, None) once the store answers; ``abort`` ends the wait by
-        raising the last error. Problems of one entity come back as rejections instead.
-        """
-        deadline = None if self._retry_s is None else time.monotonic() + self._retry_s
-        delay = 0.0
-        problem: str | None = None
-        logged: tuple[str, float] | None = None
-        while True:
-            try:
-                assembled = assemble(self.plan, decoded, self._store)
-            except (FeatureStoreError, FeatureStoreConfigError) as exc:
-                self.metrics.feature_store_errors.inc()
-                config = isinstance(exc, FeatureStoreConfigError)
-                first, longest = self._CONFIG_RETRY_S if config else (0.1, 5.0)
-                delay = min(delay * 2, longest) if delay else first
-                reason = str(exc)
-                if reason != problem:
-                    problem = reason
-                    self._on_feature_store(False, reason)
-                now = time.monotonic()
-                out_of_time = not config and deadline is not None and now + delay > deadline
-                if out_of_time or self._abort.is_set():
-                    raise
-                if not config:
-                    log.warning("pipeline %s: %s; retrying in %.1fs", self.name, exc, delay)
-                elif logged is None or logged[0] != reason or now - logged[1] >= self._REPEAT_LOG_S:
-                    logged = (reason, now)
-                    log.error(
-                        "pipeline %s: %s; the batch waits (no record is dead-lettered), "
-                        "retrying in %.1fs",
-                        self.name,
-                        exc,
-                        delay,
-                    )
-                self._abort.wait(delay)
-                continue
-            if problem is not None:
-                log.info("pipeline %s: feature store answers again", self.name)
-                self._on_feature_store(True, None)
-            return assembled
-
-    def _infer(
-        self, engine: InferenceEngine, feeds: Feeds, requests: list[dict[str, Any]]
-    ) -> tuple[Outputs, dict[int, str]]:
-        """Run the hooks and the model; on failure bisect so only the failing rows are
-        refused."""
-        hooks = self._hooks
-        try:
-            if not hooks.active:
-                return engine.infer(feeds), {}
-            return hooks.after(requests, engine.infer(hooks.before(requests, feeds))), {}
-        except EngineError as exc:
-            n = len(next(iter(feeds.values())))
-            if n == 1:
-                return {}, {0: str(exc)}
-            half = n // 2
-            left, left_failed = self._infer(
-                engine, {k: v[:half] for k, v in feeds.items()}, requests[:half]
-            )
-            right, right_failed = self._infer(
-                engine, {k: v[half:] for k, v in feeds.items()}, requests[half:]
-            )
-            failed = dict(left_failed)
-            failed.update({half + i: why for i, why in right_failed.items()})
-            return _stitch(left, right, half, n), failed
-
-    def _infer_uncached(
-        self, prepared: Prepared, cached: CachedRows, engine: InferenceEngine
-    ) -> None:
-        """Run the model on the rows the cache does not hold, in one call (bisected on
-        failure like any batch); the cache encodes and keeps what it computes."""
-        cache = self._cache
-        assert cache is not None
-        run = cache.to_run(cached, prepared.feeds, engine)
-        outputs: Outputs = {}
-        failed: dict[int, str] = {}
-        if len(run):
-            feeds = prepared.feeds
-            whole = len(run) == len(prepared.good)
-            outputs, failed = self._infer(
-                engine, feeds if whole else {k: v[run] for k, v in feeds.items()}, []
-            )
-        cache.settle(cached, outputs, failed)
-        prepared.failed = cached.failed
-
-    def _infer_split(
-        self,
-        engines: tuple[InferenceEngine, InferenceEngine],
-        feeds: Feeds,
-        requests: list[dict[str, Any]],
-        split: npt.NDArray[np.bool_],
-    ) -> tuple[Outputs, dict[int, str]]:
-        """Two engine calls: the rows ``split`` marks on the canary's engine, the others
-        on the pipeline's; their outputs (of the same fields and shapes: checked when the
-        canary loaded) joined back in row order."""
-        parts: list[tuple[npt.NDArray[np.intp], Outputs]] = []
-        failed: dict[int, str] = {}
-        for engine, rows in zip(
-            engines, (np.flatnonzero(~split), np.flatnonzero(split)), strict=True
-        ):
-            if not len(rows):
-                continue
-            part = {k: v[rows] for k, v in feeds.items()}
-            outputs, refused = self._infer(
-                engine, part, [requests[r] for r in rows.tolist()] if requests else []
-            )
-            parts.append((rows, outputs))
-            failed.update({int(rows[i]): why for i, why in refused.items()})
-        return _scatter(parts, len(split)), failed
 
     def _offer_shadow(self, shadow: ShadowRunner, prepared: Prepared, model: ModelIdentity) -> None:
         """Hand the shadow its copy of the batch (after this batch's results are sent);
@@ -548,41 +432,3 @@ class Pipeline:
             decoded.rows,
             model=prepared.model.tag if prepared.model is not None else None,
         )
-
-
-def _scatter(parts: Sequence[tuple[npt.NDArray[np.intp], Outputs]], n: int) -> Outputs:
-    """Join the outputs of row subsets of one batch into the batch's row order; rows of a
-    part that failed as a whole hold placeholders."""
-    if len(parts) == 1 and len(parts[0][0]) == n:
-        return parts[0][1]
-    template = next((outputs for _rows, outputs in parts if outputs), None)
-    if template is None:
-        return {}
-    joined: Outputs = {}
-    for name, sample in template.items():
-        dtype = np.result_type(*(o[name].dtype for _r, o in parts if name in o))
-        fill = np.nan if dtype.kind == "f" else 0
-        out = np.full((n, *sample.shape[1:]), fill, dtype=dtype)
-        for rows, outputs in parts:
-            if name in outputs:
-                out[rows] = outputs[name]
-        joined[name] = out
-    return joined
-
-
-def _stitch(left: Outputs, right: Outputs, n_left: int, n: int) -> Outputs:
-    """Join the outputs of two halves; rows of a failed half hold placeholders."""
-    template = left or right
-    if not template:
-        return {}
-    joined: Outputs = {}
-    for name, sample in template.items():
-        shape = (n, *sample.shape[1:])
-        fill = np.nan if sample.dtype.kind == "f" else 0
-        out = np.full(shape, fill, dtype=sample.dtype)
-        if name in left:
-            out[:n_left] = left[name]
-        if name in right:
-            out[n_left:] = right[name]
-        joined[name] = out
-    return joined

@@ -37,6 +37,7 @@ from worker.lookups import OneStore, RedisLookups
 from worker.metrics import Metrics
 from worker.pipeline import Pipeline
 from worker.redis_io import REDIS_ERROR_KINDS, RedisTrouble, classify_redis_error
+from worker.store_wait import StoreWait
 from worker.types import DecodedRequests
 
 if TYPE_CHECKING:
@@ -646,7 +647,7 @@ REFUSED = "Redis refused HMGET: NOPERM this user has no permissions; grant it"
 
 @pytest.fixture
 def quick_config_retry(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(Pipeline, "_CONFIG_RETRY_S", (0.001, 0.002))
+    monkeypatch.setattr(StoreWait, "CONFIG_RETRY_S", (0.001, 0.002))
 
 
 @pytest.mark.usefixtures("quick_config_retry")
@@ -659,7 +660,7 @@ def test_config_refusal_waits_with_a_reason_and_never_dead_letters(
     pipeline = make_pipeline(
         store, retry_feature_store_s=0.0, on_feature_store=lambda ok, why: heard.append((ok, why))
     )
-    with caplog.at_level(logging.INFO, logger="worker.pipeline"):
+    with caplog.at_level(logging.INFO, logger="worker.store_wait"):
         prepared = pipeline.prepare(BATCH)  # type: ignore[arg-type]
     assert store.calls == 4
     assert prepared.feature_rejects == []
