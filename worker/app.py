@@ -30,7 +30,6 @@ to its committed offset, a fatal one also re-creates the producer.
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
@@ -48,19 +47,20 @@ from worker.batch import Job, PartitionKey
 from worker.batcher import Batcher, Clock, monotonic_clock
 from worker.commit import Committer, OffsetConsumer
 from worker.config import WorkerConfig
-from worker.delivery import AtLeastOnce, Delivery, Stages
-from worker.errors import CommitError, SinkError
+from worker.delivery import AtLeastOnce, Delivery, Stages, commit_before_leaving
+from worker.errors import SinkError
 from worker.exactly_once import GroupConsumer, Transactional
 from worker.health import HealthState
 from worker.kafka_logs import KAFKA_LOG
 from worker.lag import LagStats
+from worker.lane_wiring import bind_lane_gauges, lane_threads, pipeline_shares
 from worker.membership import Membership
-from worker.metrics import THREAD_STAGES, Metrics
-from worker.pausing import PausingManager, Share
+from worker.metrics import Metrics
+from worker.pausing import PausingManager
 from worker.pipeline import Pipeline
 from worker.sink import DeliveryTracker, Sink
 from worker.source import Source, position
-from worker.stage_threads import OnTake, StageThreads, Step
+from worker.stage_threads import Step
 from worker.stages import batch_steps
 
 __all__ = ["Background", "Worker"]
@@ -134,15 +134,8 @@ class Worker:
             pin_latest=config.kafka.auto_offset_reset == "latest",
         )
         self._rank = {p.name: p.config.rank for p in pipelines}
-        rank = self._rank
-        self._threads = StageThreads(
-            self._start_job,
-            lane=lambda job: rank[job.pipeline],
-            top_lane=max(rank.values()) if len(set(rank.values())) > 1 else None,
-            max_overtaken_s=config.max_overtaken_ms / 1000.0,
-            on_take=self._lane_metrics(pipelines),
-        )
-        shares = _shares(config, pipelines)
+        self._threads = lane_threads(self._start_job, self._rank, config, metrics)
+        shares = pipeline_shares(config, pipelines)
         self._shared = [share.pipeline for share in shares]
         """Pipelines with a share of the bound: their records are counted each turn."""
         self._pausing = PausingManager(
@@ -152,14 +145,7 @@ class Worker:
             shares=shares,
             on_share=lambda name, held: metrics.in_flight_share_held.labels(name).set(held),
         )
-        committer = self._committer
-        for p in pipelines:
-            metrics.pipeline_priority.labels(p.name).set(p.config.rank)
-            metrics.in_flight_records.labels(p.name).set_function(
-                functools.partial(committer.records_of, p.name)
-            )
-            if p.name in self._shared:
-                metrics.in_flight_share_held.labels(p.name).set(0)
+        bind_lane_gauges(metrics, pipelines, self._committer, self._shared)
         self._lag = LagStats(metrics.consumer_lag, metrics.seconds_to_drain)
         self._membership = Membership(
             batchers=self._batchers,
@@ -387,28 +373,6 @@ class Worker:
         committer, batchers = self._committer, self._batchers
         return {name: committer.records_of(name) + len(batchers[name]) for name in self._shared}
 
-    def _lane_metrics(self, pipelines: Sequence[Pipeline]) -> OnTake:
-        """What the processing threads report as they take a batch: its wait there, and
-        whether aging took it ahead of a higher priority (children bound once here)."""
-        metrics = self.metrics
-        wait = {
-            (p.name, i): metrics.stage_wait_seconds.labels(p.name, stage).observe
-            for p in pipelines
-            for i, stage in enumerate(THREAD_STAGES)
-        }
-        aged = {
-            (p.name, i): metrics.aged_batches.labels(p.name, stage).inc
-            for p in pipelines
-            for i, stage in enumerate(THREAD_STAGES)
-        }
-
-        def on_take(stage: int, job: Job, waited_s: float, was_aged: bool) -> None:
-            wait[job.pipeline, stage](waited_s)
-            if was_aged:
-                aged[job.pipeline, stage]()
-
-        return on_take
-
     def _start_job(self, job: Job) -> Step | None:
         return batch_steps(job, self._pipelines[job.pipeline], self._sink, self._delivery)
 
@@ -437,7 +401,7 @@ class Worker:
         if unfinished:
             self._abort.set()  # an unreachable feature store gives up now
         delivery.finish(deadline, at_least_s=1.0)
-        self._commit_before_leaving(deadline)
+        commit_before_leaving(self._delivery, deadline, self._serve_rebalance_paused)
         if unfinished or len(self._committer):
             raise SinkError(
                 f"stopped with {len(self._committer)} batches unfinished after "
@@ -445,30 +409,11 @@ class Worker:
                 "will be consumed again"
             )
 
-    def _commit_before_leaving(self, deadline: float) -> None:
-        """The last commit of a clean stop. The broker refuses it while the group
-        rebalances (another member joins or leaves at the same moment, as when two are
-        scaled in together); then serve the rebalance, every partition paused so nothing
-        new is fetched, and commit again until the shutdown deadline: a clean stop
-        repeats nothing."""
-        delivery = self._delivery
-        while True:
-            try:
-                delivery.commit(asynchronous=False)
-                if delivery.settled():
-                    return
-                refusal = "the broker refused some partitions"
-            except CommitError as exc:
-                refusal = str(exc)
-            if time.monotonic() >= deadline:
-                raise CommitError(
-                    f"the last commit was refused until the shutdown deadline ({refusal}); "
-                    "the next owners repeat what it covered"
-                )
-            log.info("last commit refused (%s); serving the rebalance, then again", refusal)
-            self._source.pause(self.assigned)
-            # Rebalance callbacks run inside; records fetched here stay uncommitted.
-            self._source.consume(self._max_messages, 0.1)
+    def _serve_rebalance_paused(self) -> None:
+        """Serve a rebalance (its callbacks run inside ``consume``) with every partition
+        paused; records fetched here stay uncommitted."""
+        self._source.pause(self.assigned)
+        self._source.consume(self._max_messages, 0.1)
 
     def _close(self) -> None:
         self._abort.set()
@@ -482,18 +427,6 @@ class Worker:
         except Exception:  # close must not hide the error that brought us here
             log.exception("closing the consumer failed")
         self._delivery.close(min(5.0, self.config.shutdown_timeout_s))
-
-
-def _shares(config: WorkerConfig, pipelines: Sequence[Pipeline]) -> list[Share]:
-    """The pipelines' shares of the in-flight bound, in records."""
-    bound = config.in_flight_bound
-    shares = []
-    for p in pipelines:
-        share = config.in_flight_share(p.config)
-        if share is not None:
-            records, batch = int(share * bound), p.config.batch.max_batch_size
-            shares.append(Share.of(p.name, p.config.request_topics, records, batch))
-    return shares
 
 
 def _group_by_pipeline(messages: list[Message], route: dict[str, str]) -> dict[str, list[Message]]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,7 +27,7 @@ from worker.pipeline import Pipeline
 from worker.sink import DeliveryTracker, Sink
 from worker.stage_threads import StageThreads
 
-__all__ = ["AtLeastOnce", "Delivery", "Stages"]
+__all__ = ["AtLeastOnce", "Delivery", "Stages", "commit_before_leaving"]
 
 log = logging.getLogger(__name__)
 
@@ -197,3 +197,28 @@ class AtLeastOnce:
                     why,
                 )
                 pipeline.dead_letter_undelivered(self._sink, tracker, produced, why)
+
+
+def commit_before_leaving(
+    delivery: Delivery, deadline: float, serve_rebalance: Callable[[], None]
+) -> None:
+    """The last commit of a clean stop. The broker refuses it while the group
+    rebalances (another member joins or leaves at the same moment, as when two are
+    scaled in together); then ``serve_rebalance`` (every partition paused so nothing new
+    is fetched) and commit again until the shutdown ``deadline`` (monotonic): a clean
+    stop repeats nothing."""
+    while True:
+        try:
+            delivery.commit(asynchronous=False)
+            if delivery.settled():
+                return
+            refusal = "the broker refused some partitions"
+        except CommitError as exc:
+            refusal = str(exc)
+        if time.monotonic() >= deadline:
+            raise CommitError(
+                f"the last commit was refused until the shutdown deadline ({refusal}); "
+                "the next owners repeat what it covered"
+            )
+        log.info("last commit refused (%s); serving the rebalance, then again", refusal)
+        serve_rebalance()
