@@ -163,6 +163,29 @@ def fraud_data(
     return FraudData(users, merchants, requests, labels)
 
 
+def fraud_lookup_tables(tag: str) -> str:
+    """The TOML tables that feed a config from ``fraud_data`` as stored under key prefix
+    ``tag``: the request's two entity ids, and their lookups (the user's hash, with text
+    features, and the merchant's packed vector), as in the README's example."""
+    return f"""
+[pipelines.request.entities]
+user = "user.id"
+merchant = "merchant_id"
+
+[[pipelines.lookups]]
+name = "user"
+key_template = "{tag}:user:{{entity}}"
+layout = "hash"
+fields = ["age_days", "country", "segment"]
+
+[[pipelines.lookups]]
+name = "merchant"
+key_template = "{tag}:merchant:{{entity}}"
+layout = "packed"
+fields = ["risk", "volume_30d"]
+"""
+
+
 @dataclass(frozen=True)
 class Recipe:
     """A model file as a user brings it, how a streamfer config serves it, and what the

@@ -24,7 +24,7 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from tests.conftest import Topics
-from tests.integration.recipes import NUMERIC, FraudData, torch_style_mlp
+from tests.integration.recipes import NUMERIC, FraudData, fraud_lookup_tables, torch_style_mlp
 from tests.integration.test_bring_your_own_model import request_doc
 
 WINDOW_MS = 50
@@ -116,20 +116,7 @@ max_wait_ms = {WINDOW_MS}
 [pipelines.request]
 id = "meta.request_id"
 
-[pipelines.request.entities]
-user = "user.id"
-merchant = "merchant_id"
-
-[[pipelines.lookups]]
-name = "user"
-key_template = "{tag}:user:{{entity}}"
-fields = ["age_days", "country", "segment"]
-
-[[pipelines.lookups]]
-name = "merchant"
-key_template = "{tag}:merchant:{{entity}}"
-layout = "packed"
-fields = ["risk", "volume_30d"]
+{fraud_lookup_tables(tag)}
 
 [pipelines.model]
 path = "{model_path}"

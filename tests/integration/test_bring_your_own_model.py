@@ -32,6 +32,7 @@ from tests.integration.recipes import (
     FraudData,
     Recipe,
     fraud_data,
+    fraud_lookup_tables,
     lightgbm_classifier,
     sklearn_pipeline,
     torch_style_mlp,
@@ -107,21 +108,7 @@ max_wait_ms = 20
 id = "meta.request_id"
 features = "features"
 
-[pipelines.request.entities]
-user = "user.id"
-merchant = "merchant_id"
-
-[[pipelines.lookups]]
-name = "user"
-key_template = "{tag}:user:{{entity}}"
-layout = "hash"
-fields = ["age_days", "country", "segment"]
-
-[[pipelines.lookups]]
-name = "merchant"
-key_template = "{tag}:merchant:{{entity}}"
-layout = "packed"
-fields = ["risk", "volume_30d"]
+{fraud_lookup_tables(tag)}
 
 [pipelines.model]
 path = "{recipe.model_path}"

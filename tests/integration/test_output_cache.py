@@ -32,7 +32,14 @@ from streamfer_dev.harness import (
 from streamfer_dev.stack import RedisCluster, free_port, start_redis_cluster
 from tests.conftest import Topics
 from tests.integration.helpers import assert_valid, scrape_metrics, validator
-from tests.integration.recipes import CATEGORICAL, NUMERIC, FraudData, Recipe, fraud_data
+from tests.integration.recipes import (
+    CATEGORICAL,
+    NUMERIC,
+    FraudData,
+    Recipe,
+    fraud_data,
+    fraud_lookup_tables,
+)
 from tests.integration.recipes import sklearn_pipeline as make_recipe
 from worker.features import pack_vector
 
@@ -98,26 +105,7 @@ def config(
     """A worker config serving ``recipe`` with ``[pipelines.cache]`` holding ``cache``."""
     inputs = "\n".join(f"{n} = {orjson.dumps(c).decode()}" for n, c in recipe.inputs.items())
     outputs = "\n".join(f"{f} = {orjson.dumps(o).decode()}" for f, o in recipe.outputs.items())
-    tables = (
-        f"""
-[pipelines.request.entities]
-user = "user.id"
-merchant = "merchant_id"
-
-[[pipelines.lookups]]
-name = "user"
-key_template = "{stored.tag}:user:{{entity}}"
-fields = ["age_days", "country", "segment"]
-
-[[pipelines.lookups]]
-name = "merchant"
-key_template = "{stored.tag}:merchant:{{entity}}"
-layout = "packed"
-fields = ["risk", "volume_30d"]
-"""
-        if lookups
-        else ""
-    )
+    tables = fraud_lookup_tables(stored.tag) if lookups else ""
     path.write_text(
         f"""
 [kafka]
