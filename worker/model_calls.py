@@ -58,7 +58,8 @@ class ModelCalls:
             )
             failed = dict(left_failed)
             failed.update({half + i: why for i, why in right_failed.items()})
-            return _stitch(left, right, half, n), failed
+            halves = ((np.arange(half), left), (np.arange(half, n), right))
+            return _scatter(halves, n), failed
 
     def uncached(
         self, cache: OutputCache, rows: CachedRows, feeds: Feeds, engine: InferenceEngine
@@ -118,23 +119,5 @@ def _scatter(parts: Sequence[tuple[npt.NDArray[np.intp], Outputs]], n: int) -> O
         for rows, outputs in parts:
             if name in outputs:
                 out[rows] = outputs[name]
-        joined[name] = out
-    return joined
-
-
-def _stitch(left: Outputs, right: Outputs, n_left: int, n: int) -> Outputs:
-    """Join the outputs of two halves; rows of a failed half hold placeholders."""
-    template = left or right
-    if not template:
-        return {}
-    joined: Outputs = {}
-    for name, sample in template.items():
-        shape = (n, *sample.shape[1:])
-        fill = np.nan if sample.dtype.kind == "f" else 0
-        out = np.full(shape, fill, dtype=sample.dtype)
-        if name in left:
-            out[:n_left] = left[name]
-        if name in right:
-            out[n_left:] = right[name]
         joined[name] = out
     return joined
