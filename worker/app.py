@@ -25,7 +25,10 @@ leaves.
 
 With ``delivery = "exactly-once"`` each batch is one transaction holding its results,
 dead letters and offsets; an abortable error aborts it and rewinds every owned partition
-to its committed offset, a fatal one also re-creates the producer.
+to its committed offset; a fenced or fatal producer stops the worker (its replacement
+owns the work), and so does a transactional call that outlives its timeout
+(``CallStalled``): the worker then leaves its clients unclosed, since closing them would
+wait on the same stuck broker, and whoever restarts it starts clean.
 """
 
 from __future__ import annotations
@@ -45,10 +48,11 @@ from confluent_kafka import (
 
 from worker.batch import Job, PartitionKey
 from worker.batcher import Batcher, Clock, monotonic_clock
+from worker.call_watch import CallWatch
 from worker.commit import Committer, OffsetConsumer
 from worker.config import WorkerConfig
 from worker.delivery import AtLeastOnce, Delivery, Stages, commit_before_leaving
-from worker.errors import SinkError
+from worker.errors import CallStalled, SinkError
 from worker.exactly_once import GroupConsumer, Transactional
 from worker.health import HealthState
 from worker.kafka_logs import KAFKA_LOG
@@ -101,7 +105,10 @@ class Worker:
         clock: Clock = monotonic_clock,
         fault_abort_every: int = 0,
         background: Sequence[Background] = (),
+        transaction_calls: CallWatch | None = None,
     ) -> None:
+        """``transaction_calls`` runs exactly-once's calls to the broker (one reporting
+        stalls to ``health`` by default)."""
         self.config = config
         self.metrics = metrics
         self.health = health or HealthState(liveness_timeout_s=config.liveness_timeout_s)
@@ -167,6 +174,7 @@ class Worker:
                 timeout_s=config.shutdown_timeout_s,
                 owned=lambda: self._membership.assigned,
                 drop_buffered=self._drop_buffered,
+                calls=transaction_calls or CallWatch(on_stall=self.health.call_stalled),
                 abort_every=fault_abort_every,
             )
             if config.delivery == "exactly-once"
@@ -174,6 +182,8 @@ class Worker:
         )
         self._membership.delivery = self._delivery
         self._stop = threading.Event()
+        self._wedged = False
+        """A client call outlived its timeout: the clients are left unclosed."""
         self._single = next(iter(self._batchers)) if len(self._batchers) == 1 else None
         self._max_messages = max(p.config.batch.max_batch_size for p in pipelines)
         self._poll_s = config.poll_timeout_ms / 1000.0
@@ -231,9 +241,10 @@ class Worker:
                     log.info("burst: idle for %.1fs, stopping", burst_idle_s)
                     break
             self._drain()
-        except BaseException:
+        except BaseException as exc:
             self._membership.commit_on_revoke = False
             self._abort.set()
+            self._wedged = isinstance(exc, CallStalled)
             raise
         finally:
             self._close()
@@ -422,6 +433,9 @@ class Worker:
         for part in self._background:  # after the stages: a shadow scores their last batches
             if not part.stop(5.0):
                 log.warning("%s did not finish", type(part).__name__)
+        if self._wedged:
+            log.error("leaving the Kafka clients unclosed: a call of theirs is stuck")
+            return
         try:
             self._source.close()
         except Exception:  # close must not hide the error that brought us here

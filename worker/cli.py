@@ -23,10 +23,10 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from worker import __version__
-from worker.errors import ConfigError, StreamferError
+from worker.errors import CallStalled, ConfigError, StreamferError
 
 if TYPE_CHECKING:
     from worker.config import WorkerConfig
@@ -407,6 +407,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
     try:
         worker = build_worker(config, registry, health, reload_requests)
+    except CallStalled as exc:
+        _exit_stalled("cannot start", exc)
     except StreamferError as exc:
         log.error("cannot start: %s", exc)
         return 2 if isinstance(exc, ConfigError) else 1
@@ -419,11 +421,25 @@ def _cmd_run(args: argparse.Namespace) -> int:
     )
     try:
         worker.run(burst_idle_s=args.burst_idle_s)
+    except CallStalled as exc:
+        _exit_stalled("worker stopped", exc)
     except StreamferError as exc:
         log.error("worker stopped: %s", exc)
         return 1
     log.info("stopped cleanly")
     return 0
+
+
+def _exit_stalled(what: str, exc: CallStalled) -> NoReturn:
+    """End the process now, exit code 1: a Kafka client is stuck inside a call, and the
+    interpreter's clean exit would wait on it for good (closing the client joins the
+    stuck call). Nothing is lost: the stuck transaction never commits, and the restarted
+    worker (supervisor, Kubernetes) starts from the committed offsets."""
+    log.error("%s: %s; exiting without closing the Kafka clients", what, exc)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def _run_supervisor(args: argparse.Namespace, config: WorkerConfig, processes: int) -> int:

@@ -16,6 +16,7 @@ from confluent_kafka import Consumer
 from prometheus_client import CollectorRegistry
 
 from worker.app import Background, Worker
+from worker.call_watch import CallWatch
 from worker.canary import Canary
 from worker.candidates import load_candidates
 from worker.config import PipelineConfig, WorkerConfig
@@ -98,15 +99,16 @@ def build_worker(
         serving = LoadedModel(parts.engine, pipeline.plan)
         watches.append(ModelWatch(p, pipeline.slot, serving, metrics, shown=shown))
     background.insert(0, Reloader(watches, requests=reload_requests))
+    calls = CallWatch(on_stall=health.call_stalled)
     if config.delivery == "exactly-once":
         if config.exactly_once_probe:
-            verify_isolation(config.kafka, topic=config.exactly_once_probe_topic)
+            verify_isolation(config.kafka, topic=config.exactly_once_probe_topic, calls=calls)
         else:
             log.warning(
                 "exactly_once_probe = false: starting without proof that this broker hides "
                 "aborted records from read_committed readers"
             )
-        sink = Sink(transactional_producer(config.kafka, limits), limits)
+        sink = Sink(transactional_producer(config.kafka, limits, calls=calls), limits)
     else:
         sink = Sink.from_settings(config.kafka, limits)
     sink.warm_up(outputs)
@@ -132,6 +134,7 @@ def build_worker(
         health=health,
         abort=abort,
         background=background,
+        transaction_calls=calls,
         # the fault harness's injected aborts (benchmarks/chaos.py), never set otherwise
         fault_abort_every=int(os.environ.get("STREAMFER_FAULT_ABORT_EVERY", "0")),
     )

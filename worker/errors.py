@@ -13,6 +13,8 @@ stage that refuses it returns why, and it becomes a dead letter.
     ├── EngineError            the model could not be loaded or run
     ├── SinkError              a result or dead letter was not acknowledged
     ├── CommitError            an offset commit failed
+    ├── CallStalled            a Kafka client call outlived its own timeout; that client is
+    │                          beyond use, so the worker stops without closing it
     └── StackError             a local service (Kafka, Redis, Tansu) did not start
 
 Only ``FeatureStoreError`` is worth retrying in place (the batch waits for Redis); the
@@ -22,6 +24,7 @@ others stop the worker, and what it had not committed is consumed again.
 from __future__ import annotations
 
 __all__ = [
+    "CallStalled",
     "CommitError",
     "ConfigError",
     "EngineError",
@@ -79,6 +82,13 @@ class SinkError(StreamferError):
 
 class CommitError(StreamferError):
     """Committing offsets failed."""
+
+
+class CallStalled(StreamferError):
+    """A blocking librdkafka call (a transactional one) did not return within its own
+    timeout plus a margin. It cannot be cancelled, so its client is beyond use: the worker
+    stops at once, without closing its clients, and whoever restarts it (the supervisor,
+    Kubernetes) starts clean; a new transactional producer fences the stuck one."""
 
 
 class StackError(StreamferError):

@@ -10,8 +10,11 @@ committed offset, and work still in the stages is skipped (``stale``); a fenced 
 fatal producer stops the worker, whose replacement owns the work. Partitions lost while
 a transaction is open abort it too: nothing is ever committed for a partition this
 worker no longer owns.
-Every transactional call happens on the loop thread: librdkafka's transaction API stalls
-when driven from a second thread while this one sits in ``consume``.
+Every transactional call is made for the loop thread, which waits for it: librdkafka's
+transaction API stalls when driven from a second thread while this one sits in
+``consume``. The calls that reach the broker run through a ``CallWatch``, so one that
+outlives its timeout (librdkafka can ignore it when the group coordinator goes away)
+raises ``CallStalled`` instead of holding every partition for good.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from confluent_kafka import (
 )
 
 from worker.batch import Job, PartitionKey
+from worker.call_watch import CallWatch
 from worker.config import KafkaSettings
 from worker.delivery import Stages, commit_delivered
 from worker.errors import SinkError
@@ -79,12 +83,15 @@ class Transactional:
         timeout_s: float,
         owned: Callable[[], set[PartitionKey]],
         drop_buffered: Callable[[], None],
+        calls: CallWatch | None = None,
         abort_every: int = 0,
     ) -> None:
         """``owned`` gives the partitions to rewind; ``drop_buffered`` empties the batchers
-        (their records are consumed again after the seek). ``abort_every``: fault
+        (their records are consumed again after the seek); ``calls`` runs the calls that
+        reach the broker (a ``CallWatch`` of its own by default). ``abort_every``: fault
         injection for the fault harness, every n-th transaction is aborted on the broker
         instead of committed."""
+        self._calls = calls or CallWatch()
         self._abort_every = abort_every
         self._closed = 0
         self._stages = stages
@@ -199,10 +206,15 @@ class Transactional:
                 raise KafkaException(_abortable("a record was refused"))
             parts = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
             metadata = self._consumer.consumer_group_metadata()
-            _retrying(lambda: producer.send_offsets_to_transaction(parts, metadata, 30))
+            _retrying(
+                lambda: self._calls.run(
+                    "send_offsets_to_transaction",
+                    lambda t: producer.send_offsets_to_transaction(parts, metadata, t),
+                )
+            )
             if self._abort_every and self._closed % self._abort_every == 0:
                 raise KafkaException(_abortable("injected abort (STREAMFER_FAULT_ABORT_EVERY)"))
-            _retrying(lambda: producer.commit_transaction(30))
+            _retrying(lambda: self._calls.run("commit_transaction", producer.commit_transaction))
             self._stages.metrics.commits.inc()
             log.debug(
                 "committed a transaction of %d batches in %.3fs",
@@ -243,8 +255,9 @@ class Transactional:
             try:
                 # What is still queued goes out first: a transaction whose records have not
                 # reached the broker yet cannot be ended there (INVALID_TXN_STATE).
-                self._sink.producer.flush(self._timeout_s)
-                self._sink.producer.abort_transaction(30)
+                producer = self._sink.producer
+                producer.flush(self._timeout_s)
+                self._calls.run("abort_transaction", producer.abort_transaction)
             except KafkaException as exc:
                 raise SinkError(f"cannot abort the transaction ({exc}); stopping") from exc
         for job in txn.jobs:

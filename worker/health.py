@@ -85,6 +85,9 @@ class HealthState:
     """Why the feature store is not usable, when something more specific than unreachable
     is known (Redis refuses this worker's user, say); shown by /readyz."""
     stopping: bool = False
+    stalled_call: str | None = None
+    """A Kafka client call past its own timeout (``worker.call_watch``): the loop is
+    stuck in it, so the worker is not live, however recently the loop last turned."""
 
     def turned(self) -> None:
         self.loop_turned_at = time.monotonic()
@@ -99,8 +102,18 @@ class HealthState:
         self.broker_ok = ok
         self.broker_problem = None if ok else problem
 
+    def call_stalled(self, why: str | None) -> None:
+        """``CallWatch``'s ``on_stall``: a call is past its timeout (``why``), or came back."""
+        self.stalled_call = why
+
     def live(self) -> bool:
+        if self.stalled_call is not None:
+            return False
         return time.monotonic() - self.loop_turned_at < self.liveness_timeout_s
+
+    def liveness_problem(self) -> str:
+        """Why ``live()`` is false."""
+        return self.stalled_call or "loop stalled"
 
     def not_ready_reasons(self) -> list[str]:
         reasons = []
@@ -118,7 +131,7 @@ class HealthState:
         if self.stopping:
             reasons.append("stopping")
         if not self.live():
-            reasons.append("loop stalled")
+            reasons.append(self.liveness_problem())
         return reasons
 
 
@@ -275,8 +288,8 @@ def _worker_responses(state: HealthState, registry: CollectorRegistry) -> Respon
             # While models load the server answers (so /readyz can say why not ready)
             # but /healthz does not: a startup probe waits for the load, however long.
             ok = state.models_loaded and state.live()
-            why = b"loop stalled\n" if state.models_loaded else b"loading models\n"
-            return (200 if ok else 503), (b"ok\n" if ok else why), _TEXT
+            why = f"{state.liveness_problem()}\n" if state.models_loaded else "loading models\n"
+            return (200 if ok else 503), (b"ok\n" if ok else why.encode()), _TEXT
         if path == "/readyz":
             reasons = state.not_ready_reasons()
             body = ("ready\n" if not reasons else "; ".join(reasons) + "\n").encode()

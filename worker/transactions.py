@@ -20,6 +20,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
 from worker.admin import admin_client
+from worker.call_watch import CallWatch
 from worker.config import KafkaSettings, WorkerConfig
 from worker.errors import ConfigError
 from worker.kafka_logs import KAFKA_LOG
@@ -43,9 +44,13 @@ def transactional_id(settings: KafkaSettings) -> str:
 
 
 def transactional_producer(
-    settings: KafkaSettings, limits: RecordLimits | None = None, timeout: float = 30.0
+    settings: KafkaSettings,
+    limits: RecordLimits | None = None,
+    timeout: float = 30.0,
+    calls: CallWatch | None = None,
 ) -> Producer:
-    """A producer with transactions initialised. Raises ConfigError when the broker refuses."""
+    """A producer with transactions initialised (through ``calls``, so a broker that never
+    answers raises ``CallStalled``). Raises ConfigError when the broker refuses."""
     conf: dict[str, Any] = producer_config(settings, limits)
     conf["transactional.id"] = transactional_id(settings)
     # A killed worker's open transaction holds back read_committed readers until the
@@ -53,8 +58,9 @@ def transactional_producer(
     conf.setdefault("transaction.timeout.ms", 30_000)
     conf.pop("linger.ms", None)
     producer = Producer(conf)
+    watch = calls or CallWatch()
     try:
-        producer.init_transactions(timeout)
+        watch.run("init_transactions", producer.init_transactions, timeout)
     except KafkaException as exc:
         raise ConfigError(
             f"delivery = 'exactly-once' needs a broker with transactions; init failed: {exc}"
@@ -88,22 +94,28 @@ def _ensure_probe_topic(settings: KafkaSettings, topic: str, timeout: float) -> 
 
 
 def verify_isolation(
-    settings: KafkaSettings, timeout: float = 30.0, *, topic: str = PROBE_TOPIC
+    settings: KafkaSettings,
+    timeout: float = 30.0,
+    *,
+    topic: str = PROBE_TOPIC,
+    calls: CallWatch | None = None,
 ) -> None:
     """Abort one record and commit another on the probe topic; a read_committed reader must
-    see only the committed one. Raises ConfigError otherwise."""
+    see only the committed one. Raises ConfigError otherwise, ``CallStalled`` when a
+    transactional call (made through ``calls``) outlives its timeout."""
     _ensure_probe_topic(settings, topic, timeout)
     probe = settings.model_copy(update={"group_instance_id": None})
-    producer = transactional_producer(probe, timeout=timeout)
+    watch = calls or CallWatch()
+    producer = transactional_producer(probe, timeout=timeout, calls=watch)
     marker = uuid.uuid4().hex.encode()
     try:
         producer.begin_transaction()
         producer.produce(topic, b"aborted-" + marker, partition=0)
         producer.flush(timeout)
-        producer.abort_transaction(timeout)
+        watch.run("abort_transaction", producer.abort_transaction, timeout)
         producer.begin_transaction()
         producer.produce(topic, b"committed-" + marker, partition=0)
-        producer.commit_transaction(timeout)
+        watch.run("commit_transaction", producer.commit_transaction, timeout)
     except KafkaException as exc:
         raise ConfigError(
             f"delivery = 'exactly-once': transactions do not work here: {exc}"

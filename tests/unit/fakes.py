@@ -334,6 +334,7 @@ def build_worker(
         batch=BatchPolicy(max_batch_size=batch, max_wait_ms=1),
     )
     kafka = settings.pop("kafka", {})
+    transaction_calls = settings.pop("transaction_calls", None)
     config = WorkerConfig.model_validate(
         {
             "pipelines": [pipeline_config.model_dump()],
@@ -360,6 +361,7 @@ def build_worker(
         sink=cast(Sink, sink),
         pipelines=[pipeline],
         metrics=metrics,
+        transaction_calls=transaction_calls,
     )
     worker._source.subscribe()
     return worker, consumer, sink, store

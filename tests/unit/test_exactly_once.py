@@ -149,3 +149,50 @@ def test_a_fenced_or_fatal_producer_stops_the_worker_and_is_never_reinitialised(
         turn_until(worker, lambda: False)
     assert producer.init_calls == 0
     assert producer.committed == []
+
+
+def test_a_transactional_call_stuck_past_its_timeout_stops_the_worker(
+    classifier: DemoModel,
+) -> None:
+    """librdkafka's send_offsets_to_transaction can ignore its timeout when the group
+    coordinator goes away: the worker must see it, turn unhealthy and stop (its clients
+    left unclosed), instead of holding every partition for good."""
+    from worker.call_watch import CallWatch
+    from worker.errors import CallStalled
+    from worker.health import HealthState
+
+    health = HealthState()
+    calls = CallWatch(timeout_s=0.1, margin_s=0.2, on_stall=health.call_stalled)
+    worker, consumer, producer, _ = eos(classifier, transaction_calls=calls)
+    worker.health = health
+    release = threading.Event()
+    stuck: list[float] = []
+
+    def send_offsets(offsets: Any, metadata: object, timeout: float) -> None:
+        stuck.append(timeout)
+        release.wait(30)  # the coordinator went away; librdkafka never answers
+
+    producer.send_offsets_to_transaction = send_offsets
+    closed: list[bool] = []
+    consumer.close = lambda: closed.append(True)  # type: ignore[attr-defined]
+    consumer.assign(P0)
+    consumer.produce(0, 4)
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(10)
+    release.set()
+    assert not thread.is_alive(), "the loop stayed inside the stuck call"
+    assert stuck == [0.1]
+    assert outcome and isinstance(outcome[0], CallStalled)
+    assert "send_offsets_to_transaction stalled" in str(outcome[0])
+    assert not health.live() and "stalled" in health.liveness_problem()
+    assert not closed, "closing the consumer would wait on the same dead coordinator"
+    assert producer.committed == []
