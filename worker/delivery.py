@@ -180,7 +180,8 @@ class AtLeastOnce:
     def _dead_letter_undelivered(self) -> None:
         """Records the broker refused for themselves become their requests' dead letters.
         A batch still being published waits for the next turn: only then is this thread
-        the one sending for it."""
+        the one sending for it. Their reports may still arrive on a processing thread
+        meanwhile: ``take_undeliverable`` and the tracker's queueing share its lock."""
         waiting = self._undeliverable
         for _ in range(len(waiting)):
             tracker = waiting.popleft()
@@ -188,8 +189,8 @@ class AtLeastOnce:
                 waiting.append(tracker)
                 continue
             pipeline = self._stages.pipelines[tracker.pipeline]
-            while tracker.undeliverable:
-                produced, why = tracker.undeliverable.pop()
+            while (refused := tracker.take_undeliverable()) is not None:
+                produced, why = refused
                 log.warning(
                     "%s[%s] refused a record (%s): dead-lettering its request",
                     produced.topic(),

@@ -48,7 +48,9 @@ class DeliveryTracker:
     The batch is ``done`` once it is ``sealed`` (every record was handed to the producer)
     and every record was acknowledged or refused. Records are sent from the processing
     thread while delivery reports may arrive on any thread that polls the producer, so
-    the acknowledgement count is guarded by a lock.
+    the acknowledgement count is guarded by a lock, and so are ``undeliverable`` and the
+    decision to queue the tracker for dead-lettering: a report may arrive on a processing
+    thread while the loop thread takes the batch's earlier refusals.
     """
 
     __slots__ = (
@@ -108,12 +110,22 @@ class DeliveryTracker:
         with self._lock:
             if err is not None:
                 if self._notify is not None and err.code() in RECORD_ERRORS:
+                    # queued when the list was empty, that is when no one holds it to
+                    # drain: ``take_undeliverable`` empties it under this same lock
                     if not self.undeliverable:
                         self._notify.append(self)
                     self.undeliverable.append((msg, err.str()))
                 elif len(self.errors) < 10:
                     self.errors.append(f"{msg.topic()}[{msg.partition()}]: {err.str()}")
             self.acked += 1
+
+    def take_undeliverable(self) -> tuple[Message, str] | None:
+        """The next record the broker refused for itself and why, for its dead letter, or
+        None when there is none left. Whoever took the tracker from the queue calls this
+        until None: a refusal reported after that None queues the tracker again, one
+        reported before it is returned here, so none is left in a tracker no one holds."""
+        with self._lock:
+            return self.undeliverable.pop() if self.undeliverable else None
 
     def refused_by_producer(self, topic: str, reason: str) -> None:
         self.refused += 1

@@ -112,6 +112,41 @@ def _log_commit(err: KafkaError | None, partitions: list[TopicPartition]) -> Non
         log.warning("offset commit failed: %s", err.str())
 
 
+_GROUP_MOVED_ON = frozenset(
+    {
+        KafkaError.REBALANCE_IN_PROGRESS,
+        KafkaError.ILLEGAL_GENERATION,
+        KafkaError.UNKNOWN_MEMBER_ID,
+        KafkaError.FENCED_INSTANCE_ID,
+        KafkaError.GROUP_AUTHORIZATION_FAILED,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    }
+)
+"""Commit refusals a retry inside the rebalance callback cannot mend: the group's next
+rebalance waits for the callback to return, and authorization does not change."""
+
+
+def _worth_retrying(err: KafkaError | None) -> bool:
+    return err is not None and err.code() not in _GROUP_MOVED_ON
+
+
+def _report_pins(starts: list[TopicPartition], refused: dict[PartitionKey, KafkaError]) -> None:
+    """Log which partitions ``pin_starts`` pinned, and warn of those it could not."""
+    pinned = [tp for tp in starts if (tp.topic, tp.partition) not in refused]
+    if pinned:
+        log.info(
+            "pinned the start of partitions the group had not committed: %s",
+            ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in pinned),
+        )
+    if refused:
+        log.warning(
+            "the broker refused to pin the start of %s; until this worker commits them, a "
+            "crash or rewind begins at a later log end (auto.offset.reset = latest) and "
+            "skips what was consumed here",
+            ", ".join(f"{t}[{p}] ({err.str()})" for (t, p), err in sorted(refused.items())),
+        )
+
+
 class Source:
     """Fetches messages in batches; surfaces fatal errors as ``SourceError``."""
 
@@ -158,25 +193,63 @@ class Source:
         a later end of the log and skip what this worker consumed but had not committed.
         (With ``earliest`` they begin at the log start: nothing is skipped, so nothing is
         pinned.) A commit here delays the first fetch of the group by a second or two, once.
-        A broker that does not answer leaves the partitions unpinned, with a warning."""
-        consumer = self.consumer
+
+        This runs in the assignment callback, so it stays short: a partition whose
+        committed offset cannot be read is left alone (pinning over an offset that may
+        exist would skip), one the broker refuses to pin is tried once more unless the
+        refusal says the group moved on, and a broker that does not answer leaves the
+        partitions unpinned. Each is named in a warning; until this worker's first commit
+        of such a partition, a crash or rewind may skip what it consumed meanwhile."""
         try:
-            committed = consumer.committed(partitions, timeout=timeout)
-            starts = []
-            for tp in committed:
-                if tp.offset < 0:
-                    _low, high = consumer.get_watermark_offsets(
-                        TopicPartition(tp.topic, tp.partition), timeout=timeout, cached=False
-                    )
-                    starts.append(TopicPartition(tp.topic, tp.partition, high))
-            if starts:
-                consumer.commit(offsets=starts, asynchronous=False)
-                log.info(
-                    "pinned the start of partitions the group had not committed: %s",
-                    ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in starts),
-                )
+            starts = self._unpinned_ends(partitions, timeout)
+            if not starts:
+                return
+            refused = self._commit_starts(starts)
         except KafkaException as exc:
             log.warning("could not pin the start of newly assigned partitions: %s", exc)
+            return
+        again = [tp for tp in starts if _worth_retrying(refused.get((tp.topic, tp.partition)))]
+        if again:
+            for tp in again:
+                del refused[(tp.topic, tp.partition)]
+            refused.update(self._commit_starts(again))
+        _report_pins(starts, refused)
+
+    def _unpinned_ends(
+        self, partitions: list[TopicPartition], timeout: float
+    ) -> list[TopicPartition]:
+        """The log end of each of ``partitions`` the group has no committed offset for;
+        those whose committed offset the broker could not read are left out, with a
+        warning. Raises KafkaException."""
+        consumer = self.consumer
+        starts, unread = [], []
+        for tp in consumer.committed(partitions, timeout=timeout):
+            if tp.error is not None:
+                unread.append(f"{tp.topic}[{tp.partition}] ({tp.error.str()})")
+            elif tp.offset < 0:
+                _low, high = consumer.get_watermark_offsets(
+                    TopicPartition(tp.topic, tp.partition), timeout=timeout, cached=False
+                )
+                starts.append(TopicPartition(tp.topic, tp.partition, high))
+        if unread:
+            log.warning(
+                "could not read the committed offsets of %s: not pinning their start; if "
+                "none is committed, a crash or rewind before this worker commits them "
+                "begins at a later log end (auto.offset.reset = latest)",
+                ", ".join(unread),
+            )
+        return starts
+
+    def _commit_starts(self, starts: list[TopicPartition]) -> dict[PartitionKey, KafkaError]:
+        """Commit ``starts`` synchronously; returns the partitions the broker refused, each
+        with its error (a commit that raises refuses them all)."""
+        try:
+            answer = self.consumer.commit(offsets=starts, asynchronous=False)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            failure = err or KafkaError(KafkaError._FAIL, str(exc))
+            return {(tp.topic, tp.partition): failure for tp in starts}
+        return {(tp.topic, tp.partition): tp.error for tp in answer or [] if tp.error is not None}
 
     def check_retention(self, partitions: set[PartitionKey]) -> None:
         """Say loudly when a committed offset lies below the log start: retention deleted

@@ -1,14 +1,18 @@
 """Source.consume_first: a lone record is returned at once, errors are filtered, and a
-record whose partition is revoked while the rest is fetched is dropped; and the
-consumer settings the worker derives from its config."""
+record whose partition is revoked while the rest is fetched is dropped; pin_starts
+commits only what it can read and says which partitions the broker would not pin; and
+the consumer settings the worker derives from its config."""
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from worker.commit import PartitionKey
 from worker.config import KafkaSettings
 from worker.errors import SourceError
 from worker.source import Source, consumer_config
@@ -108,3 +112,125 @@ def test_consumer_config_hears_of_rebalances_at_the_heartbeat_interval() -> None
     assert consumer_config(settings)["heartbeat.interval.ms"] == 500
     tuned = KafkaSettings(consumer_options={"heartbeat.interval.ms": 250})
     assert consumer_config(tuned)["heartbeat.interval.ms"] == 250, "consumer_options win"
+
+
+# --- pin_starts --------------------------------------------------------------------
+
+
+@dataclass
+class Answered:
+    """A partition of an answer with its own error (``TopicPartition.error`` is read-only)."""
+
+    topic: str
+    partition: int
+    offset: int
+    error: KafkaError | None = None
+
+
+@dataclass
+class GroupOffsets:
+    """What ``pin_starts`` asks of a consumer: partitions of topic ``t`` with ``ends``
+    records, none committed. ``committed`` answers the errors in ``unreadable``; each
+    synchronous commit answers the partitions in ``refusals`` with their next error."""
+
+    ends: dict[int, int]
+    unreadable: dict[int, KafkaError] = field(default_factory=dict)
+    refusals: dict[int, list[KafkaError]] = field(default_factory=dict)
+    commits: list[list[tuple[int, int]]] = field(default_factory=list)
+    group: dict[PartitionKey, int] = field(default_factory=dict)
+
+    def consume(self, num_messages: int, timeout: float) -> list[Record]:
+        return []
+
+    def poll(self, timeout: float) -> Record | None:
+        return None
+
+    def committed(self, partitions: list[TopicPartition], timeout: float) -> list[Answered]:
+        return [
+            Answered(tp.topic, tp.partition, -1001, self.unreadable.get(tp.partition))
+            for tp in partitions
+        ]
+
+    def get_watermark_offsets(
+        self, partition: TopicPartition, timeout: float, cached: bool = False
+    ) -> tuple[int, int]:
+        return 0, self.ends[partition.partition]
+
+    def commit(self, *, offsets: list[TopicPartition], asynchronous: bool) -> list[Answered]:
+        assert not asynchronous
+        self.commits.append([(tp.partition, tp.offset) for tp in offsets])
+        answer = []
+        for tp in offsets:
+            queued = self.refusals.get(tp.partition)
+            error = queued.pop(0) if queued else None
+            if error is None:
+                self.group[(tp.topic, tp.partition)] = tp.offset
+            answer.append(Answered(tp.topic, tp.partition, tp.offset, error))
+        return answer
+
+
+def pinning(consumer: GroupOffsets) -> Source:
+    noop: Any = lambda _parts: None  # noqa: E731
+    return Source(
+        cast(Consumer, consumer),
+        ["t"],
+        on_assign=noop,
+        on_revoke=noop,
+        on_lost=noop,
+        pin_latest=True,
+    )
+
+
+def assigned(*partitions: int) -> list[TopicPartition]:
+    return [TopicPartition("t", p) for p in partitions]
+
+
+NOT_COORDINATOR = KafkaError(KafkaError.NOT_COORDINATOR)
+
+
+def test_a_partition_the_broker_refuses_to_pin_is_tried_once_more(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    consumer = GroupOffsets({0: 5, 1: 7}, refusals={1: [NOT_COORDINATOR]})
+    with caplog.at_level(logging.INFO, "worker.source"):
+        pinning(consumer).pin_starts(assigned(0, 1))
+    assert consumer.commits == [[(0, 5), (1, 7)], [(1, 7)]]
+    assert consumer.group == {("t", 0): 5, ("t", 1): 7}
+    assert "t[0]@5, t[1]@7" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_partition_refused_twice_is_named_and_not_said_to_be_pinned(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    consumer = GroupOffsets({0: 5, 1: 7}, refusals={1: [NOT_COORDINATOR, NOT_COORDINATOR]})
+    with caplog.at_level(logging.INFO, "worker.source"):
+        pinning(consumer).pin_starts(assigned(0, 1))
+    assert len(consumer.commits) == 2, "one retry, no more: the rebalance waits meanwhile"
+    (pinned,) = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert "t[0]@5" in pinned and "t[1]" not in pinned
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "t[1]" in warning and "Not coordinator" in warning and "t[0]" not in warning
+
+
+def test_a_refusal_that_a_retry_cannot_mend_is_not_retried(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A new generation began: the rebalance cannot go on while the callback retries."""
+    rebalancing = KafkaError(KafkaError.REBALANCE_IN_PROGRESS)
+    consumer = GroupOffsets({0: 5}, refusals={0: [rebalancing, rebalancing]})
+    pinning(consumer).pin_starts(assigned(0))
+    assert consumer.commits == [[(0, 5)]]
+    assert "t[0]" in caplog.text and "rebalance" in caplog.text.lower()
+
+
+def test_a_partition_whose_committed_offset_cannot_be_read_is_not_pinned(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Its committed offset may well exist: pinning the log end over it would skip."""
+    unstable = KafkaError(KafkaError.UNSTABLE_OFFSET_COMMIT)
+    consumer = GroupOffsets({0: 5, 1: 7}, unreadable={1: unstable})
+    pinning(consumer).pin_starts(assigned(0, 1))
+    assert consumer.commits == [[(0, 5)]]
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "t[1]" in warning and unstable.str() in warning

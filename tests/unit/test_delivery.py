@@ -1,0 +1,88 @@
+"""At-least-once delivery: records the broker refuses for themselves are dead-lettered by
+the loop thread, whichever thread their delivery report arrives on, and their batch is
+then done (so its pipeline commits again)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any, cast
+
+from confluent_kafka import KafkaError, Message
+
+from tests.unit.fakes import FakeSink
+from worker.delivery import AtLeastOnce, Stages
+from worker.sink import DeliveryTracker
+
+
+class Refusal:
+    """A broker's refusal of one record (``INVALID_RECORD``) that runs ``meanwhile`` while
+    the tracker reads its text: the moment ``on_delivery`` has decided whether to queue
+    the tracker and has not yet kept the record."""
+
+    def __init__(self, meanwhile: Callable[[], None] = lambda: None) -> None:
+        self._meanwhile = meanwhile
+
+    def code(self) -> int:
+        return KafkaError.INVALID_RECORD
+
+    def str(self) -> str:
+        self._meanwhile()
+        return "Broker: Invalid record"
+
+
+class DeadLettering:
+    """The pipeline's part: each refused record becomes one dead letter, delivered."""
+
+    def __init__(self) -> None:
+        self.offsets: list[int] = []
+
+    def dead_letter_undelivered(
+        self, sink: Any, tracker: DeliveryTracker, produced: Message, why: str
+    ) -> None:
+        self.offsets.append(cast(int, produced.offset()))
+        tracker.sent += 1
+        tracker.acked += 1
+
+
+def at_least_once(pipeline: DeadLettering) -> AtLeastOnce:
+    stages = Stages(
+        sink=cast(Any, FakeSink()),
+        threads=cast(Any, None),
+        committer=cast(Any, None),
+        pipelines=cast(Any, {"p": pipeline}),
+        metrics=cast(Any, SimpleNamespace()),
+    )
+    return AtLeastOnce(stages)
+
+
+def refused(offset: int) -> Message:
+    return Message(topic="res", partition=0, offset=offset)
+
+
+def test_a_refusal_reported_while_the_loop_dead_letters_the_batch_is_dead_lettered_too() -> None:
+    """The second refusal's report arrives on a processing thread (``acknowledge``'s poll)
+    just as the loop thread dead-letters the first one. However the two interleave, both
+    become dead letters and the batch is done; here the loop runs in the report's window
+    between deciding whether to queue the batch and keeping the record."""
+    pipeline = DeadLettering()
+    delivery = at_least_once(pipeline)
+    tracker = delivery.tracker("p", 0)
+    tracker.sent = 2
+    tracker.seal()
+    tracker.on_delivery(cast(KafkaError, Refusal()), refused(1))
+
+    loop = threading.Thread(target=delivery.serve, args=(0,))
+
+    def loop_turn_meanwhile() -> None:
+        loop.start()
+        loop.join(0.2)  # done at once, unless the tracker makes it wait its turn
+
+    tracker.on_delivery(cast(KafkaError, Refusal(loop_turn_meanwhile)), refused(2))
+    loop.join(5)
+    assert not loop.is_alive()
+    for _ in range(3):  # the loop's later turns
+        delivery.serve(0)
+    assert sorted(pipeline.offsets) == [1, 2], "each refused record is dead-lettered once"
+    assert tracker.done, "the batch is done, so its pipeline commits again"
