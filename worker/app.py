@@ -107,8 +107,6 @@ class Worker:
         background: Sequence[Background] = (),
         transaction_calls: CallWatch | None = None,
     ) -> None:
-        """``transaction_calls`` runs exactly-once's calls to the broker (one reporting
-        stalls to ``health`` by default)."""
         self.config = config
         self.metrics = metrics
         self.health = health or HealthState(liveness_timeout_s=config.liveness_timeout_s)
@@ -182,8 +180,7 @@ class Worker:
         )
         self._membership.delivery = self._delivery
         self._stop = threading.Event()
-        self._wedged = False
-        """A client call outlived its timeout: the clients are left unclosed."""
+        self._wedged = False  # a client call outlived its timeout: leave the clients unclosed
         self._single = next(iter(self._batchers)) if len(self._batchers) == 1 else None
         self._max_messages = max(p.config.batch.max_batch_size for p in pipelines)
         self._poll_s = config.poll_timeout_ms / 1000.0
