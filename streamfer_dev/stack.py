@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from streamfer_dev.redis_cluster_ready import wait_until_ready
 from worker.errors import StackError
 
 __all__ = [
@@ -403,7 +404,8 @@ class RedisCluster:
 
 def start_redis_cluster(*, nodes: int = 3, timeout: float = 60.0) -> RedisCluster:
     """``nodes`` redis-server processes in cluster mode, joined with ``redis-cli
-    --cluster create``; returns once the cluster says its state is ok."""
+    --cluster create``; returns once every node says its state is ok and all agree on
+    one slot map covering every slot."""
     binary, cli = shutil.which("redis-server"), shutil.which("redis-cli")
     if binary is None or cli is None:
         raise StackError("redis-server and redis-cli not found (Debian package redis-server)")
@@ -449,20 +451,8 @@ def start_redis_cluster(*, nodes: int = 3, timeout: float = 60.0) -> RedisCluste
         if created.returncode != 0:
             output = created.stdout + created.stderr
             raise StackError(f"redis-cli --cluster create failed:\n{output}")
-        host, port = hosts[0].split(":")
-        deadline = time.monotonic() + timeout
-        while True:
-            info = subprocess.run(
-                [cli, "-h", host, "-p", port, "cluster", "info"],
-                capture_output=True,
-                text=True,
-                check=False,
-            ).stdout
-            if "cluster_state:ok" in info:
-                return RedisCluster(started)
-            if time.monotonic() > deadline:
-                raise StackError(f"the Redis cluster did not become ok:\n{info}")
-            time.sleep(0.2)
+        wait_until_ready(hosts, timeout)
+        return RedisCluster(started)
     except BaseException:
         for node in started:
             node.stop()
