@@ -318,7 +318,13 @@ class Committer:
             self._awaiting.append(entry)
         else:
             # confluent-kafka answers a synchronous commit only here, never via on_commit
-            self._answer(entry, None, forward if answer is None else answer)
+            refused = self._answer(entry, None, forward if answer is None else answer)
+            if refused:
+                log.warning(
+                    "synchronous commit refused for %s; sent again with the next commit "
+                    "(a partition leaving now is repeated by its next owner)",
+                    ", ".join(_refusal(tp) for tp in refused),
+                )
 
     def forget(self, partitions: Collection[PartitionKey]) -> None:
         """Drop all state of partitions this worker no longer owns."""
@@ -345,3 +351,8 @@ class Committer:
 
 def _offsets(partitions: list[TopicPartition]) -> dict[PartitionKey, int]:
     return {(tp.topic, tp.partition): tp.offset for tp in partitions}
+
+
+def _refusal(tp: TopicPartition) -> str:
+    error = tp.error.str() if isinstance(tp.error, KafkaError) else str(tp.error)
+    return f"{tp.topic}[{tp.partition}]@{tp.offset}: {error}"

@@ -106,6 +106,8 @@ def commit_delivered(stages: Stages, *, asynchronous: bool, count: bool) -> None
             done = committer.commit_ready(asynchronous=True)
         else:
             done = committer.commit_unconfirmed()
+            if not committer.confirmed_all():  # the broker refused some partitions
+                metrics.commit_failures.inc()
     except CommitError:
         metrics.commit_failures.inc()
         raise

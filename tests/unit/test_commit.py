@@ -601,3 +601,18 @@ def test_clear_forgets_every_pipelines_records(committer: Committer) -> None:
     committer.track(Job("live", [], sent(1), {("live", 0): 1}, counts={("live", 0): 1}))
     assert committer.clear() == 2
     assert (len(committer), committer.records_of("bulk"), committer.records_of("live")) == (0, 0, 0)
+
+
+def test_a_partition_refused_in_a_synchronous_answer_is_logged_by_name(
+    committer: Committer, consumer: FakeConsumer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A revoke commits synchronously; a partition the broker refuses there is repeated
+    by its next owner, so the log says which one and why."""
+    committer.track(job(sent(0), {("req", 2): 429, ("req", 3): 453}, {("req", 2): 1}))
+    consumer.rejects[("req", 3)] = ILLEGAL_GENERATION
+    with caplog.at_level("WARNING", logger="worker.commit"):
+        committer.commit_ready(asynchronous=False)
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "req[3]@453" in warning and "req[2]" not in warning
+    assert ILLEGAL_GENERATION.str() in warning
+    assert not committer.confirmed_all()

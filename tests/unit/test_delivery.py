@@ -86,3 +86,35 @@ def test_a_refusal_reported_while_the_loop_dead_letters_the_batch_is_dead_letter
         delivery.serve(0)
     assert sorted(pipeline.offsets) == [1, 2], "each refused record is dead-lettered once"
     assert tracker.done, "the batch is done, so its pipeline commits again"
+
+
+def test_a_synchronous_commit_with_a_refused_partition_counts_as_a_commit_failure() -> None:
+    """The revoke's commit raises nothing when the broker refuses only some partitions;
+    the failure still shows in ``streamfer_commit_failures``."""
+    from confluent_kafka import KafkaError
+    from prometheus_client import CollectorRegistry, Counter, Gauge
+
+    from tests.unit.test_commit import FakeConsumer, job, sent
+    from worker.commit import Committer
+    from worker.delivery import commit_delivered
+
+    consumer = FakeConsumer(rejects={("req", 3): KafkaError(KafkaError.ILLEGAL_GENERATION)})
+    committer = Committer(consumer)
+    committer.track(job(sent(0), {("req", 2): 429, ("req", 3): 453}))
+    registry = CollectorRegistry()
+    failures = Counter("failures", "", registry=registry)
+    metrics = SimpleNamespace(
+        commit_failures=failures, in_flight_batches=Gauge("b", "", registry=registry)
+    )
+    stages = Stages(
+        sink=cast(Any, FakeSink()),
+        threads=cast(Any, None),
+        committer=committer,
+        pipelines=cast(Any, {}),
+        metrics=cast(Any, metrics),
+    )
+    commit_delivered(stages, asynchronous=False, count=False)
+    assert registry.get_sample_value("failures_total") == 1
+    consumer.rejects.clear()
+    commit_delivered(stages, asynchronous=False, count=False)
+    assert registry.get_sample_value("failures_total") == 1, "the retry went through"
