@@ -53,7 +53,7 @@ from worker.commit import Committer, OffsetConsumer
 from worker.config import WorkerConfig
 from worker.delivery import AtLeastOnce, Delivery, Stages, commit_before_leaving
 from worker.errors import CallStalled, SinkError
-from worker.exactly_once import GroupConsumer, Transactional
+from worker.exactly_once import Transactional
 from worker.health import HealthState
 from worker.kafka_logs import KAFKA_LOG
 from worker.lag import LagStats
@@ -166,7 +166,7 @@ class Worker:
         self._delivery: Delivery = (
             Transactional(
                 stages,
-                cast(GroupConsumer, consumer),
+                self._source,
                 config.kafka,
                 interval_s=config.transaction_interval_ms / 1000.0,
                 timeout_s=config.shutdown_timeout_s,

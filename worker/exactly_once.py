@@ -46,7 +46,8 @@ log = logging.getLogger(__name__)
 
 
 class GroupConsumer(Protocol):
-    """The part of ``confluent_kafka.Consumer`` a transaction and a rewind use."""
+    """What a transaction and a rewind use of the consumer: ``worker.source.Source``,
+    whose ``seek`` also drops a record of the partition it fetched before."""
 
     def consumer_group_metadata(self) -> object: ...
 

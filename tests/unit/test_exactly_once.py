@@ -9,14 +9,17 @@ sequence here was traced by a review of the transactional strategy.
 from __future__ import annotations
 
 import threading
+from functools import partial
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError
 
 from streamfer_dev.modelgen import DemoModel
+from tests.unit import fakes
 from tests.unit.fakes import TOPIC, FakeConsumer, build_worker, turn_until
 from worker.app import Worker
+from worker.config import BatchPolicy
 from worker.errors import SinkError
 
 P0, P1 = (TOPIC, 0), (TOPIC, 1)
@@ -196,3 +199,37 @@ def test_a_transactional_call_stuck_past_its_timeout_stops_the_worker(
     assert not health.live() and "stalled" in health.liveness_problem()
     assert not closed, "closing the consumer would wait on the same dead coordinator"
     assert producer.committed == []
+
+
+def test_a_record_fetched_before_a_rewind_of_its_partition_is_never_batched(
+    classifier: DemoModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Adaptive batching fetches in two calls (``consume_first``): a loss served inside
+    the second rewinds the partitions still owned, so the record the first call returned
+    for one of them is fetched again after the seek and must not be batched as well."""
+    monkeypatch.setattr(fakes, "BatchPolicy", partial(BatchPolicy, mode="adaptive"))
+    worker, consumer, producer, store = eos(classifier)
+    consumer.assign(P0, P1)
+    store.gate.clear()  # P0's batch stays in its stage: its transaction stays open
+    consumer.produce(0, 4)
+    turn_until(worker, lambda: producer.open is not None)
+    consumer.produce(1, 4)
+    polled = worker._source._poll
+    first: list[int] = []
+
+    def poll(timeout: float) -> Any:
+        msg = polled(timeout)
+        if msg is not None and msg.partition() == 1 and not first:
+            first.append(msg.offset())
+            consumer.events.append(lambda c: c.lose(P0))  # served by the next call
+            threading.Timer(0.3, store.gate.set).start()
+        return msg
+
+    worker._source._poll = poll
+    turn_until(worker, lambda: len(producer.aborted) == 1)
+    assert first == [0] and consumer.seeks == [(P1, 0)]
+    turn_until(worker, lambda: {o for p, o in producer.sources() if p == 1} >= {0, 1, 2, 3})
+    for _ in range(20):
+        worker.run_once()
+    assert producer.sources() == [(1, i) for i in range(4)]
+
