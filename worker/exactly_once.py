@@ -6,7 +6,10 @@ Batches waiting behind each other share one transaction, for up to
 then ``send_offsets_to_transaction`` and ``commit_transaction``), new batches are held
 for the next one, and count against the worker's bound. A retriable error is retried;
 an abortable one aborts the transaction and rewinds every owned partition to its
-committed offset, and work still in the stages is skipped (``stale``); a fenced or
+committed offset, and work still in the stages is skipped (``stale``); a batch already
+producing then goes on, outside any transaction (the producer refuses its records), and
+no transaction begins until every batch from before the rewind is out of the stages, so
+nothing of it ever commits beside its re-consumed copy. A fenced or
 fatal producer stops the worker, whose replacement owns the work. Partitions lost while
 a transaction is open abort it too: nothing is ever committed for a partition this
 worker no longer owns.
@@ -116,7 +119,7 @@ class Transactional:
     def enqueue(self, job: Job) -> None:
         txn = self._txn
         job.rewinds = self._rewinds
-        if txn.closing:
+        if txn.closing or (not txn.jobs and (txn.held or self._abandoned_running())):
             txn.held.append(job)  # it joins the next transaction
             return
         if not txn.jobs:
@@ -180,7 +183,9 @@ class Transactional:
         With ``deadline``, close it now, waiting for its batches until then."""
         txn = self._txn
         if not txn.jobs:
-            return
+            self._begin_held(deadline)
+            if not txn.jobs:
+                return
         force = deadline is not None
         if (
             not force
@@ -230,6 +235,26 @@ class Transactional:
         for job in held:
             self.enqueue(job)
 
+    def _abandoned_running(self) -> bool:
+        """Whether a batch from before the latest rewind is still in a stage: one that was
+        producing then may still be, and must not reach a transaction begun now."""
+        rewinds = self._rewinds
+        return any(job.rewinds != rewinds for job in self._threads.unfinished())
+
+    def _begin_held(self, deadline: float | None) -> None:
+        """Begin the next transaction with the batches held behind abandoned ones, once
+        those are out of the stages (with ``deadline``: waiting for them until then)."""
+        if not self._txn.held:
+            return
+        while self._abandoned_running():
+            self._threads.check()
+            if deadline is None or time.monotonic() > deadline:
+                return
+            time.sleep(0.005)
+        held, self._txn.held = self._txn.held, []
+        for job in held:
+            self.enqueue(job)
+
     def _touches(self, partitions: set[PartitionKey]) -> bool:
         txn = self._txn
         return any(partitions.intersection(job.offsets) for job in (*txn.jobs, *txn.held))
@@ -267,13 +292,10 @@ class Transactional:
         self._rewind_to_committed()
 
     def _rewind_to_committed(self) -> None:
-        """Drop all work in flight and restart from the committed offsets."""
+        """Drop all work in flight and restart from the committed offsets. A batch still
+        running in a stage is not waited for: ``enqueue`` holds the next transaction."""
         self._rewinds += 1
-        threads = self._threads
-        dropped = len(threads.discard_queued())
-        deadline = time.monotonic() + self._timeout_s
-        while threads.pending() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        dropped = len(self._threads.discard_queued())
         self._drop_buffered()
         self.committer.clear()
         owned = self._owned()

@@ -9,8 +9,9 @@ sequence here was traced by a review of the transactional strategy.
 from __future__ import annotations
 
 import threading
+import time
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from confluent_kafka import KafkaError
@@ -233,3 +234,59 @@ def test_a_record_fetched_before_a_rewind_of_its_partition_is_never_batched(
         worker.run_once()
     assert producer.sources() == [(1, i) for i in range(4)]
 
+
+def abandon_mid_publish(classifier: DemoModel, shutdown_timeout_s: float) -> tuple[Worker, Any]:
+    """A worker whose batch of partition 1 publishes slowly (a full local queue, 0.25 s a
+    record), losing partition 0 at its first record: its transaction is abandoned and P1
+    rewound while the batch is still producing."""
+    worker, consumer, sink, _ = build_worker(
+        classifier,
+        exactly_once=True,
+        in_flight=8,
+        shutdown_timeout_s=shutdown_timeout_s,
+        transaction_interval_ms=2000,
+    )
+    consumer.assign(P0, P1)
+    send, calls = sink.send, []
+
+    def slow_send(tracker: Any, topic: str, value: bytes, key: Any, headers: Any) -> bool:
+        if len(calls) < 4 and dict(headers or [])["streamfer.source_partition"] in (b"1", "1"):
+            calls.append(topic)
+            if len(calls) == 1:
+                consumer.events.append(lambda c: c.lose(P0))  # the next consume abandons
+            time.sleep(0.25)
+        return bool(send(tracker, topic, value, key, headers))
+
+    sink.send = slow_send
+    consumer.produce(0, 4)
+    consumer.produce(1, 4)
+    turn_until(worker, lambda: len(sink.producer.aborted) == 1)
+    return worker, sink.producer
+
+
+def test_a_batch_abandoned_mid_publish_never_reaches_a_later_transaction(
+    classifier: DemoModel,
+) -> None:
+    """The abandoned batch goes on producing, for longer than ``shutdown_timeout_s``; no
+    transaction begins before it is out of the stages, so none of its records commits
+    beside its re-consumed copies, and the loop keeps polling meanwhile."""
+    worker, producer = abandon_mid_publish(classifier, shutdown_timeout_s=0.3)
+    consumer = cast(FakeConsumer, worker._consumer)
+    polled: list[object] = []
+    consumer.events.append(lambda c: polled.append(producer.open))
+    worker.run_once()
+    assert polled == [None], "polling on, with no transaction open behind the batch"
+    turn_until(worker, lambda: {o for p, o in producer.sources() if p == 1} >= {0, 1, 2, 3})
+    for _ in range(50):
+        worker.run_once()
+    assert producer.sources() == [(1, i) for i in range(4)]
+
+
+def test_a_clean_stop_waits_for_an_abandoned_batch_then_commits_what_it_held(
+    classifier: DemoModel,
+) -> None:
+    worker, producer = abandon_mid_publish(classifier, shutdown_timeout_s=5)
+    worker.stop()
+    worker.run()  # drains: the held batches begin once the abandoned one is done
+    assert producer.sources() == [(1, i) for i in range(4)]
+    assert cast(FakeConsumer, worker._consumer).group_offsets[P1] == 4
