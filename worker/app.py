@@ -376,10 +376,10 @@ class Worker:
         )
 
     def _share_counts(self) -> dict[str, int]:
-        """Records consumed and not committed (in flight, or in the open batch) of each
-        pipeline with a share of the bound."""
-        committer, batchers = self._committer, self._batchers
-        return {name: committer.records_of(name) + len(batchers[name]) for name in self._shared}
+        """Records consumed and not committed (in flight, held for a transaction, or in
+        the open batch) of each pipeline with a share of the bound."""
+        delivery, batchers = self._delivery, self._batchers
+        return {name: delivery.records_of(name) + len(batchers[name]) for name in self._shared}
 
     def _start_job(self, job: Job) -> Step | None:
         return batch_steps(job, self._pipelines[job.pipeline], self._sink, self._delivery)

@@ -135,6 +135,10 @@ class Transactional:
         are consumed but in no transaction yet."""
         return self.committer.records + sum(len(job.batch) for job in self._txn.held)
 
+    def records_of(self, pipeline: str) -> int:
+        held = sum(len(job.batch) for job in self._txn.held if job.pipeline == pipeline)
+        return self.committer.records_of(pipeline) + held
+
     def stale(self, job: Job) -> bool:
         """A rewind is pending or came after the job was enqueued (a job still in a stage
         when the rewind gave up waiting for it)."""

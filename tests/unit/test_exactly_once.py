@@ -20,7 +20,7 @@ from streamfer_dev.modelgen import DemoModel
 from tests.unit import fakes
 from tests.unit.fakes import TOPIC, FakeConsumer, build_worker, turn_until
 from worker.app import Worker
-from worker.config import BatchPolicy
+from worker.config import BatchPolicy, PipelineConfig
 from worker.errors import SinkError
 
 P0, P1 = (TOPIC, 0), (TOPIC, 1)
@@ -290,3 +290,22 @@ def test_a_clean_stop_waits_for_an_abandoned_batch_then_commits_what_it_held(
     worker.run()  # drains: the held batches begin once the abandoned one is done
     assert producer.sources() == [(1, i) for i in range(4)]
     assert cast(FakeConsumer, worker._consumer).group_offsets[P1] == 4
+
+
+def test_held_batches_count_toward_a_pipelines_share(
+    classifier: DemoModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches held for the next transaction are consumed and uncommitted like those in
+    the open one: a pipeline with a share of the bound pauses at its share with them."""
+    monkeypatch.setattr(fakes, "PipelineConfig", partial(PipelineConfig, max_in_flight_share=0.5))
+    worker, consumer, producer, store = eos(
+        classifier, batch=4, in_flight=4, transaction_interval_ms=0
+    )
+    consumer.assign(P0)
+    store.gate.clear()  # the first batch holds its transaction open; the rest are held
+    consumer.produce(0, 40)
+    turn_until(worker, lambda: consumer.paused == {P0})
+    assert worker._delivery.records_in_flight() == 8, "the share: half of 4 batches of 4"
+    store.gate.set()
+    turn_until(worker, lambda: len(producer.sources()) == 40)
+    assert answered_once(producer)
