@@ -40,7 +40,7 @@ from worker.batch import Job, PartitionKey
 from worker.call_watch import CallWatch
 from worker.config import KafkaSettings
 from worker.delivery import Stages, commit_delivered
-from worker.errors import SinkError
+from worker.errors import SinkError, SourceError
 from worker.sink import DeliveryTracker
 
 __all__ = ["GroupConsumer", "Transactional"]
@@ -112,6 +112,8 @@ class Transactional:
         self._rewind = threading.Event()
         self._rewinds = 0
         """Rewinds so far; a job enqueued before the latest one is never produced."""
+        self._unusable: SinkError | None = None
+        """Why the producer cannot begin a transaction: the worker stops."""
 
     def tracker(self, pipeline: str, oldest_ts_ms: int) -> DeliveryTracker:
         return DeliveryTracker(pipeline, oldest_ts_ms)  # a refused record aborts instead
@@ -123,8 +125,7 @@ class Transactional:
             txn.held.append(job)  # it joins the next transaction
             return
         if not txn.jobs:
-            self._sink.producer.begin_transaction()
-            txn.started = time.monotonic()
+            self._begin()
         txn.jobs.append(job)
         self.committer.track(job)
         self._threads.submit(job)
@@ -152,6 +153,8 @@ class Transactional:
             time.sleep(timeout)  # commit_transaction serves the delivery reports
 
     def commit(self, *, asynchronous: bool = True) -> None:
+        if self._unusable is not None:
+            raise self._unusable  # a revoke, which logs and goes on, may have caught it
         self._advance()
         commit_delivered(self._stages, asynchronous=asynchronous, count=False)
 
@@ -239,6 +242,19 @@ class Transactional:
         for job in held:
             self.enqueue(job)
 
+    def _begin(self) -> None:
+        """Begin the next transaction; a producer that cannot (fenced, fatal) is beyond
+        use: SinkError, now and at every later ``commit``."""
+        try:
+            self._sink.producer.begin_transaction()
+        except KafkaException as exc:
+            self._unusable = SinkError(
+                f"begin_transaction failed ({exc}); stopping without a commit, the group "
+                "hands the partitions on"
+            )
+            raise self._unusable from exc
+        self._txn.started = time.monotonic()
+
     def _abandoned_running(self) -> bool:
         """Whether a batch from before the latest rewind is still in a stage: one that was
         producing then may still be, and must not reach a transaction begun now."""
@@ -313,13 +329,30 @@ class Transactional:
         )
 
     def _seek_to_committed(self, partitions: set[PartitionKey]) -> None:
+        """Seek each of ``partitions`` to its committed offset. Raises SourceError when
+        one cannot be read or sought: the worker stops, and whoever owns the partitions
+        next starts from their committed offsets."""
         if not partitions:
             return
+        consumer = self._consumer
         tps = [TopicPartition(t, p) for t, p in sorted(partitions)]
         reset = OFFSET_BEGINNING if self._settings.auto_offset_reset == "earliest" else OFFSET_END
-        for tp in self._consumer.committed(tps, timeout=30):
+        try:
+            committed = consumer.committed(tps, timeout=30)
+        except KafkaException as exc:
+            raise _cannot_rewind("committed()", exc) from exc
+        for tp in committed:
+            if tp.error is not None:  # its offset is unknown, not absent: reset would skip
+                raise _cannot_rewind(f"committed() of {tp.topic}[{tp.partition}]", tp.error)
             offset = tp.offset if tp.offset >= 0 else reset
-            self._consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+            try:
+                consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+            except KafkaException as exc:
+                raise _cannot_rewind(f"seek of {tp.topic}[{tp.partition}]", exc) from exc
+
+
+def _cannot_rewind(call: str, why: object) -> SourceError:
+    return SourceError(f"rewind: {call} failed ({why}); stopping without a commit")
 
 
 def _retrying(call: Callable[[], object], attempts: int = 5) -> None:

@@ -11,17 +11,18 @@ from __future__ import annotations
 import threading
 import time
 from functools import partial
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from streamfer_dev.modelgen import DemoModel
 from tests.unit import fakes
 from tests.unit.fakes import TOPIC, FakeConsumer, build_worker, turn_until
 from worker.app import Worker
 from worker.config import BatchPolicy, PipelineConfig
-from worker.errors import SinkError
+from worker.errors import SinkError, SourceError
 
 P0, P1 = (TOPIC, 0), (TOPIC, 1)
 
@@ -309,3 +310,58 @@ def test_held_batches_count_toward_a_pipelines_share(
     store.gate.set()
     turn_until(worker, lambda: len(producer.sources()) == 40)
     assert answered_once(producer)
+
+
+def test_a_refused_begin_transaction_stops_the_worker_naming_the_call(
+    classifier: DemoModel,
+) -> None:
+    worker, consumer, producer, _ = eos(classifier)
+    consumer.assign(P0)
+    consumer.produce(0, 4)
+
+    def begin() -> None:
+        raise KafkaException(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
+
+    producer.begin_transaction = begin
+    with pytest.raises(SinkError, match="begin_transaction"):
+        turn_until(worker, lambda: False)
+    with pytest.raises(SinkError, match="begin_transaction"):
+        worker._delivery.commit()  # again, in case a revoke (which logs, goes on) caught it
+
+
+BROKER_DOWN = KafkaError(KafkaError._TRANSPORT, "broker down")
+
+
+def _raise(*_args: Any, **_kw: Any) -> Any:
+    raise KafkaException(BROKER_DOWN)
+
+
+def _unreadable(partitions: list[Any], timeout: float) -> list[Any]:
+    return [
+        SimpleNamespace(topic=t.topic, partition=t.partition, offset=-1001, error=BROKER_DOWN)
+        for t in partitions
+    ]
+
+
+@pytest.mark.parametrize(
+    ("call", "fake", "named"),
+    [
+        ("committed", _raise, r"committed\(\) failed"),
+        ("committed", _unreadable, r"committed\(\) of req\[0\] failed"),
+        ("seek", _raise, r"seek of req\[0\] failed"),
+    ],
+    ids=["committed-raises", "committed-unreadable", "seek-raises"],
+)
+def test_a_rewind_that_cannot_read_or_seek_the_committed_offsets_stops_the_worker(
+    classifier: DemoModel, call: str, fake: Any, named: str
+) -> None:
+    """Stopping is safe (nothing commits; the next owner starts from the committed
+    offsets); an unreadable offset is not taken for none, which would seek to the reset."""
+    worker, consumer, producer, _ = eos(classifier)
+    consumer.assign(P0)
+    consumer.produce(0, 4)
+    producer.fail_commit.append(KafkaError(KafkaError._STATE, "abort", txn_requires_abort=True))
+    setattr(consumer, call, fake)
+    with pytest.raises(SourceError, match=named):
+        turn_until(worker, lambda: False)
+    assert producer.committed == [] and consumer.seeks == []
