@@ -23,12 +23,18 @@ Rebalances run inside ``consume`` on the loop thread (``worker.membership``). ``
 (from a signal handler) ends the loop; the worker then drains open batches, commits and
 leaves.
 
-With ``delivery = "exactly-once"`` each batch is one transaction holding its results,
-dead letters and offsets; an abortable error aborts it and rewinds every owned partition
-to its committed offset; a fenced or fatal producer stops the worker (its replacement
-owns the work), and so does a transactional call that outlives its timeout
-(``CallStalled``): the worker then leaves its clients unclosed, since closing them would
-wait on the same stuck broker, and whoever restarts it starts clean.
+With ``delivery = "exactly-once"`` (``worker.exactly_once``) a transaction holds the
+results, dead letters and offsets of batches waiting behind each other (for up to
+``transaction_interval_ms``); an abortable error aborts it and rewinds every owned
+partition to its committed offset. Any other producer error (fenced, fatal, a refused
+``begin_transaction``) raises ``SinkError``: the worker stops without committing,
+closes its consumer (leaving the group) and ``streamfer run`` exits 1; the producer is
+never re-created or re-initialised in-process. The ``--processes`` supervisor or
+Kubernetes starts a new worker, and the partitions' next owners begin at their committed
+offsets (a new producer with the same transactional id, under static membership, fences
+the old one). A transactional call that outlives its timeout (``CallStalled``) stops it
+too, but the clients are left unclosed, since closing them would wait on the same stuck
+broker, and the process exits at once.
 """
 
 from __future__ import annotations
