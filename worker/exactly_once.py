@@ -142,7 +142,7 @@ class Transactional:
 
     def stale(self, job: Job) -> bool:
         """A rewind is pending or came after the job was enqueued (a job still in a stage
-        when the rewind gave up waiting for it)."""
+        when the rewind came)."""
         return self._rewind.is_set() or job.rewinds != self._rewinds
 
     def acknowledge(self) -> None:
