@@ -23,12 +23,18 @@ Rebalances run inside ``consume`` on the loop thread (``worker.membership``). ``
 (from a signal handler) ends the loop; the worker then drains open batches, commits and
 leaves.
 
-With ``delivery = "exactly-once"`` each batch is one transaction holding its results,
-dead letters and offsets; an abortable error aborts it and rewinds every owned partition
-to its committed offset; a fenced or fatal producer stops the worker (its replacement
-owns the work), and so does a transactional call that outlives its timeout
-(``CallStalled``): the worker then leaves its clients unclosed, since closing them would
-wait on the same stuck broker, and whoever restarts it starts clean.
+With ``delivery = "exactly-once"`` (``worker.exactly_once``) a transaction holds the
+results, dead letters and offsets of batches waiting behind each other (for up to
+``transaction_interval_ms``); an abortable error aborts it and rewinds every owned
+partition to its committed offset. Any other producer error (fenced, fatal, a refused
+``begin_transaction``) raises ``SinkError``: the worker stops without committing,
+closes its consumer (leaving the group) and ``streamfer run`` exits 1; the producer is
+never re-created or re-initialised in-process. The ``--processes`` supervisor or
+Kubernetes starts a new worker, and the partitions' next owners begin at their committed
+offsets (a new producer with the same transactional id, under static membership, fences
+the old one). A transactional call that outlives its timeout (``CallStalled``) stops it
+too, but the clients are left unclosed, since closing them would wait on the same stuck
+broker, and the process exits at once.
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ from worker.commit import Committer, OffsetConsumer
 from worker.config import WorkerConfig
 from worker.delivery import AtLeastOnce, Delivery, Stages, commit_before_leaving
 from worker.errors import CallStalled, SinkError
-from worker.exactly_once import GroupConsumer, Transactional
+from worker.exactly_once import Transactional
 from worker.health import HealthState
 from worker.kafka_logs import KAFKA_LOG
 from worker.lag import LagStats
@@ -166,7 +172,7 @@ class Worker:
         self._delivery: Delivery = (
             Transactional(
                 stages,
-                cast(GroupConsumer, consumer),
+                self._source,
                 config.kafka,
                 interval_s=config.transaction_interval_ms / 1000.0,
                 timeout_s=config.shutdown_timeout_s,
@@ -376,10 +382,10 @@ class Worker:
         )
 
     def _share_counts(self) -> dict[str, int]:
-        """Records consumed and not committed (in flight, or in the open batch) of each
-        pipeline with a share of the bound."""
-        committer, batchers = self._committer, self._batchers
-        return {name: committer.records_of(name) + len(batchers[name]) for name in self._shared}
+        """Records consumed and not committed (in flight, held for a transaction, or in
+        the open batch) of each pipeline with a share of the bound."""
+        delivery, batchers = self._delivery, self._batchers
+        return {name: delivery.records_of(name) + len(batchers[name]) for name in self._shared}
 
     def _start_job(self, job: Job) -> Step | None:
         return batch_steps(job, self._pipelines[job.pipeline], self._sink, self._delivery)

@@ -58,6 +58,10 @@ class Delivery(Protocol):
         """What a crash now would make the group consume again: the worker's bound."""
         ...
 
+    def records_of(self, pipeline: str) -> int:
+        """``records_in_flight`` of one pipeline's batches: its share of the bound."""
+        ...
+
     def stale(self, job: Job) -> bool:
         """Whether ``job`` must not be produced (a rewind came after it)."""
         ...
@@ -142,6 +146,9 @@ class AtLeastOnce:
 
     def records_in_flight(self) -> int:
         return self.committer.records
+
+    def records_of(self, pipeline: str) -> int:
+        return self.committer.records_of(pipeline)
 
     def stale(self, job: Job) -> bool:
         return False

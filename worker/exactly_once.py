@@ -6,7 +6,10 @@ Batches waiting behind each other share one transaction, for up to
 then ``send_offsets_to_transaction`` and ``commit_transaction``), new batches are held
 for the next one, and count against the worker's bound. A retriable error is retried;
 an abortable one aborts the transaction and rewinds every owned partition to its
-committed offset, and work still in the stages is skipped (``stale``); a fenced or
+committed offset, and work still in the stages is skipped (``stale``); a batch already
+producing then goes on, outside any transaction (the producer refuses its records), and
+no transaction begins until every batch from before the rewind is out of the stages, so
+nothing of it ever commits beside its re-consumed copy. A fenced or
 fatal producer stops the worker, whose replacement owns the work. Partitions lost while
 a transaction is open abort it too: nothing is ever committed for a partition this
 worker no longer owns.
@@ -37,7 +40,7 @@ from worker.batch import Job, PartitionKey
 from worker.call_watch import CallWatch
 from worker.config import KafkaSettings
 from worker.delivery import Stages, commit_delivered
-from worker.errors import SinkError
+from worker.errors import SinkError, SourceError
 from worker.sink import DeliveryTracker
 
 __all__ = ["GroupConsumer", "Transactional"]
@@ -46,7 +49,8 @@ log = logging.getLogger(__name__)
 
 
 class GroupConsumer(Protocol):
-    """The part of ``confluent_kafka.Consumer`` a transaction and a rewind use."""
+    """What a transaction and a rewind use of the consumer: ``worker.source.Source``,
+    whose ``seek`` also drops a record of the partition it fetched before."""
 
     def consumer_group_metadata(self) -> object: ...
 
@@ -108,6 +112,8 @@ class Transactional:
         self._rewind = threading.Event()
         self._rewinds = 0
         """Rewinds so far; a job enqueued before the latest one is never produced."""
+        self._unusable: SinkError | None = None
+        """Why the producer cannot begin a transaction: the worker stops."""
 
     def tracker(self, pipeline: str, oldest_ts_ms: int) -> DeliveryTracker:
         return DeliveryTracker(pipeline, oldest_ts_ms)  # a refused record aborts instead
@@ -115,12 +121,11 @@ class Transactional:
     def enqueue(self, job: Job) -> None:
         txn = self._txn
         job.rewinds = self._rewinds
-        if txn.closing:
+        if txn.closing or (not txn.jobs and (txn.held or self._abandoned_running())):
             txn.held.append(job)  # it joins the next transaction
             return
         if not txn.jobs:
-            self._sink.producer.begin_transaction()
-            txn.started = time.monotonic()
+            self._begin()
         txn.jobs.append(job)
         self.committer.track(job)
         self._threads.submit(job)
@@ -131,9 +136,13 @@ class Transactional:
         are consumed but in no transaction yet."""
         return self.committer.records + sum(len(job.batch) for job in self._txn.held)
 
+    def records_of(self, pipeline: str) -> int:
+        held = sum(len(job.batch) for job in self._txn.held if job.pipeline == pipeline)
+        return self.committer.records_of(pipeline) + held
+
     def stale(self, job: Job) -> bool:
         """A rewind is pending or came after the job was enqueued (a job still in a stage
-        when the rewind gave up waiting for it)."""
+        when the rewind came)."""
         return self._rewind.is_set() or job.rewinds != self._rewinds
 
     def acknowledge(self) -> None:
@@ -144,6 +153,8 @@ class Transactional:
             time.sleep(timeout)  # commit_transaction serves the delivery reports
 
     def commit(self, *, asynchronous: bool = True) -> None:
+        if self._unusable is not None:
+            raise self._unusable  # a revoke, which logs and goes on, may have caught it
         self._advance()
         commit_delivered(self._stages, asynchronous=asynchronous, count=False)
 
@@ -179,7 +190,9 @@ class Transactional:
         With ``deadline``, close it now, waiting for its batches until then."""
         txn = self._txn
         if not txn.jobs:
-            return
+            self._begin_held(deadline)
+            if not txn.jobs:
+                return
         force = deadline is not None
         if (
             not force
@@ -229,6 +242,39 @@ class Transactional:
         for job in held:
             self.enqueue(job)
 
+    def _begin(self) -> None:
+        """Begin the next transaction; a producer that cannot (fenced, fatal) is beyond
+        use: SinkError, now and at every later ``commit``."""
+        try:
+            self._sink.producer.begin_transaction()
+        except KafkaException as exc:
+            self._unusable = SinkError(
+                f"begin_transaction failed ({exc}); stopping without a commit, the group "
+                "hands the partitions on"
+            )
+            raise self._unusable from exc
+        self._txn.started = time.monotonic()
+
+    def _abandoned_running(self) -> bool:
+        """Whether a batch from before the latest rewind is still in a stage: one that was
+        producing then may still be, and must not reach a transaction begun now."""
+        rewinds = self._rewinds
+        return any(job.rewinds != rewinds for job in self._threads.unfinished())
+
+    def _begin_held(self, deadline: float | None) -> None:
+        """Begin the next transaction with the batches held behind abandoned ones, once
+        those are out of the stages (with ``deadline``: waiting for them until then)."""
+        if not self._txn.held:
+            return
+        while self._abandoned_running():
+            self._threads.check()
+            if deadline is None or time.monotonic() > deadline:
+                return
+            time.sleep(0.005)
+        held, self._txn.held = self._txn.held, []
+        for job in held:
+            self.enqueue(job)
+
     def _touches(self, partitions: set[PartitionKey]) -> bool:
         txn = self._txn
         return any(partitions.intersection(job.offsets) for job in (*txn.jobs, *txn.held))
@@ -266,13 +312,10 @@ class Transactional:
         self._rewind_to_committed()
 
     def _rewind_to_committed(self) -> None:
-        """Drop all work in flight and restart from the committed offsets."""
+        """Drop all work in flight and restart from the committed offsets. A batch still
+        running in a stage is not waited for: ``enqueue`` holds the next transaction."""
         self._rewinds += 1
-        threads = self._threads
-        dropped = len(threads.discard_queued())
-        deadline = time.monotonic() + self._timeout_s
-        while threads.pending() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        dropped = len(self._threads.discard_queued())
         self._drop_buffered()
         self.committer.clear()
         owned = self._owned()
@@ -286,13 +329,30 @@ class Transactional:
         )
 
     def _seek_to_committed(self, partitions: set[PartitionKey]) -> None:
+        """Seek each of ``partitions`` to its committed offset. Raises SourceError when
+        one cannot be read or sought: the worker stops, and whoever owns the partitions
+        next starts from their committed offsets."""
         if not partitions:
             return
+        consumer = self._consumer
         tps = [TopicPartition(t, p) for t, p in sorted(partitions)]
         reset = OFFSET_BEGINNING if self._settings.auto_offset_reset == "earliest" else OFFSET_END
-        for tp in self._consumer.committed(tps, timeout=30):
+        try:
+            committed = consumer.committed(tps, timeout=30)
+        except KafkaException as exc:
+            raise _cannot_rewind("committed()", exc) from exc
+        for tp in committed:
+            if tp.error is not None:  # its offset is unknown, not absent: reset would skip
+                raise _cannot_rewind(f"committed() of {tp.topic}[{tp.partition}]", tp.error)
             offset = tp.offset if tp.offset >= 0 else reset
-            self._consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+            try:
+                consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+            except KafkaException as exc:
+                raise _cannot_rewind(f"seek of {tp.topic}[{tp.partition}]", exc) from exc
+
+
+def _cannot_rewind(call: str, why: object) -> SourceError:
+    return SourceError(f"rewind: {call} failed ({why}); stopping without a commit")
 
 
 def _retrying(call: Callable[[], object], attempts: int = 5) -> None:

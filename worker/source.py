@@ -3,7 +3,8 @@
 Cooperative-sticky assignment, ``enable.auto.commit=false`` and
 ``enable.auto.offset.store=false``: offsets move only through ``commit.Committer``.
 Rebalance callbacks are wired explicitly; they run inside ``consume`` on the caller's
-thread, so the worker's state needs no locks.
+thread, so the worker's state needs no locks. A rewind seeks through ``Source.seek``, so
+that a record fetched before it and not handed out yet is dropped: it is fetched again.
 """
 
 from __future__ import annotations
@@ -170,8 +171,9 @@ class Source:
         self._on_lost = on_lost
         self._consume = consumer.consume
         self._poll = consumer.poll
-        self._revoked: set[PartitionKey] = set()
-        """Partitions revoked or lost since ``consume_first`` took its first record."""
+        self._moved: set[PartitionKey] = set()
+        """Partitions revoked, lost or sought since ``consume_first`` took its first
+        record."""
 
     def subscribe(self) -> None:
         self.consumer.subscribe(
@@ -281,7 +283,7 @@ class Source:
             log.warning("could not check committed offsets: %s", exc)
 
     def _revoke(self, handler: RebalanceHandler, partitions: list[TopicPartition]) -> None:
-        self._revoked.update((tp.topic, tp.partition) for tp in partitions)
+        self._moved.update((tp.topic, tp.partition) for tp in partitions)
         handler(partitions)
 
     def consume(self, max_messages: int, timeout: float) -> list[Message]:
@@ -293,18 +295,32 @@ class Source:
         """Like ``consume``, but returns as soon as one record is there, with whatever
         else is already fetched: ``consume`` waits for a full batch or the timeout, which
         would hold a lone request for the whole window. A first record whose partition is
-        revoked while the rest is fetched is dropped."""
+        revoked or rewound (``seek``) while the rest is fetched is dropped: the next owner
+        serves it, or it is fetched again after the seek. (librdkafka itself drops what a
+        seek inside one call outdates.)"""
         first: Message | None = self._poll(timeout)
         if first is None:
             return []
-        self._revoked.clear()
+        self._moved.clear()
         rest: list[Message] = self._consume(max_messages - 1, 0) if max_messages > 1 else []
         messages = [first, *rest]
-        if self._revoked and (first.topic(), first.partition()) in self._revoked:
-            # a rebalance inside the second call took its partition: the next owner
-            # serves it, and it must not be produced or committed here
+        if self._moved and (first.topic(), first.partition()) in self._moved:
             messages = rest
         return _without_errors(messages)
+
+    def seek(self, partition: TopicPartition) -> None:
+        """Fetch ``partition`` from its offset next (a rewind); a record of it fetched
+        before and not handed out yet is dropped."""
+        self.consumer.seek(partition)
+        self._moved.add((partition.topic, partition.partition))
+
+    def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        """The group's committed offsets of ``partitions``. Raises KafkaException."""
+        return self.consumer.committed(partitions, timeout=timeout)
+
+    def consumer_group_metadata(self) -> object:
+        """What a transaction sends with its offsets (``send_offsets_to_transaction``)."""
+        return self.consumer.consumer_group_metadata()
 
     def pause(self, partitions: set[PartitionKey]) -> None:
         """Stop fetching ``partitions``; ``consume`` must still be called to stay in the group."""

@@ -99,6 +99,11 @@ class StageThreads:
         lane = self._lane
         return sum(1 for job in jobs if lane(job) >= lane_at_least)
 
+    def unfinished(self) -> list[Job]:
+        """The jobs queued for or running in any stage."""
+        with self._cond:
+            return self._unfinished()
+
     def busy_with(self, partitions: set[PartitionKey]) -> bool:
         """Whether an unfinished job holds records of any of ``partitions``."""
         with self._cond:

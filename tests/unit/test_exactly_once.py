@@ -9,15 +9,20 @@ sequence here was traced by a review of the transactional strategy.
 from __future__ import annotations
 
 import threading
-from typing import Any
+import time
+from functools import partial
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from streamfer_dev.modelgen import DemoModel
+from tests.unit import fakes
 from tests.unit.fakes import TOPIC, FakeConsumer, build_worker, turn_until
 from worker.app import Worker
-from worker.errors import SinkError
+from worker.config import BatchPolicy, PipelineConfig
+from worker.errors import SinkError, SourceError
 
 P0, P1 = (TOPIC, 0), (TOPIC, 1)
 
@@ -196,3 +201,167 @@ def test_a_transactional_call_stuck_past_its_timeout_stops_the_worker(
     assert not health.live() and "stalled" in health.liveness_problem()
     assert not closed, "closing the consumer would wait on the same dead coordinator"
     assert producer.committed == []
+
+
+def test_a_record_fetched_before_a_rewind_of_its_partition_is_never_batched(
+    classifier: DemoModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Adaptive batching fetches in two calls (``consume_first``): a loss served inside
+    the second rewinds the partitions still owned, so the record the first call returned
+    for one of them is fetched again after the seek and must not be batched as well."""
+    monkeypatch.setattr(fakes, "BatchPolicy", partial(BatchPolicy, mode="adaptive"))
+    worker, consumer, producer, store = eos(classifier)
+    consumer.assign(P0, P1)
+    store.gate.clear()  # P0's batch stays in its stage: its transaction stays open
+    consumer.produce(0, 4)
+    turn_until(worker, lambda: producer.open is not None)
+    consumer.produce(1, 4)
+    polled = worker._source._poll
+    first: list[int] = []
+
+    def poll(timeout: float) -> Any:
+        msg = polled(timeout)
+        if msg is not None and msg.partition() == 1 and not first:
+            first.append(msg.offset())
+            consumer.events.append(lambda c: c.lose(P0))  # served by the next call
+            threading.Timer(0.3, store.gate.set).start()
+        return msg
+
+    worker._source._poll = poll
+    turn_until(worker, lambda: len(producer.aborted) == 1)
+    assert first == [0] and consumer.seeks == [(P1, 0)]
+    turn_until(worker, lambda: {o for p, o in producer.sources() if p == 1} >= {0, 1, 2, 3})
+    for _ in range(20):
+        worker.run_once()
+    assert producer.sources() == [(1, i) for i in range(4)]
+
+
+def abandon_mid_publish(classifier: DemoModel, shutdown_timeout_s: float) -> tuple[Worker, Any]:
+    """A worker whose batch of partition 1 publishes slowly (a full local queue, 0.25 s a
+    record), losing partition 0 at its first record: its transaction is abandoned and P1
+    rewound while the batch is still producing."""
+    worker, consumer, sink, _ = build_worker(
+        classifier,
+        exactly_once=True,
+        in_flight=8,
+        shutdown_timeout_s=shutdown_timeout_s,
+        transaction_interval_ms=2000,
+    )
+    consumer.assign(P0, P1)
+    send, calls = sink.send, []
+
+    def slow_send(tracker: Any, topic: str, value: bytes, key: Any, headers: Any) -> bool:
+        if len(calls) < 4 and dict(headers or [])["streamfer.source_partition"] in (b"1", "1"):
+            calls.append(topic)
+            if len(calls) == 1:
+                consumer.events.append(lambda c: c.lose(P0))  # the next consume abandons
+            time.sleep(0.25)
+        return bool(send(tracker, topic, value, key, headers))
+
+    sink.send = slow_send
+    consumer.produce(0, 4)
+    consumer.produce(1, 4)
+    turn_until(worker, lambda: len(sink.producer.aborted) == 1)
+    return worker, sink.producer
+
+
+def test_a_batch_abandoned_mid_publish_never_reaches_a_later_transaction(
+    classifier: DemoModel,
+) -> None:
+    """The abandoned batch goes on producing, for longer than ``shutdown_timeout_s``; no
+    transaction begins before it is out of the stages, so none of its records commits
+    beside its re-consumed copies, and the loop keeps polling meanwhile."""
+    worker, producer = abandon_mid_publish(classifier, shutdown_timeout_s=0.3)
+    consumer = cast(FakeConsumer, worker._consumer)
+    polled: list[object] = []
+    consumer.events.append(lambda c: polled.append(producer.open))
+    worker.run_once()
+    assert polled == [None], "polling on, with no transaction open behind the batch"
+    turn_until(worker, lambda: {o for p, o in producer.sources() if p == 1} >= {0, 1, 2, 3})
+    for _ in range(50):
+        worker.run_once()
+    assert producer.sources() == [(1, i) for i in range(4)]
+
+
+def test_a_clean_stop_waits_for_an_abandoned_batch_then_commits_what_it_held(
+    classifier: DemoModel,
+) -> None:
+    worker, producer = abandon_mid_publish(classifier, shutdown_timeout_s=5)
+    worker.stop()
+    worker.run()  # drains: the held batches begin once the abandoned one is done
+    assert producer.sources() == [(1, i) for i in range(4)]
+    assert cast(FakeConsumer, worker._consumer).group_offsets[P1] == 4
+
+
+def test_held_batches_count_toward_a_pipelines_share(
+    classifier: DemoModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches held for the next transaction are consumed and uncommitted like those in
+    the open one: a pipeline with a share of the bound pauses at its share with them."""
+    monkeypatch.setattr(fakes, "PipelineConfig", partial(PipelineConfig, max_in_flight_share=0.5))
+    worker, consumer, producer, store = eos(
+        classifier, batch=4, in_flight=4, transaction_interval_ms=0
+    )
+    consumer.assign(P0)
+    store.gate.clear()  # the first batch holds its transaction open; the rest are held
+    consumer.produce(0, 40)
+    turn_until(worker, lambda: consumer.paused == {P0})
+    assert worker._delivery.records_in_flight() == 8, "the share: half of 4 batches of 4"
+    store.gate.set()
+    turn_until(worker, lambda: len(producer.sources()) == 40)
+    assert answered_once(producer)
+
+
+def test_a_refused_begin_transaction_stops_the_worker_naming_the_call(
+    classifier: DemoModel,
+) -> None:
+    worker, consumer, producer, _ = eos(classifier)
+    consumer.assign(P0)
+    consumer.produce(0, 4)
+
+    def begin() -> None:
+        raise KafkaException(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
+
+    producer.begin_transaction = begin
+    with pytest.raises(SinkError, match="begin_transaction"):
+        turn_until(worker, lambda: False)
+    with pytest.raises(SinkError, match="begin_transaction"):
+        worker._delivery.commit()  # again, in case a revoke (which logs, goes on) caught it
+
+
+BROKER_DOWN = KafkaError(KafkaError._TRANSPORT, "broker down")
+
+
+def _raise(*_args: Any, **_kw: Any) -> Any:
+    raise KafkaException(BROKER_DOWN)
+
+
+def _unreadable(partitions: list[Any], timeout: float) -> list[Any]:
+    return [
+        SimpleNamespace(topic=t.topic, partition=t.partition, offset=-1001, error=BROKER_DOWN)
+        for t in partitions
+    ]
+
+
+@pytest.mark.parametrize(
+    ("call", "fake", "named"),
+    [
+        ("committed", _raise, r"committed\(\) failed"),
+        ("committed", _unreadable, r"committed\(\) of req\[0\] failed"),
+        ("seek", _raise, r"seek of req\[0\] failed"),
+    ],
+    ids=["committed-raises", "committed-unreadable", "seek-raises"],
+)
+def test_a_rewind_that_cannot_read_or_seek_the_committed_offsets_stops_the_worker(
+    classifier: DemoModel, call: str, fake: Any, named: str
+) -> None:
+    """Stopping is safe (nothing commits; the next owner starts from the committed
+    offsets); an unreadable offset is not taken for none, which would seek to the reset."""
+    worker, consumer, producer, _ = eos(classifier)
+    consumer.assign(P0)
+    consumer.produce(0, 4)
+    producer.fail_commit.append(KafkaError(KafkaError._STATE, "abort", txn_requires_abort=True))
+    setattr(consumer, call, fake)
+    with pytest.raises(SourceError, match=named):
+        turn_until(worker, lambda: False)
+    assert producer.committed == [] and consumer.seeks == []

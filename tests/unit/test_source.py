@@ -1,5 +1,5 @@
 """Source.consume_first: a lone record is returned at once, errors are filtered, and a
-record whose partition is revoked while the rest is fetched is dropped; pin_starts
+record whose partition is revoked or rewound while the rest is fetched is dropped; pin_starts
 commits only what it can read and says which partitions the broker would not pin; and
 the consumer settings the worker derives from its config."""
 
@@ -42,6 +42,9 @@ class QueueConsumer:
         self.calls: list[tuple[str, int, float]] = []
         self.callbacks: dict[str, Any] = {}
         self.revoke_in_consume: list[TopicPartition] = []
+        self.in_consume: list[Any] = []
+        """Calls made inside the next ``consume`` (a rewind served there)."""
+        self.seeks: list[tuple[int, int]] = []
 
     def subscribe(self, topics: list[str], **callbacks: Any) -> None:
         self.callbacks = callbacks
@@ -55,8 +58,13 @@ class QueueConsumer:
         if self.revoke_in_consume:  # a rebalance served inside this call
             self.callbacks["on_revoke"](self, self.revoke_in_consume)
             self.records = [r for r in self.records if r.partition() != 0]
+        while self.in_consume:
+            self.in_consume.pop(0)()
         taken, self.records = self.records[:num_messages], self.records[num_messages:]
         return taken
+
+    def seek(self, partition: TopicPartition) -> None:
+        self.seeks.append((partition.partition, partition.offset))
 
 
 def source(
@@ -105,6 +113,17 @@ def test_first_record_of_a_partition_revoked_meanwhile_is_dropped() -> None:
     consumer.revoke_in_consume = []
     consumer.records = [Record(5, partition=1)]
     assert [cast(Record, m).offset for m in src.consume_first(10, 0.1)] == [5]
+
+
+def test_first_record_of_a_partition_rewound_meanwhile_is_dropped() -> None:
+    src, consumer = source([Record(3), Record(1, partition=1)])
+    consumer.in_consume = [lambda: src.seek(TopicPartition("t", 0, 0))]
+    got = src.consume_first(10, 0.1)
+    # record 3 was polled before partition 0 was sought back to 0: fetched again later
+    assert [cast(Record, m).offset for m in got] == [1]
+    assert consumer.seeks == [(0, 0)]
+    consumer.records = [Record(0), Record(1)]
+    assert [cast(Record, m).offset for m in src.consume_first(10, 0.1)] == [0, 1]
 
 
 def test_consumer_config_hears_of_rebalances_at_the_heartbeat_interval() -> None:
