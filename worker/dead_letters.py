@@ -24,6 +24,7 @@ from worker.limits import headers_size
 from worker.metrics import PipelineMetrics
 from worker.sink import DeliveryTracker, Headers, Sink
 from worker.source import position
+from worker.types import Refusal
 
 __all__ = ["DeadLetters"]
 
@@ -98,10 +99,28 @@ class DeadLetters:
         model: str | None = None,
     ) -> None:
         """Dead-letter the request behind ``produced``, a record the broker refused for
-        itself, found in ``batch`` from the refused record's body (delivery reports carry
-        no headers): a result by its request id and key, a dead letter by its source;
-        ``model`` names the batch's model version, as ``send``'s.
+        itself (see ``locate``); ``model`` names the batch's model version, as ``send``'s.
         Call only from the thread that serves deliveries, once the batch is sealed."""
+        found = self.locate(produced, why, batch, ids, rows)
+        if isinstance(found, str):
+            tracker.fail(found)
+            return
+        request, r = found
+        stage, code, reason, rid = r.stage, r.code, r.reason, r.request_id
+        self.send(sink, tracker, request, stage, code, reason, rid, bare=r.bare, model=model)
+
+    def locate(
+        self,
+        produced: Message,
+        why: str,
+        batch: Sequence[Message],
+        ids: Sequence[str],
+        rows: Sequence[int],
+    ) -> tuple[Message, Refusal] | str:
+        """The request behind ``produced``, a record the broker refused for itself, and the
+        dead letter it gets instead, found in ``batch`` from the refused record's body
+        (delivery reports carry no headers): a result by its request id and key, a dead
+        letter by its source. A string: why it cannot be dead-lettered."""
         topic = cast(str, produced.topic())
         try:
             doc = orjson.loads(produced.value() or b"null")
@@ -114,20 +133,11 @@ class DeadLetters:
                 request = next((m for m in matches if m.key() == produced.key()), None)
                 if request is not None:
                     reason = f"{topic} refused the result: {why}"
-                    self.send(
-                        sink,
-                        tracker,
-                        request,
-                        "publish",
-                        "result_refused",
-                        reason,
-                        rid,
-                        model=model,
+                    return request, Refusal(
+                        position(request), "publish", "result_refused", reason, rid
                     )
-                    return
             elif doc.get("key_b64") is None and doc.get("value_b64") is None:
-                tracker.fail(f"{topic} refuses even a bare dead letter: {why}")
-                return
+                return f"{topic} refuses even a bare dead letter: {why}"
             else:
                 src = doc.get("source") or {}
                 at = (src.get("partition"), src.get("offset"))
@@ -137,8 +147,5 @@ class DeadLetters:
                     code = doc.get("code", "dead_letter_refused")
                     reason = f"{why}; the original key and value are left out"
                     rid = doc.get("request_id")
-                    self.send(
-                        sink, tracker, request, stage, code, reason, rid, bare=True, model=model
-                    )
-                    return
-        tracker.fail(f"{topic}: refused ({why}) and its request cannot be found")
+                    return request, Refusal(position(request), stage, code, reason, rid, True)
+        return f"{topic}: refused ({why}) and its request cannot be found"
