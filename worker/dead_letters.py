@@ -5,7 +5,9 @@ with as much of the original key and value as fits what the dead-letter topic ta
 (``worker.codec.encode_dead_letter``). A record the broker refuses after it was sent (a
 result too large or invalid for its topic, or a dead letter itself) is found again in
 its batch and dead-lettered; a dead letter refused even without the original key and
-value fails its batch, since the dead-letter topic itself is misconfigured.
+value fails its batch, since the dead-letter topic itself is misconfigured. In
+exactly-once mode such a refusal aborts the transaction instead: ``locate`` makes it a
+``Refusal``, and the batch's next try sends that dead letter in place of the record.
 """
 
 from __future__ import annotations
@@ -52,10 +54,15 @@ class DeadLetters:
     ) -> None:
         """Send the dead letter of ``msg``, sized to what its topic takes; ``bare`` leaves
         the original key and value out (the dead letter itself was refused). ``model``
-        (``name:version``) names the model version of the batch; default: the config's."""
+        (``name:version``) names the model version of the batch; default: the config's.
+        A request in ``tracker.refusals`` gets the dead letter recorded there instead."""
         cfg = self._config
         topic = cfg.dead_letter_topic
-        source_topic, partition, offset = position(msg)
+        source_topic, partition, offset = where = position(msg)
+        known = tracker.refusals.get(where) if tracker.refusals else None
+        if known is not None:  # the broker refused this request's record on a try before
+            stage, code, reason = known.stage, known.code, known.reason
+            request_id, bare = known.request_id, bare or known.bare
         headers: Headers = [
             ("streamfer.error_stage", stage.encode()),
             ("streamfer.error_code", code.encode()),
