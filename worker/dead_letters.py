@@ -5,7 +5,9 @@ with as much of the original key and value as fits what the dead-letter topic ta
 (``worker.codec.encode_dead_letter``). A record the broker refuses after it was sent (a
 result too large or invalid for its topic, or a dead letter itself) is found again in
 its batch and dead-lettered; a dead letter refused even without the original key and
-value fails its batch, since the dead-letter topic itself is misconfigured.
+value fails its batch, since the dead-letter topic itself is misconfigured. In
+exactly-once mode such a refusal aborts the transaction instead: ``locate`` makes it a
+``Refusal``, and the batch's next try sends that dead letter in place of the record.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from worker.limits import headers_size
 from worker.metrics import PipelineMetrics
 from worker.sink import DeliveryTracker, Headers, Sink
 from worker.source import position
+from worker.types import Refusal
 
 __all__ = ["DeadLetters"]
 
@@ -51,10 +54,15 @@ class DeadLetters:
     ) -> None:
         """Send the dead letter of ``msg``, sized to what its topic takes; ``bare`` leaves
         the original key and value out (the dead letter itself was refused). ``model``
-        (``name:version``) names the model version of the batch; default: the config's."""
+        (``name:version``) names the model version of the batch; default: the config's.
+        A request in ``tracker.refusals`` gets the dead letter recorded there instead."""
         cfg = self._config
         topic = cfg.dead_letter_topic
-        source_topic, partition, offset = position(msg)
+        source_topic, partition, offset = where = position(msg)
+        known = tracker.refusals.get(where) if tracker.refusals else None
+        if known is not None:  # the broker refused this request's record on a try before
+            stage, code, reason = known.stage, known.code, known.reason
+            request_id, bare = known.request_id, bare or known.bare
         headers: Headers = [
             ("streamfer.error_stage", stage.encode()),
             ("streamfer.error_code", code.encode()),
@@ -98,10 +106,28 @@ class DeadLetters:
         model: str | None = None,
     ) -> None:
         """Dead-letter the request behind ``produced``, a record the broker refused for
-        itself, found in ``batch`` from the refused record's body (delivery reports carry
-        no headers): a result by its request id and key, a dead letter by its source;
-        ``model`` names the batch's model version, as ``send``'s.
+        itself (see ``locate``); ``model`` names the batch's model version, as ``send``'s.
         Call only from the thread that serves deliveries, once the batch is sealed."""
+        found = self.locate(produced, why, batch, ids, rows)
+        if isinstance(found, str):
+            tracker.fail(found)
+            return
+        request, r = found
+        stage, code, reason, rid = r.stage, r.code, r.reason, r.request_id
+        self.send(sink, tracker, request, stage, code, reason, rid, bare=r.bare, model=model)
+
+    def locate(
+        self,
+        produced: Message,
+        why: str,
+        batch: Sequence[Message],
+        ids: Sequence[str],
+        rows: Sequence[int],
+    ) -> tuple[Message, Refusal] | str:
+        """The request behind ``produced``, a record the broker refused for itself, and the
+        dead letter it gets instead, found in ``batch`` from the refused record's body
+        (delivery reports carry no headers): a result by its request id and key, a dead
+        letter by its source. A string: why it cannot be dead-lettered."""
         topic = cast(str, produced.topic())
         try:
             doc = orjson.loads(produced.value() or b"null")
@@ -114,20 +140,11 @@ class DeadLetters:
                 request = next((m for m in matches if m.key() == produced.key()), None)
                 if request is not None:
                     reason = f"{topic} refused the result: {why}"
-                    self.send(
-                        sink,
-                        tracker,
-                        request,
-                        "publish",
-                        "result_refused",
-                        reason,
-                        rid,
-                        model=model,
+                    return request, Refusal(
+                        position(request), "publish", "result_refused", reason, rid
                     )
-                    return
             elif doc.get("key_b64") is None and doc.get("value_b64") is None:
-                tracker.fail(f"{topic} refuses even a bare dead letter: {why}")
-                return
+                return f"{topic} refuses even a bare dead letter: {why}"
             else:
                 src = doc.get("source") or {}
                 at = (src.get("partition"), src.get("offset"))
@@ -137,8 +154,5 @@ class DeadLetters:
                     code = doc.get("code", "dead_letter_refused")
                     reason = f"{why}; the original key and value are left out"
                     rid = doc.get("request_id")
-                    self.send(
-                        sink, tracker, request, stage, code, reason, rid, bare=True, model=model
-                    )
-                    return
-        tracker.fail(f"{topic}: refused ({why}) and its request cannot be found")
+                    return request, Refusal(position(request), stage, code, reason, rid, True)
+        return f"{topic}: refused ({why}) and its request cannot be found"

@@ -9,7 +9,9 @@ an abortable one aborts the transaction and rewinds every owned partition to its
 committed offset, and work still in the stages is skipped (``stale``); a batch already
 producing then goes on, outside any transaction (the producer refuses its records), and
 no transaction begins until every batch from before the rewind is out of the stages, so
-nothing of it ever commits beside its re-consumed copy. A fenced or
+nothing of it ever commits beside its re-consumed copy. A record the broker refused for
+itself is dead-lettered on the next try instead, and failures in a row that teach
+nothing stop the worker (``TransactionTries``). A fenced or
 fatal producer stops the worker, whose replacement owns the work. Partitions lost while
 a transaction is open abort it too: nothing is ever committed for a partition this
 worker no longer owns.
@@ -42,6 +44,7 @@ from worker.config import KafkaSettings
 from worker.delivery import Stages, commit_delivered
 from worker.errors import SinkError, SourceError
 from worker.sink import DeliveryTracker
+from worker.transaction_tries import TransactionTries
 
 __all__ = ["GroupConsumer", "Transactional"]
 
@@ -114,9 +117,14 @@ class Transactional:
         """Rewinds so far; a job enqueued before the latest one is never produced."""
         self._unusable: SinkError | None = None
         """Why the producer cannot begin a transaction: the worker stops."""
+        self._tries = TransactionTries({n: p.refusal_of for n, p in stages.pipelines.items()})
 
     def tracker(self, pipeline: str, oldest_ts_ms: int) -> DeliveryTracker:
-        return DeliveryTracker(pipeline, oldest_ts_ms)  # a refused record aborts instead
+        """A refused record aborts the transaction; the batches made after that send its
+        dead letter instead."""
+        return DeliveryTracker(
+            pipeline, oldest_ts_ms, keep_refused=True, refusals=self._tries.refusals(pipeline)
+        )
 
     def enqueue(self, job: Job) -> None:
         txn = self._txn
@@ -171,6 +179,7 @@ class Transactional:
         if self._touches(partitions):
             self._abandon(f"revoked {sorted(partitions)} before their transaction closed")
         self.committer.forget(partitions)
+        self._tries.forget(partitions)
 
     def lost(self, partitions: set[PartitionKey]) -> None:
         """Their next owner serves their records again, so the open transaction, which
@@ -178,6 +187,7 @@ class Transactional:
         if self._touches(partitions):
             self._abandon(f"lost {sorted(partitions)} while their transaction was open")
         self.committer.forget(partitions)
+        self._tries.forget(partitions)
 
     def close(self, timeout: float) -> None:
         return None
@@ -215,8 +225,9 @@ class Transactional:
             offsets.update(job.offsets)
         self._closed += 1
         try:
-            if any(job.tracker.errors for job in txn.jobs):
-                raise KafkaException(_abortable("a record was refused"))
+            failed = next((job.tracker.errors[0] for job in txn.jobs if job.tracker.errors), "")
+            if failed:
+                raise KafkaException(_abortable(f"a delivery failed: {failed}"))
             parts = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
             metadata = self._consumer.consumer_group_metadata()
             _retrying(
@@ -229,6 +240,7 @@ class Transactional:
                 raise KafkaException(_abortable("injected abort (STREAMFER_FAULT_ABORT_EVERY)"))
             _retrying(lambda: self._calls.run("commit_transaction", producer.commit_transaction))
             self._stages.metrics.commits.inc()
+            self._tries.committed(offsets)
             log.debug(
                 "committed a transaction of %d batches in %.3fs",
                 len(txn.jobs),
@@ -280,16 +292,20 @@ class Transactional:
         return any(partitions.intersection(job.offsets) for job in (*txn.jobs, *txn.held))
 
     def _fail(self, exc: KafkaException) -> None:
-        """Abortable: abort and rewind. Anything else (fenced: another producer with this
-        transactional id took over; or fatal) stops the worker: re-creating the producer
-        would fence the replacement that now owns the work."""
+        """Abortable: abort and rewind, then keep what the broker refused for the next try
+        (``TransactionTries``), which stops the worker once the same work failed too often
+        in a row. Anything else (fenced: another producer with this transactional id took
+        over; or fatal) stops the worker: re-creating the producer would fence the
+        replacement that now owns the work."""
         err = exc.args[0] if exc.args else None
         if not isinstance(err, KafkaError) or err.fatal() or not err.txn_requires_abort():
             raise SinkError(
                 f"the transactional producer cannot go on ({exc}); stopping without a "
                 "commit, the group hands the partitions on"
             ) from exc
+        jobs = list(self._txn.jobs)
         self._abandon(f"transaction failed: {exc}")
+        self._tries.failed(jobs, str(exc))  # after the abort's flush served their reports
 
     def _abandon(self, why: str) -> None:
         """Abort the open transaction and rewind the owned partitions to their committed

@@ -48,8 +48,9 @@ from worker.request_shape import RequestShape
 from worker.result_rows import finite_rows, row_outputs
 from worker.shadow import ShadowBatch, ShadowRunner
 from worker.sink import DeliveryTracker, Sink
+from worker.source import position
 from worker.store_wait import StoreWait
-from worker.types import DecodedRequests, StageTimings
+from worker.types import DecodedRequests, Refusal, StageTimings
 
 __all__ = ["Pipeline", "Prepared"]
 
@@ -376,7 +377,8 @@ class Pipeline:
         headers_of = SourceHeaders().of if self.config.source_headers else trace_headers
         room = sink.limit(topic)
         roomy = room - MAX_RESULT_HEADERS_BYTES
-        too_large = 0
+        instead = 0  # dead letters sent in place of results
+        known = tracker.refusals  # results the broker refused on an earlier try
         rows_out = zip(good.tolist(), outs, marks, split, strict=True)
         for i, (g, out, mark, by_canary) in enumerate(rows_out):
             msg = batch[rows[g]]
@@ -387,6 +389,13 @@ class Pipeline:
                 self.dead_letters.send(sink, tracker, msg, "infer", code, reason, ids[g], model=tag)
                 continue
             rid = ids[g]
+            if known and (r := known.get(position(msg))) is not None:
+                tag = tags[by_canary]
+                self.dead_letters.send(
+                    sink, tracker, msg, r.stage, r.code, r.reason, rid, bare=r.bare, model=tag
+                )
+                instead += 1
+                continue
             key = msg.key()
             head = dumps(
                 {
@@ -409,8 +418,19 @@ class Pipeline:
                 self.dead_letters.send(
                     sink, tracker, msg, "publish", "result_too_large", why, rid, model=tag
                 )
-                too_large += 1
-        self.metrics.results.inc(len(good) - len(refused) - too_large)
+                instead += 1
+        self.metrics.results.inc(len(good) - len(refused) - instead)
+
+    def refusal_of(
+        self, tracker: DeliveryTracker, produced: Message, why: str
+    ) -> tuple[Message, Refusal] | str:
+        """The request behind a record the broker refused for itself and its dead letter
+        (see ``DeadLetters.locate``), or why there is none. Once the batch is sealed."""
+        prepared = tracker.context
+        if not isinstance(prepared, Prepared):
+            return f"{produced.topic()}: refused ({why}) and its batch is unknown"
+        decoded = prepared.decoded
+        return self.dead_letters.locate(produced, why, prepared.batch, decoded.ids, decoded.rows)
 
     def dead_letter_undelivered(
         self, sink: Sink, tracker: DeliveryTracker, produced: Message, why: str

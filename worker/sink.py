@@ -15,6 +15,8 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -22,6 +24,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from worker.config import KafkaSettings
 from worker.kafka_logs import KAFKA_LOG
 from worker.limits import RecordLimits, cap_batch_size
+from worker.types import Refusal, Source
 
 __all__ = ["RECORD_ERRORS", "DeliveryTracker", "Headers", "Sink", "producer_config"]
 
@@ -41,6 +44,8 @@ RECORD_ERRORS = frozenset(
 )
 """Delivery errors about one record, not about the broker or the producer."""
 
+NO_REFUSALS: Mapping[Source, Refusal] = MappingProxyType({})
+
 
 class DeliveryTracker:
     """Counts the deliveries of one batch and keeps the first errors.
@@ -54,6 +59,7 @@ class DeliveryTracker:
     """
 
     __slots__ = (
+        "_keep_refused",
         "_lock",
         "_notify",
         "acked",
@@ -61,6 +67,7 @@ class DeliveryTracker:
         "errors",
         "oldest_ts_ms",
         "pipeline",
+        "refusals",
         "refused",
         "sealed",
         "sealed_at",
@@ -73,12 +80,21 @@ class DeliveryTracker:
         pipeline: str = "",
         oldest_ts_ms: int = 0,
         reroute: deque[DeliveryTracker] | None = None,
+        *,
+        keep_refused: bool = False,
+        refusals: Mapping[Source, Refusal] = NO_REFUSALS,
     ) -> None:
         """With ``reroute``, a record the broker refuses for itself (``RECORD_ERRORS``) is
         kept in ``undeliverable`` and the tracker queued there for whoever dead-letters
-        it; the batch is not done until that is handled. Without, it is a failure."""
+        it; the batch is not done until that is handled. Without, it is a failure;
+        ``keep_refused`` (exactly-once, whose transaction must then abort) keeps it in
+        ``undeliverable`` as well, for the next try to dead-letter. ``refusals``: the
+        requests the broker refused a record of on an earlier try, by source; the
+        publisher sends their dead letters instead."""
         self._lock = threading.Lock()
         self._notify = reroute
+        self._keep_refused = keep_refused
+        self.refusals = refusals
         self.pipeline = pipeline
         self.oldest_ts_ms = oldest_ts_ms
         self.sent = 0
@@ -109,14 +125,18 @@ class DeliveryTracker:
         # the batch done the moment ``acked`` reaches ``sent``, and must see its errors then.
         with self._lock:
             if err is not None:
-                if self._notify is not None and err.code() in RECORD_ERRORS:
+                refused = err.code() in RECORD_ERRORS
+                if refused and self._notify is not None:
                     # queued when the list was empty, that is when no one holds it to
                     # drain: ``take_undeliverable`` empties it under this same lock
                     if not self.undeliverable:
                         self._notify.append(self)
                     self.undeliverable.append((msg, err.str()))
-                elif len(self.errors) < 10:
-                    self.errors.append(f"{msg.topic()}[{msg.partition()}]: {err.str()}")
+                else:
+                    if refused and self._keep_refused:
+                        self.undeliverable.append((msg, err.str()))
+                    if len(self.errors) < 10:
+                        self.errors.append(f"{msg.topic()}[{msg.partition()}]: {err.str()}")
             self.acked += 1
 
     def take_undeliverable(self) -> tuple[Message, str] | None:

@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DecodedRequests", "Rejection", "StageTimings"]
+__all__ = ["DecodedRequests", "Refusal", "Rejection", "Source", "StageTimings"]
+
+Source = tuple[str, int, int]
+"""Topic, partition and offset of a consumed request."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +25,20 @@ class Rejection:
     reason: str
     request_id: str | None = None
     """The request's id, when it was read before the record was refused."""
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """The broker refused what was produced for the request at ``source`` for itself
+    (a keyless result on a compacted topic, say): the dead letter to send for it instead,
+    ``bare`` without the original key and value (a dead letter itself was refused)."""
+
+    source: Source
+    stage: str
+    code: str
+    reason: str
+    request_id: str | None
+    bare: bool = False
 
 
 @dataclass(frozen=True, slots=True)

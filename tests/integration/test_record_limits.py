@@ -48,8 +48,9 @@ def serve(
     write_config: Callable[..., Path],
     tmp_path: Path,
 ) -> Iterator[Callable[..., tuple[Outcomes, dict[str, str], Topics]]]:
-    """Start one worker, produce ``requests``, read every outcome, check the worker is
-    still running and has committed everything; then stop it cleanly."""
+    """Start one worker, produce ``requests``, read every outcome (``reader``: options of
+    the consumer reading them), check the worker is still running and has committed
+    everything; then stop it cleanly."""
     workers: list[WorkerProcess] = []
 
     def run(
@@ -58,6 +59,7 @@ def serve(
         bad: set[str],
         *,
         topics: Topics | None = None,
+        reader: dict[str, Any] | None = None,
         **config: Any,
     ) -> tuple[Outcomes, dict[str, str], Topics]:
         t = topics or fresh_topics(2)
@@ -75,6 +77,7 @@ def serve(
             bad_positions,
             timeout=60,
             keep_docs=True,
+            consumer_options=reader,
         )
         assert outcomes.lost(good, bad_positions) == [], worker.log_text()[-3000:]
         assert worker.alive(), worker.log_text()[-3000:]
@@ -215,20 +218,33 @@ def test_results_that_fit_a_small_topic_limit_are_published(
     assert not outcomes.dead_letter_docs
 
 
+@pytest.mark.parametrize("delivery", ["at-least-once", "exactly-once"])
 def test_a_result_the_broker_refuses_becomes_a_dead_letter(
     kafka_bootstrap: str,
     entities: list[str],
     fresh_topics: Callable[..., Topics],
     serve: Callable[..., Any],
+    delivery: str,
 ) -> None:
     # A compacted topic refuses records without a key (INVALID_RECORD), after the
-    # producer has sent them: the refusal comes back in the delivery report.
+    # producer has sent them: the refusal comes back in the delivery report. Exactly-once
+    # aborts that transaction once; the next try sends the dead letters in the results'
+    # place, inside the transaction. (The broker refuses a keyless record's whole produce
+    # batch, so keyed batch-mates would share the refusal: every request here is keyless.)
     t = fresh_topics(2)
     compacted = Topics(t.requests, f"{t.results}-compacted", t.dead_letters, t.group)
     _topic_with(kafka_bootstrap, compacted.results, 1, **{"cleanup.policy": "compact"})
     keyless = [_good(f"n{i}", entities[i], key=None) for i in range(5)]
-    outcomes, positions, _ = serve(keyless, set(), {t for t, _, _ in keyless}, topics=compacted)
+    outcomes, positions, _ = serve(
+        keyless,
+        set(),
+        {t for t, _, _ in keyless},
+        topics=compacted,
+        top=f'delivery = "{delivery}"',
+        reader={"isolation.level": "read_committed"},
+    )
     assert not outcomes.results
+    assert outcomes.duplicates() == 0
     assert {d["code"] for d in outcomes.dead_letter_docs} == {"result_refused"}
     for doc in outcomes.dead_letter_docs:
         assert "refused the result" in doc["reason"], doc

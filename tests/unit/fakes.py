@@ -199,20 +199,25 @@ class FakeSink:
 class Transaction:
     records: list[tuple[str, bytes, Headers, Any]] = field(default_factory=list)
     offsets: dict[PartitionKey, int] = field(default_factory=dict)
+    refused: list[tuple[KafkaError, Message, Any]] = field(default_factory=list)
 
 
 @dataclass
 class FakeTransactionalProducer:
     """Records go into the open transaction and are delivered when it commits. Errors
-    scripted in ``fail_commit`` are raised by the next commits, one each. Every committed
-    transaction must hold, for each result and dead letter, its source partition's offset
-    past the source record, and only for partitions ``owner`` owns at commit time."""
+    scripted in ``fail_commit`` are raised by the next commits, one each. A record that
+    ``refuse(topic, value, key, headers)`` gives an error for fails as in librdkafka: its
+    delivery report carries the error (and the record's value and key) and the commit
+    raises an abortable error. Every committed transaction must hold, for each result
+    and dead letter, its source partition's offset past the source record, and only for
+    partitions ``owner`` owns at commit time."""
 
     owner: FakeConsumer
     open: Transaction | None = None
     committed: list[Transaction] = field(default_factory=list)
     aborted: list[Transaction] = field(default_factory=list)
     fail_commit: list[KafkaError] = field(default_factory=list)
+    refuse: Callable[[str, bytes, bytes | None, Headers], KafkaError | None] | None = None
     init_calls: int = 0
 
     def init_transactions(self, timeout: float) -> None:
@@ -225,7 +230,12 @@ class FakeTransactionalProducer:
     def produce(self, topic: str, value: bytes, key: bytes | None, **kw: Any) -> None:
         if self.open is None:
             raise KafkaException(KafkaError(KafkaError._STATE, "no open transaction"))
-        self.open.records.append((topic, value, kw.get("headers") or [], kw["on_delivery"]))
+        headers, on_delivery = kw.get("headers") or [], kw["on_delivery"]
+        self.open.records.append((topic, value, headers, on_delivery))
+        err = self.refuse(topic, value, key, headers) if self.refuse else None
+        if err is not None:
+            report = Message(topic=topic, partition=0, offset=-1, value=value, key=key)
+            self.open.refused.append((err, report, on_delivery))
 
     def send_offsets_to_transaction(
         self, offsets: Sequence[TopicPartition], metadata: object, timeout: float
@@ -238,6 +248,11 @@ class FakeTransactionalProducer:
         assert txn is not None
         if self.fail_commit:
             raise KafkaException(self.fail_commit.pop(0))
+        if txn.refused:
+            for err, report, on_delivery in txn.refused:
+                on_delivery(err, report)
+            why = f"{len(txn.refused)} records failed delivery"
+            raise KafkaException(KafkaError(KafkaError._INCONSISTENT, why, txn_requires_abort=True))
         for topic, _value, headers, on_delivery in txn.records:
             source = dict(cast("list[tuple[str, bytes]]", headers))
             key = (TOPIC, int(source["streamfer.source_partition"]))

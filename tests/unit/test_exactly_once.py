@@ -14,8 +14,9 @@ from functools import partial
 from types import SimpleNamespace
 from typing import Any, cast
 
+import orjson
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from streamfer_dev.modelgen import DemoModel
 from tests.unit import fakes
@@ -23,6 +24,7 @@ from tests.unit.fakes import TOPIC, FakeConsumer, build_worker, turn_until
 from worker.app import Worker
 from worker.config import BatchPolicy, PipelineConfig
 from worker.errors import SinkError, SourceError
+from worker.transaction_tries import FAILURES_IN_A_ROW
 
 P0, P1 = (TOPIC, 0), (TOPIC, 1)
 
@@ -365,3 +367,118 @@ def test_a_rewind_that_cannot_read_or_seek_the_committed_offsets_stops_the_worke
     with pytest.raises(SourceError, match=named):
         turn_until(worker, lambda: False)
     assert producer.committed == [] and consumer.seeks == []
+
+
+# -- records the broker refuses, and failures that persist -------------------------------
+
+
+def served_with_a_keyless_request(
+    classifier: DemoModel, refuse: Any, n: int, keyless: int
+) -> tuple[Worker, FakeConsumer, Any]:
+    """``n`` requests on partition 0, the one at offset ``keyless`` without a key (so its
+    result has none), served by a producer that refuses what ``refuse`` says, until the
+    group's offset is past them all."""
+    worker, consumer, producer, _ = eos(classifier)
+    producer.refuse = refuse
+    consumer.assign(P0)
+    consumer.produce(0, n)
+    log = consumer.logs[P0]
+    log[keyless] = Message(
+        topic=TOPIC, partition=0, offset=keyless, value=log[keyless].value(), timestamp=(1, 1)
+    )
+    turn_until(worker, lambda: consumer.group_offsets.get(P0) == n, timeout=5)
+    return worker, consumer, producer
+
+
+def compacted(topic: str, value: bytes, key: bytes | None, headers: Any) -> KafkaError | None:
+    """The result topic is compacted: the broker refuses a result without a key."""
+    if topic == "res" and key is None:
+        return KafkaError(KafkaError.INVALID_RECORD, "compacted topic needs a key")
+    return None
+
+
+def committed(producer: Any, topic: str) -> list[dict[str, bytes]]:
+    """The headers of every record of ``topic`` in a committed transaction."""
+    return [
+        dict(headers)
+        for txn in producer.committed
+        for t, _value, headers, _cb in txn.records
+        if t == topic
+    ]
+
+
+def test_a_record_the_broker_refuses_becomes_its_dead_letter_inside_the_transaction(
+    classifier: DemoModel,
+) -> None:
+    """As at-least-once does: the keyless result on a compacted topic becomes a
+    ``result_refused`` dead letter; the transaction aborts once, not on every try."""
+    worker, consumer, producer = served_with_a_keyless_request(classifier, compacted, 8, 2)
+    assert len(producer.aborted) == 1, "the refusal is learned from the first abort"
+    results = sorted(int(h["streamfer.source_offset"]) for h in committed(producer, "res"))
+    assert results == [0, 1, 3, 4, 5, 6, 7]
+    (dead,) = committed(producer, "dlq")
+    assert (dead["streamfer.source_offset"], dead["streamfer.error_code"]) == (
+        b"2",
+        b"result_refused",
+    )
+    assert b"compacted topic needs a key" in dead["streamfer.error_reason"]
+    assert answered_once(producer)
+    consumer.produce(0, 4)  # later requests are answered as usual
+    turn_until(worker, lambda: consumer.group_offsets.get(P0) == 12, timeout=5)
+    assert len(producer.aborted) == 1
+
+
+def test_a_refused_dead_letter_is_sent_again_without_the_original_record(
+    classifier: DemoModel,
+) -> None:
+    """The dead letter in place of a refused result is refused too: the next try sends
+    it bare, as at-least-once does, and the transaction commits."""
+
+    def refuse(topic: str, value: bytes, key: bytes | None, headers: Any) -> KafkaError | None:
+        if topic == "dlq" and orjson.loads(value)["value_b64"] is not None:
+            return KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "too large for dlq")
+        return compacted(topic, value, key, headers)
+
+    _, _, producer = served_with_a_keyless_request(classifier, refuse, 4, 1)
+    assert len(producer.aborted) == 2
+    ((_topic, value, headers, _cb),) = [
+        r for t in producer.committed for r in t.records if r[0] == "dlq"
+    ]
+    doc = orjson.loads(value)
+    assert (doc["code"], doc["key_b64"], doc["value_b64"]) == ("result_refused", None, None)
+    assert dict(headers)["streamfer.source_offset"] == b"1"
+    assert answered_once(producer)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, "unknown topic"),
+        KafkaError(KafkaError._MSG_TIMED_OUT, "message timed out"),
+    ],
+)
+def test_a_persistent_delivery_failure_stops_the_worker_instead_of_looping(
+    classifier: DemoModel, error: KafkaError
+) -> None:
+    worker, consumer, producer, _ = eos(classifier)
+    producer.refuse = lambda topic, *_: error if topic == "res" else None
+    consumer.assign(P0)
+    consumer.produce(0, 8)
+    with pytest.raises(SinkError, match=f"{FAILURES_IN_A_ROW} transactions in a row failed"):
+        turn_until(worker, lambda: False, timeout=5)
+    assert len(producer.aborted) == FAILURES_IN_A_ROW
+    assert producer.committed == [] and P0 not in consumer.group_offsets
+
+
+def test_only_failures_in_a_row_stop_the_worker(classifier: DemoModel) -> None:
+    """A commit in between starts the count again: aborts now and then (as the fault
+    harness injects) never stop a worker that makes progress."""
+    worker, consumer, producer, _ = eos(classifier)
+    consumer.assign(P0)
+    abortable = KafkaError(KafkaError._STATE, "abort", txn_requires_abort=True)
+    for n in (4, 8):
+        consumer.produce(0, 4)
+        producer.fail_commit.extend([abortable] * (FAILURES_IN_A_ROW - 1))
+        turn_until(worker, lambda n=n: consumer.group_offsets.get(P0) == n, timeout=5)
+    assert len(producer.aborted) == 2 * (FAILURES_IN_A_ROW - 1)
+    assert producer.sources() == [(0, i) for i in range(8)]
