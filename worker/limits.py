@@ -1,5 +1,5 @@
-"""How large a record each output topic accepts, so nothing is produced that the broker
-would refuse.
+"""How large a record each output topic accepts, and whether it needs a key, so nothing
+is produced that the broker would refuse.
 
 Two limits apply to a produced record: the producer's ``message.max.bytes`` (librdkafka
 refuses a larger record before sending it) and the topic's ``max.message.bytes`` (the
@@ -7,6 +7,12 @@ broker refuses a larger record batch). ``RecordLimits`` holds the smaller of the
 topic, read once at start-up, less ``RECORD_OVERHEAD`` for the batch and record framing.
 The producer's ``batch.size`` is capped at the smallest topic limit too, so records that
 fit one by one never make a batch the broker refuses.
+
+A compacted topic (``cleanup.policy`` holding ``compact``) refuses a record without a
+key, and the broker refuses the whole produce batch it came in (INVALID_RECORD on every
+record of it): the keyed records sharing that batch would be refused too. So the same
+read notes the compacted topics, and a keyless record bound for one is refused before
+it is produced (``RecordLimits.compacted``).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from worker.config import KafkaSettings
 
 __all__ = [
     "DEFAULT_MESSAGE_MAX_BYTES",
+    "NEEDS_A_KEY",
     "RECORD_OVERHEAD",
     "RecordLimits",
     "cap_batch_size",
@@ -35,6 +42,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
 """librdkafka's default ``message.max.bytes``."""
+
+NEEDS_A_KEY = "compacted topic needs a key"
+"""Why a keyless record for a compacted topic is refused (the broker's words, in short)."""
 
 RECORD_OVERHEAD = 512
 """Bytes a record costs beyond its key, value and headers: the record batch header (61
@@ -58,10 +68,18 @@ def record_size(
 
 
 class RecordLimits:
-    """The largest record (value, key and headers) each topic takes from this producer."""
+    """The largest record (value, key and headers) each topic takes from this producer,
+    and the topics that take only records with a key."""
 
-    def __init__(self, message_max_bytes: int, topic_max_bytes: Mapping[str, int]) -> None:
+    def __init__(
+        self,
+        message_max_bytes: int,
+        topic_max_bytes: Mapping[str, int],
+        compacted: Iterable[str] = (),
+    ) -> None:
         self.message_max_bytes = message_max_bytes
+        self.compacted = frozenset(compacted)
+        """Topics whose ``cleanup.policy`` compacts: a keyless record is refused there."""
         self._by_topic = {
             topic: min(message_max_bytes, limit) - RECORD_OVERHEAD
             for topic, limit in topic_max_bytes.items()
@@ -76,39 +94,58 @@ class RecordLimits:
     def __call__(self, topic: str) -> int:
         return self._by_topic.get(topic, self._default)
 
+    def needs_key(self, topic: str) -> bool:
+        """Whether ``topic`` refuses a record without a key (ask once per batch)."""
+        return topic in self.compacted
+
     def smallest(self) -> int:
         return min([self._default, *self._by_topic.values()])
 
     @classmethod
     def read(cls, settings: KafkaSettings, topics: Iterable[str]) -> RecordLimits:
-        """Read each topic's ``max.message.bytes`` from the cluster; a topic whose config
-        cannot be read (no DescribeConfigs permission, say) keeps only the producer's
-        limit, with a warning."""
+        """Read each topic's ``max.message.bytes`` and ``cleanup.policy`` from the cluster;
+        a topic whose config cannot be read (no DescribeConfigs permission, say) keeps only
+        the producer's limit and counts as not compacted (a keyless record is then sent,
+        and the broker's refusal dead-letters it), with a warning."""
         producer_side = {**settings.client_options(), **settings.producer_options}
         message_max = int(producer_side.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES))
         found: dict[str, int] = {}
+        compacted: set[str] = set()
         admin = admin_client(settings)
         wanted = [ConfigResource("TOPIC", t) for t in dict.fromkeys(topics)]
         try:
             futures = admin.describe_configs(wanted, request_timeout=10)
         except KafkaException as exc:
-            log.warning("cannot read topic configs (%s); using message.max.bytes only", exc)
+            log.warning(
+                "cannot read topic configs (%s); using message.max.bytes only, and keyless "
+                "records are not held back from compacted topics",
+                exc,
+            )
             return cls(message_max, found)
         for resource, future in futures.items():
             try:
-                entry = future.result(15).get("max.message.bytes")
+                entries = future.result(15)
             except (KafkaException, concurrent.futures.TimeoutError) as exc:
                 log.warning(
-                    "cannot read max.message.bytes of topic %s (%s); records to it are held "
-                    "to the producer's message.max.bytes (%d)",
+                    "cannot read the config of topic %s (%s); records to it are held to the "
+                    "producer's message.max.bytes (%d), and sent even without a key",
                     resource.name,
                     exc,
                     message_max,
                 )
                 continue
+            entry = entries.get("max.message.bytes")
             if entry is not None and entry.value is not None:
                 found[resource.name] = int(entry.value)
-        return cls(message_max, found)
+            if _compacts(entries.get("cleanup.policy")):
+                compacted.add(resource.name)
+        return cls(message_max, found, compacted)
+
+
+def _compacts(entry: Any) -> bool:
+    """Whether a ``cleanup.policy`` config entry (``compact``, ``compact,delete``) compacts."""
+    value = getattr(entry, "value", None)
+    return isinstance(value, str) and "compact" in (p.strip() for p in value.split(","))
 
 
 def cap_batch_size(producer_conf: dict[str, Any], limits: RecordLimits) -> None:
