@@ -38,7 +38,7 @@ from worker.features import FeatureStore
 from worker.feeds import BatchFetcher, FeedPlan, Feeds, assemble
 from worker.headers import MAX_RESULT_HEADERS_BYTES, SourceHeaders, trace_headers
 from worker.hooks import BatchHooks
-from worker.limits import record_size
+from worker.limits import NEEDS_A_KEY, record_size
 from worker.lookups import OneStore
 from worker.metrics import PipelineMetrics
 from worker.model_calls import ModelCalls
@@ -377,6 +377,7 @@ class Pipeline:
         headers_of = SourceHeaders().of if self.config.source_headers else trace_headers
         room = sink.limit(topic)
         roomy = room - MAX_RESULT_HEADERS_BYTES
+        keyed_only = sink.limit.needs_key(topic)
         instead = 0  # dead letters sent in place of results
         known = tracker.refusals  # results the broker refused on an earlier try
         rows_out = zip(good.tolist(), outs, marks, split, strict=True)
@@ -397,6 +398,13 @@ class Pipeline:
                 instead += 1
                 continue
             key = msg.key()
+            if key is None and keyed_only:  # the broker would refuse its whole batch
+                why = f"{topic} cannot take the result: {NEEDS_A_KEY}, and the request has none"
+                self.dead_letters.send(
+                    sink, tracker, msg, "publish", "result_refused", why, rid, model=tags[by_canary]
+                )
+                instead += 1
+                continue
             head = dumps(
                 {
                     "id": rid,

@@ -4,7 +4,10 @@ Each batch gets one ``DeliveryTracker`` whose bound method is the delivery callb
 all its records, so per-record bookkeeping is a counter. A failure that is about one
 record (too large, refused as invalid) is that record's: ``send`` says so for a record
 the producer refuses at once, and the tracker keeps those the broker refuses for the
-worker to dead-letter, so the batch is committed once they are. Any other failure (an
+worker to dead-letter, so the batch is committed once they are. A keyless record for a
+compacted topic is never produced (the broker would refuse its whole produce batch,
+keyed batch-mates included): ``send`` counts it refused, and the pipeline dead-letters
+a keyless result before it gets here. Any other failure (an
 unknown topic, the broker unreachable past the delivery timeout) counts as a failed
 delivery: the batch is then never committed, and the failure is never dropped silently.
 """
@@ -23,7 +26,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from worker.config import KafkaSettings
 from worker.kafka_logs import KAFKA_LOG
-from worker.limits import RecordLimits, cap_batch_size
+from worker.limits import NEEDS_A_KEY, RecordLimits, cap_batch_size
 from worker.types import Refusal, Source
 
 __all__ = ["RECORD_ERRORS", "DeliveryTracker", "Headers", "Sink", "producer_config"]
@@ -208,7 +211,13 @@ class Sink:
         headers: Headers | None,
     ) -> bool:
         """Queue one record; blocks only while the local queue is full. False: the
-        producer refused this record for its size, and the caller dead-letters it."""
+        producer refused this record for its size, and the caller dead-letters it. A
+        keyless record for a compacted topic (``limit.compacted``) is counted refused
+        by the producer, never produced."""
+        if key is None and topic in self.limit.compacted:
+            tracker.sent += 1
+            tracker.refused_by_producer(topic, f"{NEEDS_A_KEY}, and this record has none")
+            return True
         while True:
             try:
                 self._produce(topic, value, key, headers=headers, on_delivery=tracker.on_delivery)

@@ -1,8 +1,9 @@
 """What a failed transaction teaches the next try of the same work (exactly-once).
 
-A record the broker refuses for itself (a keyless result on a compacted topic, say)
-makes the whole transaction abortable, and the rewind produces the same record again:
-left alone, the partition would never move. So the refusals found in an aborted
+A record the broker refuses for itself (a keyless result on a compacted topic whose
+``cleanup.policy`` the worker could not read, say) makes the whole transaction
+abortable, and the rewind produces the same record again: left alone, the partition
+would never move. So the refusals found in an aborted
 transaction's batches are kept, by pipeline and the source of their request, and every
 batch of that pipeline made after that is told them: it sends that request's dead
 letter instead, as at-least-once would, and the transaction can commit. A failure that

@@ -68,6 +68,14 @@ class FakeConsumer:
         log = self.logs.setdefault((TOPIC, partition), [])
         log += requests(partition, n, start=len(log))
 
+    def drop_key(self, partition: int, offset: int) -> None:
+        """Make the request at ``offset`` keyless (so its result has no key either)."""
+        log = self.logs[(TOPIC, partition)]
+        was = log[offset]
+        log[offset] = Message(
+            topic=TOPIC, partition=partition, offset=offset, value=was.value(), timestamp=(1, 1)
+        )
+
     def assign(self, *keys: PartitionKey) -> None:
         """Fetching starts at the committed offset, read after the callback (librdkafka
         fetches it once the assignment is in place); none committed: the log start."""
@@ -163,13 +171,32 @@ class FakeConsumer:
         return None
 
 
+def refused_batch(
+    records: Sequence[tuple[str, bytes | None]], compacted: set[str] | frozenset[str]
+) -> set[int]:
+    """Which of one produce batch's ``(topic, key)`` records a broker refuses when
+    ``compacted`` topics compact: every record of such a topic, once one of them has no
+    key (INVALID_RECORD comes back for the whole batch, as from Apache Kafka)."""
+    keyless = {topic for topic, key in records if key is None and topic in compacted}
+    return {i for i, (topic, _key) in enumerate(records) if topic in keyless}
+
+
+INVALID_RECORD = KafkaError(KafkaError.INVALID_RECORD, "Broker: Invalid record")
+
+
 @dataclass
 class FakeSink:
-    """Takes records like ``Sink``; each is acknowledged at the next poll or flush."""
+    """Takes records like ``Sink``; each is acknowledged at the next poll or flush, where
+    the records queued since the last one are one produce batch: on a topic in
+    ``compacted`` (the broker's side; the worker knows what ``limit`` says) a keyless
+    record has the broker refuse that topic's whole batch."""
 
     limit: RecordLimits = field(default_factory=RecordLimits.unread)
     sent: list[tuple[str, bytes]] = field(default_factory=list)
-    unacked: list[DeliveryTracker] = field(default_factory=list)
+    unacked: list[tuple[DeliveryTracker, Message]] = field(default_factory=list)
+    compacted: set[str] = field(default_factory=set)
+    delivered: list[Message] = field(default_factory=list)
+    """Every record the broker took, in order."""
 
     def send(
         self,
@@ -181,18 +208,27 @@ class FakeSink:
     ) -> bool:
         tracker.sent += 1
         self.sent.append((topic, value))
-        self.unacked.append(tracker)
+        report = Message(topic=topic, partition=0, offset=len(self.sent), value=value, key=key)
+        self.unacked.append((tracker, report))
         return True
 
     def poll(self, timeout: float = 0.0) -> int:
         acked, self.unacked = self.unacked, []
-        for tracker in acked:
-            tracker.acked += 1
+        records = [(cast(str, msg.topic()), msg.key()) for _, msg in acked]
+        refused = refused_batch(records, self.compacted)
+        for i, (tracker, msg) in enumerate(acked):
+            if i not in refused:
+                self.delivered.append(msg)
+            tracker.on_delivery(INVALID_RECORD if i in refused else None, msg)
         return len(acked)
 
     def flush(self, timeout: float) -> int:
         self.poll()
         return 0
+
+    def delivered_to(self, topic: str) -> list[dict[str, Any]]:
+        """The bodies of what the broker took on ``topic``."""
+        return [orjson.loads(m.value() or b"") for m in self.delivered if m.topic() == topic]
 
 
 @dataclass
@@ -200,6 +236,7 @@ class Transaction:
     records: list[tuple[str, bytes, Headers, Any]] = field(default_factory=list)
     offsets: dict[PartitionKey, int] = field(default_factory=dict)
     refused: list[tuple[KafkaError, Message, Any]] = field(default_factory=list)
+    keys: list[bytes | None] = field(default_factory=list)
 
 
 @dataclass
@@ -218,6 +255,9 @@ class FakeTransactionalProducer:
     aborted: list[Transaction] = field(default_factory=list)
     fail_commit: list[KafkaError] = field(default_factory=list)
     refuse: Callable[[str, bytes, bytes | None, Headers], KafkaError | None] | None = None
+    compacted: set[str] = field(default_factory=set)
+    """Topics the broker compacts: a transaction's records are one produce batch, refused
+    whole on such a topic as ``refused_batch`` says."""
     init_calls: int = 0
 
     def init_transactions(self, timeout: float) -> None:
@@ -232,6 +272,7 @@ class FakeTransactionalProducer:
             raise KafkaException(KafkaError(KafkaError._STATE, "no open transaction"))
         headers, on_delivery = kw.get("headers") or [], kw["on_delivery"]
         self.open.records.append((topic, value, headers, on_delivery))
+        self.open.keys.append(key)
         err = self.refuse(topic, value, key, headers) if self.refuse else None
         if err is not None:
             report = Message(topic=topic, partition=0, offset=-1, value=value, key=key)
@@ -248,6 +289,7 @@ class FakeTransactionalProducer:
         assert txn is not None
         if self.fail_commit:
             raise KafkaException(self.fail_commit.pop(0))
+        self._refuse_compacted(txn)
         if txn.refused:
             for err, report, on_delivery in txn.refused:
                 on_delivery(err, report)
@@ -266,6 +308,13 @@ class FakeTransactionalProducer:
             self.owner.group_offsets[key] = offset
         self.committed.append(txn)
         self.open = None
+
+    def _refuse_compacted(self, txn: Transaction) -> None:
+        topics = [topic for topic, _v, _h, _cb in txn.records]
+        for i in sorted(refused_batch(list(zip(topics, txn.keys, strict=True)), self.compacted)):
+            topic, value, _headers, on_delivery = txn.records[i]
+            report = Message(topic=topic, partition=0, offset=-1, value=value, key=txn.keys[i])
+            txn.refused.append((INVALID_RECORD, report, on_delivery))
 
     def abort_transaction(self, timeout: float) -> None:
         assert self.open is not None
@@ -330,11 +379,12 @@ def build_worker(
     batch: int = 4,
     in_flight: int = 2,
     exactly_once: bool = False,
+    limits: RecordLimits | None = None,
     **settings: Any,
 ) -> tuple[Worker, FakeConsumer, Any, GatedStore]:
     """A real Worker, Pipeline, engine and committer around the fakes; returns the worker,
     the consumer, the sink (a FakeSink, or a Sink over a FakeTransactionalProducer) and
-    the store."""
+    the store. ``limits``: what the worker read of its topics (default: nothing)."""
     data = {
         f"e{i}": {f: repr(float(v)).encode() for f, v in zip(classifier.fields, row, strict=True)}
         for i, row in enumerate(classifier.features[:20].tolist())
@@ -369,7 +419,12 @@ def build_worker(
         metrics=metrics.for_pipeline("p"),
     )
     consumer = FakeConsumer()
-    sink: Any = Sink(cast(Any, FakeTransactionalProducer(consumer))) if exactly_once else FakeSink()
+    known = limits or RecordLimits.unread()
+    sink: Any = (
+        Sink(cast(Any, FakeTransactionalProducer(consumer)), known)
+        if exactly_once
+        else FakeSink(limit=known)
+    )
     worker = Worker(
         config=config,
         consumer=cast(Consumer, consumer),

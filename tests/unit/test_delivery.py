@@ -1,6 +1,7 @@
 """At-least-once delivery: records the broker refuses for themselves are dead-lettered by
 the loop thread, whichever thread their delivery report arrives on, and their batch is
-then done (so its pipeline commits again)."""
+then done (so its pipeline commits again); a keyless result for a compacted topic never
+reaches the broker to take its batch-mates down with it."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from typing import Any, cast
 
 from confluent_kafka import KafkaError, Message
 
-from tests.unit.fakes import FakeSink
+from streamfer_dev.modelgen import DemoModel
+from tests.unit.fakes import TOPIC, FakeSink, build_worker, turn_until
 from worker.delivery import AtLeastOnce, Stages
+from worker.limits import RecordLimits
 from worker.sink import DeliveryTracker
 
 
@@ -118,3 +121,23 @@ def test_a_synchronous_commit_with_a_refused_partition_counts_as_a_commit_failur
     consumer.rejects.clear()
     commit_delivered(stages, asynchronous=False, count=False)
     assert registry.get_sample_value("failures_total") == 1, "the retry went through"
+
+
+def test_a_keyless_result_for_a_compacted_topic_is_dead_lettered_alone(
+    classifier: DemoModel,
+) -> None:
+    """The broker refuses a keyless record's whole produce batch on a compacted topic; a
+    worker that knows the topic compacts dead-letters the keyless result before produce,
+    so its keyed batch-mates are delivered."""
+    known = RecordLimits(1_000_000, {}, compacted={"res"})
+    worker, consumer, sink, _ = build_worker(classifier, batch=8, limits=known)
+    sink.compacted = {"res"}
+    consumer.assign((TOPIC, 0))
+    consumer.produce(0, 7)
+    consumer.drop_key(0, 3)
+    turn_until(worker, lambda: any(o[0].offset == 7 for o in consumer.async_commits))
+    results = sorted(doc["id"] for doc in sink.delivered_to("res"))
+    assert results == [f"r0-{i}" for i in (0, 1, 2, 4, 5, 6)]
+    (dead,) = sink.delivered_to("dlq")
+    assert (dead["request_id"], dead["code"]) == ("r0-3", "result_refused")
+    assert "res cannot take the result: compacted topic needs a key" in dead["reason"]

@@ -24,6 +24,7 @@ from tests.unit.fakes import TOPIC, FakeConsumer, build_worker, turn_until
 from worker.app import Worker
 from worker.config import BatchPolicy, PipelineConfig
 from worker.errors import SinkError, SourceError
+from worker.limits import RecordLimits
 from worker.transaction_tries import FAILURES_IN_A_ROW
 
 P0, P1 = (TOPIC, 0), (TOPIC, 1)
@@ -391,7 +392,8 @@ def served_with_a_keyless_request(
 
 
 def compacted(topic: str, value: bytes, key: bytes | None, headers: Any) -> KafkaError | None:
-    """The result topic is compacted: the broker refuses a result without a key."""
+    """The result topic is compacted (the worker could not read so): the broker refuses a
+    result without a key."""
     if topic == "res" and key is None:
         return KafkaError(KafkaError.INVALID_RECORD, "compacted topic needs a key")
     return None
@@ -407,6 +409,20 @@ def committed(producer: Any, topic: str) -> list[dict[str, bytes]]:
     ]
 
 
+def results_beside_a_refused(producer: Any, keyless: int) -> list[int]:
+    """The source offsets of the committed results, once it is checked that the only
+    committed dead letter is the ``result_refused`` of the request at ``keyless`` and
+    that every request was answered once."""
+    (dead,) = committed(producer, "dlq")
+    assert (dead["streamfer.source_offset"], dead["streamfer.error_code"]) == (
+        str(keyless).encode(),
+        b"result_refused",
+    )
+    assert b"compacted topic needs a key" in dead["streamfer.error_reason"]
+    assert answered_once(producer)
+    return sorted(int(h["streamfer.source_offset"]) for h in committed(producer, "res"))
+
+
 def test_a_record_the_broker_refuses_becomes_its_dead_letter_inside_the_transaction(
     classifier: DemoModel,
 ) -> None:
@@ -414,18 +430,27 @@ def test_a_record_the_broker_refuses_becomes_its_dead_letter_inside_the_transact
     ``result_refused`` dead letter; the transaction aborts once, not on every try."""
     worker, consumer, producer = served_with_a_keyless_request(classifier, compacted, 8, 2)
     assert len(producer.aborted) == 1, "the refusal is learned from the first abort"
-    results = sorted(int(h["streamfer.source_offset"]) for h in committed(producer, "res"))
-    assert results == [0, 1, 3, 4, 5, 6, 7]
-    (dead,) = committed(producer, "dlq")
-    assert (dead["streamfer.source_offset"], dead["streamfer.error_code"]) == (
-        b"2",
-        b"result_refused",
-    )
-    assert b"compacted topic needs a key" in dead["streamfer.error_reason"]
-    assert answered_once(producer)
+    assert results_beside_a_refused(producer, 2) == [0, 1, 3, 4, 5, 6, 7]
     consumer.produce(0, 4)  # later requests are answered as usual
     turn_until(worker, lambda: consumer.group_offsets.get(P0) == 12, timeout=5)
     assert len(producer.aborted) == 1
+
+
+def test_a_keyless_result_for_a_compacted_topic_is_dead_lettered_without_an_abort(
+    classifier: DemoModel,
+) -> None:
+    """The broker refuses a keyless record's whole batch on a compacted topic: every
+    result of the transaction with it. A worker that knows the topic compacts sends that
+    request's dead letter instead, inside the transaction, which commits the first time."""
+    known = RecordLimits(1_000_000, {}, compacted={"res"})
+    worker, consumer, producer, _ = eos(classifier, batch=8, limits=known)
+    producer.compacted = {"res"}
+    consumer.assign(P0)
+    consumer.produce(0, 7)
+    consumer.drop_key(0, 3)
+    turn_until(worker, lambda: consumer.group_offsets.get(P0) == 7, timeout=5)
+    assert producer.aborted == []
+    assert results_beside_a_refused(producer, 3) == [0, 1, 2, 4, 5, 6]
 
 
 def test_a_refused_dead_letter_is_sent_again_without_the_original_record(

@@ -609,6 +609,38 @@ def test_a_record_the_producer_refuses_for_size_becomes_a_dead_letter(
     assert [s.body["code"] for s in sink.to("dlq")] == ["result_too_large"]
 
 
+def test_a_keyless_result_for_a_compacted_topic_is_dead_lettered_before_produce(
+    make_pipeline: PipelineFactory, sink: FakeSink
+) -> None:
+    sink.limit = RecordLimits(1_000_000, {}, compacted={"res"})
+    batch = [
+        FakeMessage(req("keyed", "e1"), 1, key=b"k"),
+        FakeMessage(req("keyless", "e2"), 2),
+        FakeMessage(req("after", "e3"), 3, key=b"k"),
+    ]
+    tracker, _ = handle(make_pipeline(), batch, sink)
+    assert [s.body["id"] for s in sink.to("res")] == ["keyed", "after"]
+    (dead,) = sink.to("dlq")
+    assert (dead.body["stage"], dead.body["code"], dead.body["request_id"]) == (
+        "publish",
+        "result_refused",
+        "keyless",
+    )
+    assert dead.body["reason"] == (
+        "res cannot take the result: compacted topic needs a key, and the request has none"
+    )
+    assert tracker.sent == 3 and not tracker.errors
+
+
+def test_a_keyless_result_for_a_topic_that_does_not_compact_is_published(
+    make_pipeline: PipelineFactory, sink: FakeSink
+) -> None:
+    sink.limit = RecordLimits(1_000_000, {}, compacted={"dlq"})
+    handle(make_pipeline(), [FakeMessage(req("keyless", "e2"), 2)], sink)
+    assert [s.body["id"] for s in sink.to("res")] == ["keyless"]
+    assert not sink.to("dlq")
+
+
 def test_a_dead_letter_the_producer_refuses_even_bare_fails_the_batch(
     make_pipeline: PipelineFactory, sink: FakeSink
 ) -> None:

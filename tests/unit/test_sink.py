@@ -1,0 +1,35 @@
+"""The sink never produces a record the broker would refuse with its whole batch."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from worker.limits import RecordLimits
+from worker.sink import DeliveryTracker, Sink
+
+
+class Producer:
+    """Keeps what it is asked to produce."""
+
+    def __init__(self) -> None:
+        self.produced: list[tuple[str, bytes | None]] = []
+
+    def produce(self, topic: str, value: bytes, key: bytes | None, **_kw: Any) -> None:
+        self.produced.append((topic, key))
+
+    def poll(self, timeout: float) -> int:
+        return 0
+
+
+def test_a_keyless_record_for_a_compacted_topic_is_refused_without_producing_it() -> None:
+    producer = Producer()
+    sink = Sink(cast(Any, producer), RecordLimits(1_000_000, {}, compacted={"dlq"}))
+    tracker = DeliveryTracker()
+    assert sink.send(tracker, "dlq", b"{}", None, None)
+    assert sink.send(tracker, "dlq", b"{}", b"k", None)
+    assert sink.send(tracker, "res", b"{}", None, None)
+    assert producer.produced == [("dlq", b"k"), ("res", None)]
+    assert (tracker.sent, tracker.refused) == (3, 1)
+    assert tracker.errors == [
+        "dlq: refused by producer: compacted topic needs a key, and this record has none"
+    ]
