@@ -219,35 +219,45 @@ def test_results_that_fit_a_small_topic_limit_are_published(
 
 
 @pytest.mark.parametrize("delivery", ["at-least-once", "exactly-once"])
-def test_a_result_the_broker_refuses_becomes_a_dead_letter(
+def test_a_keyless_result_for_a_compacted_topic_is_dead_lettered_alone(
     kafka_bootstrap: str,
     entities: list[str],
     fresh_topics: Callable[..., Topics],
     serve: Callable[..., Any],
     delivery: str,
+    tmp_path: Path,
 ) -> None:
-    # A compacted topic refuses records without a key (INVALID_RECORD), after the
-    # producer has sent them: the refusal comes back in the delivery report. Exactly-once
-    # aborts that transaction once; the next try sends the dead letters in the results'
-    # place, inside the transaction. (The broker refuses a keyless record's whole produce
-    # batch, so keyed batch-mates would share the refusal: every request here is keyless.)
+    # A compacted topic refuses a record without a key, and with it the whole produce
+    # batch (INVALID_RECORD on every record of it): keyed results sharing the batch would
+    # be refused too. The worker reads the topic's cleanup.policy at start-up and
+    # dead-letters a keyless result before produce, in exactly-once mode inside the
+    # transaction, so the keyed requests around it get their results, once each.
     t = fresh_topics(2)
     compacted = Topics(t.requests, f"{t.results}-compacted", t.dead_letters, t.group)
     _topic_with(kafka_bootstrap, compacted.results, 1, **{"cleanup.policy": "compact"})
-    keyless = [_good(f"n{i}", entities[i], key=None) for i in range(5)]
+    requests = [
+        _good(f"n{i}", entities[i], key=None if i in (2, 5) else f"k{i}".encode()) for i in range(8)
+    ]
+    keyless = {tag for tag, key, _ in requests if key is None}
+    keyed = {tag for tag, _, _ in requests} - keyless
     outcomes, positions, _ = serve(
+        requests,
+        keyed,
         keyless,
-        set(),
-        {t for t, _, _ in keyless},
         topics=compacted,
         top=f'delivery = "{delivery}"',
         reader={"isolation.level": "read_committed"},
     )
-    assert not outcomes.results
+    assert dict(outcomes.results) == dict.fromkeys(keyed, 1), outcomes.dead_letter_docs
     assert outcomes.duplicates() == 0
-    assert {d["code"] for d in outcomes.dead_letter_docs} == {"result_refused"}
+    assert {d["request_id"] for d in outcomes.dead_letter_docs} == keyless
     for doc in outcomes.dead_letter_docs:
-        assert "refused the result" in doc["reason"], doc
+        assert doc["code"] == "result_refused", doc
+        assert f"{compacted.results} cannot take the result" in doc["reason"], doc
+        assert "compacted topic needs a key" in doc["reason"], doc
         where = f"{doc['source']['topic']}/{doc['source']['partition']}/{doc['source']['offset']}"
         assert where == positions[doc["request_id"]]
         assert_valid(validator("dead-letter"), doc)
+    log = (tmp_path / "worker.log").read_text()
+    assert "refused a record" not in log, "a keyless result reached the broker"
+    assert "transaction failed" not in log, "the transaction aborted"
