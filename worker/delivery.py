@@ -187,10 +187,11 @@ class AtLeastOnce:
         self._sink.flush(timeout)
 
     def _dead_letter_undelivered(self) -> None:
-        """Records the broker refused for themselves become their requests' dead letters.
-        A batch still being published waits for the next turn: only then is this thread
-        the one sending for it. Their reports may still arrive on a processing thread
-        meanwhile: ``take_undeliverable`` and the tracker's queueing share its lock."""
+        """Records the broker refused for themselves become their requests' dead letters;
+        those refused only for a batch-mate are sent again, as they were. A batch still
+        being published waits for the next turn: only then is this thread the one sending
+        for it. Their reports may still arrive on a processing thread meanwhile:
+        ``take_undelivered`` and the tracker's queueing share its lock."""
         waiting = self._undeliverable
         for _ in range(len(waiting)):
             tracker = waiting.popleft()
@@ -198,8 +199,11 @@ class AtLeastOnce:
                 waiting.append(tracker)
                 continue
             pipeline = self._stages.pipelines[tracker.pipeline]
-            while (refused := tracker.take_undeliverable()) is not None:
+            while (refused := tracker.take_undelivered()) is not None:
                 produced, why = refused
+                if why is None:  # refused only with a batch-mate: nothing wrong with it
+                    self._sink.resend(tracker, produced)
+                    continue
                 log.warning(
                     "%s[%s] refused a record (%s): dead-lettering its request",
                     produced.topic(),

@@ -20,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
@@ -47,6 +47,12 @@ RECORD_ERRORS = frozenset(
 )
 """Delivery errors about one record, not about the broker or the producer."""
 
+INNOCENT = KafkaError._INVALID_DIFFERENT_RECORD
+"""A record refused only because another record of its produce batch was: sent again."""
+
+RESENDS_PER_RECORD = 3
+"""How often, on average, a batch's records may be sent again before the batch fails."""
+
 NO_REFUSALS: Mapping[Source, Refusal] = MappingProxyType({})
 
 
@@ -72,6 +78,8 @@ class DeliveryTracker:
         "pipeline",
         "refusals",
         "refused",
+        "resend",
+        "resent",
         "sealed",
         "sealed_at",
         "sent",
@@ -88,8 +96,9 @@ class DeliveryTracker:
         refusals: Mapping[Source, Refusal] = NO_REFUSALS,
     ) -> None:
         """With ``reroute``, a record the broker refuses for itself (``RECORD_ERRORS``) is
-        kept in ``undeliverable`` and the tracker queued there for whoever dead-letters
-        it; the batch is not done until that is handled. Without, it is a failure;
+        kept in ``undeliverable``, one refused only for a batch-mate (``INNOCENT``) in
+        ``resend``, and the tracker queued there for whoever dead-letters or re-sends
+        them; the batch is not done until that is handled. Without, it is a failure;
         ``keep_refused`` (exactly-once, whose transaction must then abort) keeps it in
         ``undeliverable`` as well, for the next try to dead-letter. ``refusals``: the
         requests the broker refused a record of on an earlier try, by source; the
@@ -107,12 +116,20 @@ class DeliveryTracker:
         self.sealed_at = 0.0
         self.errors: list[str] = []
         self.undeliverable: list[tuple[Message, str]] = []
+        self.resend: list[Message] = []
+        """With ``reroute``: records refused only for a batch-mate (``INNOCENT``)."""
+        self.resent = 0
         self.context: object = None
         """What the publisher needs to dead-letter an undeliverable record (its batch)."""
 
     @property
     def done(self) -> bool:
-        return self.sealed and self.acked + self.refused == self.sent and not self.undeliverable
+        return (
+            self.sealed
+            and self.acked + self.refused == self.sent
+            and not self.undeliverable
+            and not self.resend
+        )
 
     @property
     def pending(self) -> int:
@@ -128,13 +145,17 @@ class DeliveryTracker:
         # the batch done the moment ``acked`` reaches ``sent``, and must see its errors then.
         with self._lock:
             if err is not None:
-                refused = err.code() in RECORD_ERRORS
-                if refused and self._notify is not None:
-                    # queued when the list was empty, that is when no one holds it to
-                    # drain: ``take_undeliverable`` empties it under this same lock
-                    if not self.undeliverable:
+                code = err.code()
+                refused = code in RECORD_ERRORS
+                if (refused or code == INNOCENT) and self._notify is not None:
+                    # queued when both lists were empty, that is when no one holds them to
+                    # drain: ``take_undelivered`` empties them under this same lock
+                    if not self.undeliverable and not self.resend:
                         self._notify.append(self)
-                    self.undeliverable.append((msg, err.str()))
+                    if refused:
+                        self.undeliverable.append((msg, err.str()))
+                    else:
+                        self.resend.append(msg)
                 else:
                     if refused and self._keep_refused:
                         self.undeliverable.append((msg, err.str()))
@@ -148,6 +169,14 @@ class DeliveryTracker:
         until None: a refusal reported after that None queues the tracker again, one
         reported before it is returned here, so none is left in a tracker no one holds."""
         with self._lock:
+            return self.undeliverable.pop() if self.undeliverable else None
+
+    def take_undelivered(self) -> tuple[Message, str | None] | None:
+        """Like ``take_undeliverable``, with the records to send again as well: ``(record,
+        None)`` for one refused only for a batch-mate; None once both lists are empty."""
+        with self._lock:
+            if self.resend:
+                return self.resend.pop(), None
             return self.undeliverable.pop() if self.undeliverable else None
 
     def refused_by_producer(self, topic: str, reason: str) -> None:
@@ -232,6 +261,16 @@ class Sink:
                 tracker.sent += 1
                 tracker.refused_by_producer(topic, str(exc))
                 return True
+
+    def resend(self, tracker: DeliveryTracker, record: Message) -> None:
+        """Send ``record`` again, as it was (a batch-mate's refusal failed it). Past
+        ``RESENDS_PER_RECORD`` per record of the batch, the batch fails instead."""
+        if tracker.resent >= RESENDS_PER_RECORD * max(1, tracker.sent - tracker.resent):
+            tracker.fail(f"{record.topic()}: refused with its batch-mates again and again")
+            return
+        tracker.resent += 1
+        headers = cast("Headers | None", record.headers())
+        self.send(tracker, str(record.topic()), record.value() or b"", record.key(), headers)
 
     def warm_up(self, topics: list[str], timeout: float = 10.0) -> None:
         """Fetch the topics' metadata now, so the first batch does not wait for it (about

@@ -13,7 +13,13 @@ from typing import Any
 import orjson
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
 
 from streamfer_dev.harness import (
     Outcomes,
@@ -48,9 +54,9 @@ def serve(
     write_config: Callable[..., Path],
     tmp_path: Path,
 ) -> Iterator[Callable[..., tuple[Outcomes, dict[str, str], Topics]]]:
-    """Start one worker, produce ``requests``, read every outcome (``reader``: options of
-    the consumer reading them), check the worker is still running and has committed
-    everything; then stop it cleanly."""
+    """Start one worker, call ``started`` once it is assigned, produce ``requests``, read
+    every outcome (``reader``: options of the consumer reading them), check the worker
+    is still running and has committed everything; then stop it cleanly."""
     workers: list[WorkerProcess] = []
 
     def run(
@@ -60,6 +66,7 @@ def serve(
         *,
         topics: Topics | None = None,
         reader: dict[str, Any] | None = None,
+        started: Callable[[], None] = lambda: None,
         **config: Any,
     ) -> tuple[Outcomes, dict[str, str], Topics]:
         t = topics or fresh_topics(2)
@@ -67,6 +74,7 @@ def serve(
         worker = WorkerProcess(path, tmp_path / "worker.log").start()
         workers.append(worker)
         wait_for_assignment([worker], 2, timeout=60)
+        started()
         positions = produce_requests(kafka_bootstrap, t.requests, requests)
         bad_positions = {positions[tag] for tag in bad}
         outcomes = collect_outcomes(
@@ -218,25 +226,42 @@ def test_results_that_fit_a_small_topic_limit_are_published(
     assert not outcomes.dead_letter_docs
 
 
+def _compact(bootstrap: str, topic: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    entry = ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[entry])
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(30)
+    time.sleep(1.0)  # the partition's leader applies the new policy
+
+
 @pytest.mark.parametrize("delivery", ["at-least-once", "exactly-once"])
+@pytest.mark.parametrize("compacted", ["at-start-up", "after-start-up"])
 def test_a_keyless_result_for_a_compacted_topic_is_dead_lettered_alone(
     kafka_bootstrap: str,
     entities: list[str],
     fresh_topics: Callable[..., Topics],
     serve: Callable[..., Any],
     delivery: str,
+    compacted: str,
     tmp_path: Path,
 ) -> None:
-    # A compacted topic refuses a record without a key, and with it the whole produce
-    # batch (INVALID_RECORD on every record of it): keyed results sharing the batch would
-    # be refused too. The worker reads the topic's cleanup.policy at start-up and
+    # A compacted topic refuses a produce batch holding a record without a key:
+    # INVALID_RECORD for that record, librdkafka's _INVALID_DIFFERENT_RECORD for its
+    # keyed batch-mates. The worker reads the topic's cleanup.policy at start-up and
     # dead-letters a keyless result before produce, in exactly-once mode inside the
-    # transaction, so the keyed requests around it get their results, once each.
+    # transaction, which then commits without an abort. A topic compacted after start-up
+    # refuses it: the keyless results become result_refused dead letters, and the keyed
+    # ones are sent again (at-least-once) or redone by the next transaction. Either way
+    # each keyed request is answered once.
     t = fresh_topics(2)
-    compacted = Topics(t.requests, f"{t.results}-compacted", t.dead_letters, t.group)
-    _topic_with(kafka_bootstrap, compacted.results, 1, **{"cleanup.policy": "compact"})
+    topics = Topics(t.requests, f"{t.results}-compacted", t.dead_letters, t.group)
+    known = compacted == "at-start-up"
+    policy = {"cleanup.policy": "compact"} if known else {}
+    _topic_with(kafka_bootstrap, topics.results, 1, **policy)
     requests = [
-        _good(f"n{i}", entities[i], key=None if i in (2, 5) else f"k{i}".encode()) for i in range(8)
+        _good(f"n{i}", entities[i], key=None if i in (2, 5) else f"k{i}".encode())
+        for i in range(12)
     ]
     keyless = {tag for tag, key, _ in requests if key is None}
     keyed = {tag for tag, _, _ in requests} - keyless
@@ -244,7 +269,8 @@ def test_a_keyless_result_for_a_compacted_topic_is_dead_lettered_alone(
         requests,
         keyed,
         keyless,
-        topics=compacted,
+        topics=topics,
+        started=(lambda: None) if known else (lambda: _compact(kafka_bootstrap, topics.results)),
         top=f'delivery = "{delivery}"',
         reader={"isolation.level": "read_committed"},
     )
@@ -253,11 +279,13 @@ def test_a_keyless_result_for_a_compacted_topic_is_dead_lettered_alone(
     assert {d["request_id"] for d in outcomes.dead_letter_docs} == keyless
     for doc in outcomes.dead_letter_docs:
         assert doc["code"] == "result_refused", doc
-        assert f"{compacted.results} cannot take the result" in doc["reason"], doc
-        assert "compacted topic needs a key" in doc["reason"], doc
         where = f"{doc['source']['topic']}/{doc['source']['partition']}/{doc['source']['offset']}"
         assert where == positions[doc["request_id"]]
         assert_valid(validator("dead-letter"), doc)
-    log = (tmp_path / "worker.log").read_text()
-    assert "refused a record" not in log, "a keyless result reached the broker"
-    assert "transaction failed" not in log, "the transaction aborted"
+        if known:
+            assert f"{topics.results} cannot take the result" in doc["reason"], doc
+            assert "compacted topic needs a key" in doc["reason"], doc
+    if known:
+        log = (tmp_path / "worker.log").read_text()
+        assert "refused a record" not in log, "a keyless result reached the broker"
+        assert "transaction failed" not in log, "the transaction aborted"

@@ -173,15 +173,24 @@ class FakeConsumer:
 
 def refused_batch(
     records: Sequence[tuple[str, bytes | None]], compacted: set[str] | frozenset[str]
-) -> set[int]:
+) -> dict[int, KafkaError]:
     """Which of one produce batch's ``(topic, key)`` records a broker refuses when
-    ``compacted`` topics compact: every record of such a topic, once one of them has no
-    key (INVALID_RECORD comes back for the whole batch, as from Apache Kafka)."""
+    ``compacted`` topics compact, and with what: once one record of such a topic has no
+    key, Apache Kafka refuses that topic's whole batch; librdkafka reports INVALID_RECORD
+    on the keyless records and ``_INVALID_DIFFERENT_RECORD`` on their batch-mates."""
     keyless = {topic for topic, key in records if key is None and topic in compacted}
-    return {i for i, (topic, _key) in enumerate(records) if topic in keyless}
+    return {
+        i: INVALID_RECORD if key is None else INVALID_DIFFERENT_RECORD
+        for i, (topic, key) in enumerate(records)
+        if topic in keyless
+    }
 
 
 INVALID_RECORD = KafkaError(KafkaError.INVALID_RECORD, "Broker: Invalid record")
+INVALID_DIFFERENT_RECORD = KafkaError(
+    KafkaError._INVALID_DIFFERENT_RECORD,
+    "Local: an invalid record in the same batch caused the failure of this message too",
+)
 
 
 @dataclass
@@ -208,9 +217,13 @@ class FakeSink:
     ) -> bool:
         tracker.sent += 1
         self.sent.append((topic, value))
-        report = Message(topic=topic, partition=0, offset=len(self.sent), value=value, key=key)
+        report = Message(
+            topic=topic, partition=0, offset=len(self.sent), value=value, key=key, headers=headers
+        )
         self.unacked.append((tracker, report))
         return True
+
+    resend = Sink.resend  # the real one, sending through ``send`` above
 
     def poll(self, timeout: float = 0.0) -> int:
         acked, self.unacked = self.unacked, []
@@ -219,7 +232,7 @@ class FakeSink:
         for i, (tracker, msg) in enumerate(acked):
             if i not in refused:
                 self.delivered.append(msg)
-            tracker.on_delivery(INVALID_RECORD if i in refused else None, msg)
+            tracker.on_delivery(refused.get(i), msg)
         return len(acked)
 
     def flush(self, timeout: float) -> int:
@@ -311,10 +324,11 @@ class FakeTransactionalProducer:
 
     def _refuse_compacted(self, txn: Transaction) -> None:
         topics = [topic for topic, _v, _h, _cb in txn.records]
-        for i in sorted(refused_batch(list(zip(topics, txn.keys, strict=True)), self.compacted)):
+        refused = refused_batch(list(zip(topics, txn.keys, strict=True)), self.compacted)
+        for i, err in sorted(refused.items()):
             topic, value, _headers, on_delivery = txn.records[i]
             report = Message(topic=topic, partition=0, offset=-1, value=value, key=txn.keys[i])
-            txn.refused.append((INVALID_RECORD, report, on_delivery))
+            txn.refused.append((err, report, on_delivery))
 
     def abort_transaction(self, timeout: float) -> None:
         assert self.open is not None

@@ -10,13 +10,14 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
 from confluent_kafka import KafkaError, Message
 
 from streamfer_dev.modelgen import DemoModel
 from tests.unit.fakes import TOPIC, FakeSink, build_worker, turn_until
 from worker.delivery import AtLeastOnce, Stages
 from worker.limits import RecordLimits
-from worker.sink import DeliveryTracker
+from worker.sink import RESENDS_PER_RECORD, DeliveryTracker
 
 
 class Refusal:
@@ -123,21 +124,44 @@ def test_a_synchronous_commit_with_a_refused_partition_counts_as_a_commit_failur
     assert registry.get_sample_value("failures_total") == 1, "the retry went through"
 
 
+@pytest.mark.parametrize("known", [True, False], ids=["policy-read", "policy-unknown"])
 def test_a_keyless_result_for_a_compacted_topic_is_dead_lettered_alone(
-    classifier: DemoModel,
+    classifier: DemoModel, known: bool
 ) -> None:
-    """The broker refuses a keyless record's whole produce batch on a compacted topic; a
-    worker that knows the topic compacts dead-letters the keyless result before produce,
-    so its keyed batch-mates are delivered."""
-    known = RecordLimits(1_000_000, {}, compacted={"res"})
-    worker, consumer, sink, _ = build_worker(classifier, batch=8, limits=known)
+    """The broker refuses a keyless record's whole produce batch on a compacted topic:
+    INVALID_RECORD for it, librdkafka's ``_INVALID_DIFFERENT_RECORD`` for its batch-mates.
+    A worker that knows the topic compacts dead-letters the keyless result before produce;
+    one that cannot know (DescribeConfigs refused, or compacted after start-up) dead-letters
+    it on the refusal and sends its batch-mates again. Either way each keyed result is
+    delivered once and the worker goes on committing."""
+    limits = RecordLimits(1_000_000, {}, compacted={"res"}) if known else None
+    worker, consumer, sink, _ = build_worker(classifier, batch=8, limits=limits)
     sink.compacted = {"res"}
     consumer.assign((TOPIC, 0))
     consumer.produce(0, 7)
     consumer.drop_key(0, 3)
     turn_until(worker, lambda: any(o[0].offset == 7 for o in consumer.async_commits))
     results = sorted(doc["id"] for doc in sink.delivered_to("res"))
-    assert results == [f"r0-{i}" for i in (0, 1, 2, 4, 5, 6)]
+    assert results == [f"r0-{i}" for i in (0, 1, 2, 4, 5, 6)], "each keyed result once"
     (dead,) = sink.delivered_to("dlq")
     assert (dead["request_id"], dead["code"]) == ("r0-3", "result_refused")
-    assert "res cannot take the result: compacted topic needs a key" in dead["reason"]
+    if known:
+        assert "res cannot take the result: compacted topic needs a key" in dead["reason"]
+    consumer.produce(0, 2)
+    turn_until(worker, lambda: any(o[0].offset == 9 for o in consumer.async_commits))
+    assert len(sink.delivered_to("res")) == 8, "the worker goes on"
+
+
+def test_a_record_refused_with_its_batch_mates_again_and_again_fails_its_batch() -> None:
+    """The re-send is bounded: a record failed for a batch-mate on every try fails its
+    batch (a delivery failure, which stops the worker) instead of looping."""
+    sink = FakeSink()
+    tracker = DeliveryTracker("p")
+    tracker.sent = 2
+    record = Message(topic="res", partition=0, offset=1, value=b"v")
+    for _ in range(RESENDS_PER_RECORD * 2):
+        sink.resend(tracker, record)
+    assert len(sink.sent) == RESENDS_PER_RECORD * 2 and not tracker.errors
+    sink.resend(tracker, record)
+    assert len(sink.sent) == RESENDS_PER_RECORD * 2
+    assert tracker.errors == ["res: refused with its batch-mates again and again"]
