@@ -218,10 +218,6 @@ class Sink:
     def __init__(self, producer: Producer, limits: RecordLimits | None = None) -> None:
         self.limit = limits or RecordLimits.unread()
         """The largest record (value, key and headers) a topic takes: ``limit(topic)``."""
-        self.use(producer)
-
-    def use(self, producer: Producer) -> None:
-        """Send through ``producer`` from now on (a re-created transactional producer)."""
         self.producer = producer
         self._producer = producer
         self._produce = producer.produce
