@@ -823,14 +823,16 @@ def net_scenario(
     faults: Sequence[netfaults.NetFault],
     exactly_once: bool,
     name: str,
+    static: bool | None = None,
 ) -> dict[str, Any]:
     """Network faults (of ``NET_FAULTS``, say) one after another between 2 workers and
     Kafka or Redis, mid-stream; the fleet restarts a worker that exits. Reports, per
     fault, the seconds from its end until every partition was served again, and the
-    expectations the run missed."""
+    expectations the run missed. ``static``: as ``Run.static`` (a restarted worker takes
+    its slot's group.instance.id by default in exactly-once mode, as a StatefulSet pod)."""
     if env.proxy is None:
         raise StackError("the network-fault scenarios need an Env started with net=True")
-    run = Run(env, name, records, exactly_once=exactly_once)
+    run = Run(env, name, records, exactly_once=exactly_once, static=static)
     fleet = run.fleet()
     requests, good, _ = run.requests()
     run.start_workers(fleet, 2)
@@ -908,18 +910,24 @@ SCENARIOS: dict[str, tuple[Scenario, int, str]] = {
         "records that each used to stop a worker (see POISON_KINDS), among 3 workers",
     ),
 }
-for _fault in NET_FAULTS.values():
-    for _eos, _mode in ((False, "at-least-once"), (True, "exactly-once")):
-        SCENARIOS[f"net-{_fault.name}-{_mode}"] = (
-            functools.partial(
-                net_scenario,
-                faults=(_fault,),
-                exactly_once=_eos,
-                name=f"net-{_fault.name}-{_mode}",
-            ),
-            4_000,
-            f"{_fault.text}; 2 workers, {_mode}",
-        )
+
+
+def _net_variants() -> Iterator[tuple[str, tuple[Scenario, int, str]]]:
+    """``net-<fault>-<mode>`` for every fault and mode, and ``-dynamic`` (the restarted
+    workers join as new members) where exactly-once may wedge."""
+    modes = [(False, "at-least-once", None, ""), (True, "exactly-once", None, "")]
+    for fault in NET_FAULTS.values():
+        extra = [(True, "exactly-once-dynamic", False, ", no static membership")]
+        for eos, mode, static, note in modes + (extra if fault.cuts_kafka else []):
+            name = f"net-{fault.name}-{mode}"
+            run = functools.partial(
+                net_scenario, faults=(fault,), exactly_once=eos, name=name, static=static
+            )
+            text = f"{fault.text}; 2 workers, {mode.removesuffix('-dynamic')}{note}"
+            yield name, (run, 4_000, text)
+
+
+SCENARIOS.update(_net_variants())
 
 
 def run_scenario(name: str, records: int | None = None, env: Env | None = None) -> dict[str, Any]:
@@ -966,7 +974,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.list:
         for name, (_, records, text) in SCENARIOS.items():
-            print(f"{name:30} {records:>7} records  {text}")
+            print(f"{name:38} {records:>6} records  {text}")
         return 0
     names = {"all": list(SCENARIOS), "net": [n for n in SCENARIOS if n.startswith("net-")]}.get(
         args.scenario, [args.scenario]
