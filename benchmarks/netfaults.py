@@ -125,15 +125,15 @@ def recovery_bound_s(fault: NetFault, *, exactly_once: bool, session_timeout_s: 
     At-least-once, and exactly-once when the broker stays reachable: a session timeout
     (a member whose session expired meanwhile rejoins, and the group waits that long for
     members it still counts) plus ``SETTLE_S``. Exactly-once when the broker is cut off:
-    a transactional call begun as the fault started can wedge in librdkafka; the
+    a transactional call can wedge in librdkafka, and not only one begun during the
+    fault: a member whose session expired rejoins as the fault heals, and its first
+    ``send_offsets_to_transaction`` then can wedge too (seen in every such run). The
     CallWatch stops that worker ``CALL_TIMEOUT_S + STALL_MARGIN_S`` after the call began,
-    and its restart takes ``RESTART_S``; less the fault's own length, since the call was
-    already waiting through it."""
+    and its restart takes ``RESTART_S``."""
     plain = session_timeout_s + SETTLE_S
     if not (exactly_once and fault.cuts_kafka):
         return plain
-    wedged = CALL_TIMEOUT_S + STALL_MARGIN_S - fault.duration_s + RESTART_S
-    return max(plain, wedged)
+    return max(plain, CALL_TIMEOUT_S + STALL_MARGIN_S + RESTART_S)
 
 
 class Proxies(Protocol):
