@@ -12,12 +12,19 @@ than a session timeout plus ten seconds is a stall: the run stops there and name
 partitions, their committed offsets and log ends. ``--repeat N`` runs each scenario N
 times on one stack and exits non-zero if any run was incomplete. Tests import
 ``run_scenario`` and run small variants.
+
+The ``net-<fault>-<mode>`` scenarios (``--scenario net`` runs them all) put toxiproxy
+between the workers and Kafka and Redis, inject one network fault of
+``benchmarks.netfaults`` mid-stream, and also report how many seconds after the fault
+every partition was served again, against the bound stated there. Their fleet restarts a
+worker that exits, as the ``--processes`` supervisor or Kubernetes would.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import random
 import shutil
 import sys
@@ -26,15 +33,16 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 import redis
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
+from benchmarks import netfaults
 from benchmarks.fault_models import make_poison_model, make_slow_model
 from streamfer_dev.harness import (
     WorkerProcess,
@@ -45,7 +53,8 @@ from streamfer_dev.harness import (
     worker_config_toml,
 )
 from streamfer_dev.modelgen import DemoModel, make_classifier, seed_entities
-from streamfer_dev.stack import Service, start_kafka, start_redis
+from streamfer_dev.stack import Service, free_port, start_kafka, start_redis
+from streamfer_dev.toxiproxy import Toxiproxy, start_toxiproxy
 from worker.errors import StackError
 from worker.topics import ensure_topics
 
@@ -67,32 +76,53 @@ class Env:
     redis: Service
     model: DemoModel
     entities: list[str]
+    proxy: Toxiproxy | None = None
+    """With ``net``: toxiproxy, with a proxy named ``kafka`` and one named ``redis``."""
+    proxied: dict[str, str] = field(default_factory=dict)
+    """The proxies' addresses, which the workers (and only they) are given."""
 
     @classmethod
     @contextlib.contextmanager
-    def start(cls) -> Iterator[Env]:
+    def start(cls, *, net: bool = False) -> Iterator[Env]:
+        """With ``net``, the workers reach Kafka and Redis through toxiproxy: Kafka gets a
+        second listener advertised at the proxy's port, so every connection of theirs
+        goes through it, while the harness's producer and reader use the first."""
         work = Path(tempfile.mkdtemp(prefix="streamfer-chaos-"))
-        kafka = start_kafka(work / "kafka")
-        try:
+        env: Env | None = None
+        with contextlib.ExitStack() as stack:  # stops what started, in reverse order
+            stack.callback(shutil.rmtree, work, ignore_errors=True)
+            proxy = start_toxiproxy() if net else None
+            if proxy is not None:
+                stack.callback(proxy.stop)
+            ports = (free_port(), free_port())  # the broker's PROXIED listener, the proxy
+            kafka = start_kafka(work / "kafka", proxied=ports if net else None)
+            # the current ones at the end: a scenario may have replaced them
+            stack.callback(lambda: (kafka if env is None else env.kafka).stop())
             rds = start_redis(persist_dir=work / "redis")
-        except BaseException:
-            kafka.stop()
-            raise
-        model = make_classifier(work / "model.onnx")
-        client = redis.Redis.from_url(rds.address)
-        entities = seed_entities(client, model, prefix="c")
-        client.close()
-        env = cls(work, kafka, rds, model, entities)
-        try:
+            stack.callback(lambda: (rds if env is None else env.redis).stop())
+            model = make_classifier(work / "model.onnx")
+            client = redis.Redis.from_url(rds.address)
+            entities = seed_entities(client, model, prefix="c")
+            client.close()
+            env = cls(work, kafka, rds, model, entities, proxy)
+            if proxy is not None:
+                redis_at = rds.address.removeprefix("redis://").removesuffix("/0")
+                env.proxied["kafka"] = proxy.create("kafka", ports[1], f"127.0.0.1:{ports[0]}")
+                env.proxied["redis"] = proxy.create("redis", free_port(), redis_at)
             yield env
-        finally:
-            env.kafka.stop()  # the current ones: a scenario may have replaced them
-            env.redis.stop()
-            shutil.rmtree(work, ignore_errors=True)
 
     @property
     def bootstrap(self) -> str:
         return self.kafka.address
+
+    @property
+    def worker_bootstrap(self) -> str:
+        return self.proxied.get("kafka", self.bootstrap)
+
+    @property
+    def worker_redis(self) -> str:
+        at = self.proxied.get("redis")
+        return self.redis.address if at is None else f"redis://{at}/0"
 
     def restart_kafka(self, down_s: float = 2.0) -> None:
         self.kafka.stop()
@@ -128,18 +158,40 @@ class Fleet:
     workers: list[WorkerProcess] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
     started: int = 0
+    exits: list[int] = field(default_factory=list)
+    """Exit codes of workers that ended by themselves and were restarted (``supervise``)."""
+    _supervisor: threading.Thread | None = None
+    _stopping: threading.Event = field(default_factory=threading.Event)
+
+    def _spawn(self, slot: int | None) -> tuple[WorkerProcess, int]:
+        self.started += 1
+        this_slot = slot if slot is not None else self.started
+        env = {"STREAMFER_KAFKA__GROUP_INSTANCE_ID": f"slot-{this_slot}"} if self.static else {}
+        env.update(self.env)
+        log_path = self.logs / f"worker-{self.started}.log"
+        w = WorkerProcess(self.config, log_path, env=env).start()
+        _LIVE.append(w)
+        return w, this_slot
 
     def add(self, n: int = 1, slot: int | None = None) -> None:
         for _ in range(n):
-            self.started += 1
-            this_slot = slot if slot is not None else self.started
-            env = {"STREAMFER_KAFKA__GROUP_INSTANCE_ID": f"slot-{this_slot}"} if self.static else {}
-            env.update(self.env)
-            log_path = self.logs / f"worker-{self.started}.log"
-            w = WorkerProcess(self.config, log_path, env=env).start()
+            w, this_slot = self._spawn(slot)
             self.workers.append(w)
             self.slots.append(this_slot)
-            _LIVE.append(w)
+
+    def supervise(self, every_s: float = 0.5) -> None:
+        """From now until ``stop_all``, restart (in its slot) any worker that exits, as
+        the ``--processes`` supervisor or Kubernetes would."""
+
+        def watch() -> None:
+            while not self._stopping.wait(every_s):
+                for i, w in enumerate(self.workers):
+                    if not w.alive() and w.process is not None:
+                        self.exits.append(w.process.returncode)
+                        self.workers[i], _ = self._spawn(self.slots[i])
+
+        self._supervisor = threading.Thread(target=watch, daemon=True)
+        self._supervisor.start()
 
     def busy(self, rng: random.Random) -> int:
         """The index of a worker that owns partitions (one still starting would be no test)."""
@@ -160,6 +212,9 @@ class Fleet:
         wait_for_assignment(self.workers, PARTITIONS, timeout)
 
     def stop_all(self) -> list[int]:
+        self._stopping.set()
+        if self._supervisor is not None:
+            self._supervisor.join()
         codes = [w.terminate() for w in self.workers]
         self.workers.clear()
         self.slots.clear()
@@ -391,8 +446,8 @@ class Run:
         config = self.dir / "worker.toml"
         config.write_text(
             worker_config_toml(
-                bootstrap=self.env.bootstrap,
-                redis_url=self.env.redis.address,
+                bootstrap=self.env.worker_bootstrap,
+                redis_url=self.env.worker_redis,
                 group=self.group,
                 request_topic=self.requests_topic,
                 result_topic=self.results_topic,
@@ -732,6 +787,88 @@ def poison_mix_scenario(env: Env, records: int, per_kind: int = 5) -> dict[str, 
     return report
 
 
+NET_RATE = 100.0
+"""Requests per second in the network-fault scenarios (the default 4,000 last 40 s)."""
+NET_LEAD_S = 8.0
+"""Requests flow this long before the fault, so both workers are serving when it hits."""
+NET_FAULTS = netfaults.net_faults(SESSION_TIMEOUT_MS / 1000)
+
+
+@contextlib.contextmanager
+def _offsets_of(env: Env, run: Run) -> Iterator[netfaults.Offsets]:
+    """The group's committed offsets and the request topic's log ends, read directly
+    from the broker (one consumer that never joins the group)."""
+    consumer = Consumer({"bootstrap.servers": env.bootstrap, "group.id": run.group})
+    parts = [TopicPartition(run.requests_topic, p) for p in range(PARTITIONS)]
+
+    def read() -> tuple[dict[int, int], dict[int, int]]:
+        while True:
+            try:
+                committed = {tp.partition: tp.offset for tp in consumer.committed(parts, 5)}
+                ends = {tp.partition: consumer.get_watermark_offsets(tp, 5)[1] for tp in parts}
+                return committed, ends
+            except KafkaException:  # a coordinator moving, say: ask again
+                time.sleep(0.2)
+
+    try:
+        yield read
+    finally:
+        consumer.close()
+
+
+def net_scenario(
+    env: Env,
+    records: int,
+    *,
+    faults: Sequence[netfaults.NetFault],
+    exactly_once: bool,
+    name: str,
+    static: bool | None = None,
+) -> dict[str, Any]:
+    """Network faults (of ``NET_FAULTS``, say) one after another between 2 workers and
+    Kafka or Redis, mid-stream; the fleet restarts a worker that exits. Reports, per
+    fault, the seconds from its end until every partition was served again, and the
+    expectations the run missed. ``static``: as ``Run.static`` (a restarted worker takes
+    its slot's group.instance.id by default in exactly-once mode, as a StatefulSet pod)."""
+    if env.proxy is None:
+        raise StackError("the network-fault scenarios need an Env started with net=True")
+    run = Run(env, name, records, exactly_once=exactly_once, static=static)
+    fleet = run.fleet()
+    requests, good, _ = run.requests()
+    run.start_workers(fleet, 2)
+    fleet.supervise()
+    stream = run.stream(requests, rate=NET_RATE)
+    time.sleep(NET_LEAD_S)
+    recoveries = []
+    with _offsets_of(env, run) as offsets:
+        for fault in faults:
+            bound = netfaults.recovery_bound_s(
+                fault, exactly_once=exactly_once, session_timeout_s=SESSION_TIMEOUT_MS / 1000
+            )
+            run.fault()
+            netfaults.apply(env.proxy, fault)
+            try:
+                time.sleep(fault.duration_s)
+            finally:
+                netfaults.heal(env.proxy, fault)
+            took = netfaults.wait_recovered(offsets, bound + 30)
+            recoveries.append({"fault": fault.name, "recovery_s": took, "bound_s": bound})
+    stream.join()
+    report = run.report(fleet, good, set())
+    took_s = [r["recovery_s"] for r in recoveries]
+    logs = fleet.logs_text()
+    report.update(
+        fault="; ".join(f.text for f in faults),
+        recovery_s=None if None in took_s else max(took_s, default=None),
+        recoveries=recoveries,
+        worker_exits=list(fleet.exits),
+        stalled_calls_logged=logs.count("stalled: no answer"),
+        refused_connections_logged=logs.count("Connection refused"),
+    )
+    report["unmet"] = netfaults.unmet(report, exactly_once=exactly_once)
+    return report
+
+
 Scenario = Callable[[Env, int], dict[str, Any]]
 
 SCENARIOS: dict[str, tuple[Scenario, int, str]] = {
@@ -775,6 +912,24 @@ SCENARIOS: dict[str, tuple[Scenario, int, str]] = {
 }
 
 
+def _net_variants() -> Iterator[tuple[str, tuple[Scenario, int, str]]]:
+    """``net-<fault>-<mode>`` for every fault and mode, and ``-dynamic`` (the restarted
+    workers join as new members) where exactly-once may wedge."""
+    modes = [(False, "at-least-once", None, ""), (True, "exactly-once", None, "")]
+    for fault in NET_FAULTS.values():
+        extra = [(True, "exactly-once-dynamic", False, ", no static membership")]
+        for eos, mode, static, note in modes + (extra if fault.cuts_kafka else []):
+            name = f"net-{fault.name}-{mode}"
+            run = functools.partial(
+                net_scenario, faults=(fault,), exactly_once=eos, name=name, static=static
+            )
+            text = f"{fault.text}; 2 workers, {mode.removesuffix('-dynamic')}{note}"
+            yield name, (run, 4_000, text)
+
+
+SCENARIOS.update(_net_variants())
+
+
 def run_scenario(name: str, records: int | None = None, env: Env | None = None) -> dict[str, Any]:
     """Run one scenario (on ``env``, or on a stack of its own) and return its report."""
     if name not in SCENARIOS:
@@ -783,7 +938,7 @@ def run_scenario(name: str, records: int | None = None, env: Env | None = None) 
     try:
         if env is not None:
             return fn(env, records or default_records)
-        with Env.start() as own:
+        with Env.start(net=name.startswith("net-")) as own:
             return fn(own, records or default_records)
     finally:
         while _LIVE:
@@ -801,12 +956,15 @@ COLUMNS = (
     "committed_at_end",
     "dead_letters",
     "elapsed_s",
+    "recovery_s",
 )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.chaos", description=__doc__)
-    parser.add_argument("--scenario", default="all", help="a name from --list, or all")
+    parser.add_argument(
+        "--scenario", default="all", help="a name from --list, all, or net (every net-*)"
+    )
     parser.add_argument("--records", type=int, default=None, help="records per scenario")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--list", action="store_true", help="list the scenarios")
@@ -816,13 +974,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.list:
         for name, (_, records, text) in SCENARIOS.items():
-            print(f"{name:18} {records:>7} records  {text}")
+            print(f"{name:38} {records:>6} records  {text}")
         return 0
-    names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+    names = {"all": list(SCENARIOS), "net": [n for n in SCENARIOS if n.startswith("net-")]}.get(
+        args.scenario, [args.scenario]
+    )
     if not args.json:
         print(" | ".join(COLUMNS))
     failures = 0
-    with Env.start() as env:
+    with Env.start(net=any(n.startswith("net-") for n in names)) as env:
         for name in names:
             for _ in range(args.repeat):
                 report = run_scenario(name, args.records, env)
@@ -830,8 +990,8 @@ def main(argv: list[str] | None = None) -> int:
                 if args.json:
                     print(orjson.dumps(report).decode(), flush=True)
                 else:
-                    print(" | ".join(str(report[c]) for c in COLUMNS), flush=True)
-                    for key in ("stalled_partitions", "short_of_log_end"):
+                    print(" | ".join(str(report.get(c, "")) for c in COLUMNS), flush=True)
+                    for key in ("stalled_partitions", "short_of_log_end", "unmet"):
                         if report[key]:
                             print(f"  {key}: {report[key]}", flush=True)
     runs = len(names) * args.repeat
@@ -840,12 +1000,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def complete(report: dict[str, Any]) -> bool:
-    """Nothing lost, no partition stalled, every committed offset at the log end."""
+    """Nothing lost, no partition stalled, every committed offset at the log end, and
+    (network faults) every expectation of ``netfaults.unmet`` met."""
     return (
         report["lost"] == 0
         and report["committed_at_end"]
         and not report["stalled_partitions"]
         and report["order_inversions"] == 0
+        and not report.get("unmet")
     )
 
 

