@@ -112,6 +112,7 @@ class Worker:
         fault_abort_every: int = 0,
         background: Sequence[Background] = (),
         transaction_calls: CallWatch | None = None,
+        rejoin: threading.Event | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics
@@ -143,6 +144,7 @@ class Worker:
             on_revoke=lambda parts: self._membership.on_revoke(parts),
             on_lost=lambda parts: self._membership.on_lost(parts),
             pin_latest=config.kafka.auto_offset_reset == "latest",
+            rejoin=rejoin,
         )
         self._rank = {p.name: p.config.rank for p in pipelines}
         self._threads = lane_threads(self._start_job, self._rank, config, metrics)
@@ -424,8 +426,7 @@ class Worker:
             )
 
     def _serve_rebalance_paused(self) -> None:
-        """Serve a rebalance (its callbacks run inside ``consume``) with every partition
-        paused; records fetched here stay uncommitted."""
+        """Serve a rebalance inside ``consume``, all paused; what it fetches stays uncommitted."""
         self._source.pause(self.assigned)
         self._source.consume(self._max_messages, 0.1)
 

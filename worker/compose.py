@@ -15,6 +15,7 @@ from typing import NamedTuple
 from confluent_kafka import Consumer
 from prometheus_client import CollectorRegistry
 
+from worker.admin import admin_client
 from worker.app import Background, Worker
 from worker.call_watch import CallWatch
 from worker.canary import Canary
@@ -22,6 +23,7 @@ from worker.candidates import load_candidates
 from worker.config import PipelineConfig, WorkerConfig
 from worker.engines import OnnxEngine
 from worker.feeds import FeedPlan
+from worker.group_coverage import AdminGroupReader, GroupCoverage
 from worker.health import HealthState
 from worker.hooks import BatchHooks
 from worker.limits import RecordLimits
@@ -125,6 +127,7 @@ def build_worker(
         given = {**config.kafka.options, **config.kafka.consumer_options}
         consumer_settings.update(share_fetch_options(given))
     consumer = Consumer(consumer_settings)
+    rejoin = _watch_coverage(config, consumer, metrics, background)
     worker = Worker(
         config=config,
         consumer=consumer,
@@ -135,11 +138,35 @@ def build_worker(
         abort=abort,
         background=background,
         transaction_calls=calls,
+        rejoin=rejoin,
         # the fault harness's injected aborts (benchmarks/chaos.py), never set otherwise
         fault_abort_every=int(os.environ.get("STREAMFER_FAULT_ABORT_EVERY", "0")),
     )
     built.append(worker)
     return worker
+
+
+def _watch_coverage(
+    config: WorkerConfig, consumer: Consumer, metrics: Metrics, background: list[Background]
+) -> threading.Event | None:
+    """A static member watches for partitions nobody owns (``worker.group_coverage``): the
+    event its ``GroupCoverage`` sets when this member should leave and join again."""
+    kafka = config.kafka
+    if not kafka.group_instance_id or kafka.group_coverage_check_s <= 0:
+        return None
+    topics = [t for p in config.pipelines for t in p.request_topics]
+    reader = AdminGroupReader(admin_client(kafka), kafka.group_id, topics)
+    rejoin = threading.Event()
+    background.append(
+        GroupCoverage(
+            reader,
+            member_id=consumer.memberid,
+            rejoin=rejoin,
+            interval_s=kafka.group_coverage_check_s,
+            on_rejoin=metrics.group_rejoins.inc,
+        )
+    )
+    return rejoin
 
 
 class _Loaded(NamedTuple):

@@ -113,6 +113,9 @@ class KafkaSettings(_Frozen):
     librdkafka's default of 3 s made that 6 s."""
     max_poll_interval_ms: int = Field(default=300_000, ge=1000)
     group_instance_id: str | None = None
+    group_coverage_check_s: float = Field(default=10.0, ge=0)
+    """With ``group_instance_id``: how often to look for partitions no member of the
+    settled group owns (``worker.group_coverage``); 0 never looks."""
     options: dict[str, LibrdkafkaValue] = Field(default_factory=dict)
     consumer_options: dict[str, LibrdkafkaValue] = Field(default_factory=dict)
     producer_options: dict[str, LibrdkafkaValue] = Field(default_factory=dict)

@@ -266,6 +266,11 @@ class Metrics:
         self.rebalances = Counter(
             "streamfer_rebalances", "Partition assignment changes", ["kind"], registry=r
         )
+        self.group_rejoins = Counter(
+            "streamfer_group_rejoins",
+            "Rejoins to make the group rebalance: partitions no member owned",
+            registry=r,
+        )
         self.cache_hits = Counter(
             "streamfer_cache_hits",
             "Rows the output cache served instead of the model, by tier (memory, redis, or "
@@ -387,6 +392,7 @@ METRIC_NAMES = (
     "streamfer_commits_total",
     "streamfer_commit_failures_total",
     "streamfer_rebalances_total",
+    "streamfer_group_rejoins_total",
     "streamfer_cache_hits_total",
     "streamfer_cache_misses_total",
     "streamfer_cache_evictions_total",

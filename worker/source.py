@@ -10,6 +10,7 @@ that a record fetched before it and not handed out yet is dropped: it is fetched
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -160,10 +161,14 @@ class Source:
         on_revoke: RebalanceHandler,
         on_lost: RebalanceHandler,
         pin_latest: bool = False,
+        rejoin: threading.Event | None = None,
     ) -> None:
         """With ``pin_latest`` (``auto.offset.reset = latest``), ``pin_starts`` commits
-        where each newly assigned partition without a committed offset begins."""
+        where each newly assigned partition without a committed offset begins. Once
+        ``rejoin`` is set (``worker.group_coverage``), the next fetch leaves the group and
+        joins it again first."""
         self._pin_latest = pin_latest
+        self._rejoin = rejoin
         self.consumer = consumer
         self._topics = list(topics)
         self._on_assign = on_assign
@@ -286,8 +291,20 @@ class Source:
         self._moved.update((tp.topic, tp.partition) for tp in partitions)
         handler(partitions)
 
+    def _rejoin_if_asked(self) -> None:
+        """Unsubscribe and subscribe again: a LeaveGroup and a fresh join, which makes
+        the coordinator rebalance (subscribing again alone does nothing). What this
+        member owns is revoked through ``on_revoke`` inside the next fetch."""
+        rejoin = self._rejoin
+        if rejoin is not None and rejoin.is_set():
+            rejoin.clear()
+            log.info("leaving the group and joining again")
+            self.consumer.unsubscribe()
+            self.subscribe()
+
     def consume(self, max_messages: int, timeout: float) -> list[Message]:
         """Up to ``max_messages`` records; blocks at most ``timeout`` seconds."""
+        self._rejoin_if_asked()
         messages: list[Message] = self._consume(max_messages, timeout)
         return _without_errors(messages)
 
@@ -298,6 +315,7 @@ class Source:
         revoked or rewound (``seek``) while the rest is fetched is dropped: the next owner
         serves it, or it is fetched again after the seek. (librdkafka itself drops what a
         seek inside one call outdates.)"""
+        self._rejoin_if_asked()
         first: Message | None = self._poll(timeout)
         if first is None:
             return []

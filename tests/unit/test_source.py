@@ -6,6 +6,7 @@ the consumer settings the worker derives from its config."""
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -253,3 +254,24 @@ def test_a_partition_whose_committed_offset_cannot_be_read_is_not_pinned(
     assert consumer.commits == [[(0, 5)]]
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "t[1]" in warning and unstable.str() in warning
+
+
+def test_a_rejoin_asked_for_leaves_and_subscribes_again_before_the_next_fetch() -> None:
+    consumer = QueueConsumer([Record(0)])
+    calls: list[str] = []
+    consumer.unsubscribe = lambda: calls.append("unsubscribe")  # type: ignore[attr-defined]
+    original = consumer.subscribe
+    consumer.subscribe = lambda topics, **cb: (calls.append("subscribe"), original(topics, **cb))  # type: ignore[method-assign,assignment]
+    rejoin = threading.Event()
+    noop: Any = lambda _parts: None  # noqa: E731
+    src = Source(
+        cast(Consumer, consumer), ["t"], on_assign=noop, on_revoke=noop, on_lost=noop, rejoin=rejoin
+    )
+    src.subscribe()
+    src.consume(1, 0)
+    assert calls == ["subscribe"]
+    rejoin.set()
+    src.consume_first(1, 0)
+    assert calls == ["subscribe", "unsubscribe", "subscribe"]
+    assert not rejoin.is_set()
+    assert "on_revoke" in consumer.callbacks  # the callbacks are wired again
