@@ -127,7 +127,7 @@ def build_worker(
         given = {**config.kafka.options, **config.kafka.consumer_options}
         consumer_settings.update(share_fetch_options(given))
     consumer = Consumer(consumer_settings)
-    rejoin = _watch_coverage(config, consumer, metrics, background)
+    rejoin = _watch_coverage(config, metrics, background)
     worker = Worker(
         config=config,
         consumer=consumer,
@@ -147,7 +147,7 @@ def build_worker(
 
 
 def _watch_coverage(
-    config: WorkerConfig, consumer: Consumer, metrics: Metrics, background: list[Background]
+    config: WorkerConfig, metrics: Metrics, background: list[Background]
 ) -> threading.Event | None:
     """A static member watches for partitions nobody owns (``worker.group_coverage``): the
     event its ``GroupCoverage`` sets when this member should leave and join again."""
@@ -160,7 +160,7 @@ def _watch_coverage(
     background.append(
         GroupCoverage(
             reader,
-            member_id=consumer.memberid,
+            member=kafka.group_instance_id,
             rejoin=rejoin,
             interval_s=kafka.group_coverage_check_s,
             on_rejoin=metrics.group_rejoins.inc,

@@ -45,8 +45,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class GroupView:
-    """One read of the group: its state, each member's partitions, and every partition
-    of the subscribed topics."""
+    """One read of the group: its state, each member's partitions (by group.instance.id,
+    or member id for a dynamic member), and every partition of the subscribed topics."""
 
     stable: bool
     members: Mapping[str, frozenset[PartitionKey]]
@@ -110,7 +110,7 @@ class AdminGroupReader:
         )
         desc = futures[self._group].result(timeout=self._timeout_s)
         members = {
-            m.member_id: frozenset(
+            m.group_instance_id or m.member_id: frozenset(
                 (tp.topic, tp.partition)
                 for tp in (m.assignment.topic_partitions if m.assignment else [])
             )
@@ -132,20 +132,22 @@ class AdminGroupReader:
 
 class GroupCoverage:
     """A ``Background`` part: reads the group every ``interval_s`` and sets ``rejoin``
-    when ``CoverageCheck`` says so, after a warning naming the unowned partitions and
+    when ``CoverageCheck`` says so for ``member`` (this worker's group.instance.id; the
+    consumer itself is never touched here: its calls block while the loop thread is in
+    ``consume``), after a warning naming the unowned partitions and
     a count in ``on_rejoin``. A read that fails is logged at debug and skipped."""
 
     def __init__(
         self,
         reader: GroupReader,
         *,
-        member_id: Callable[[], str | None],
+        member: str,
         rejoin: threading.Event,
         interval_s: float,
         on_rejoin: Callable[[], None] = lambda: None,
     ) -> None:
         self._reader = reader
-        self._member_id = member_id
+        self._member = member
         self.rejoin = rejoin
         self._interval_s = interval_s
         self._on_rejoin = on_rejoin
@@ -169,14 +171,11 @@ class GroupCoverage:
     def check_once(self) -> None:
         """One read and decision; never raises for a read that fails."""
         try:
-            me = self._member_id()  # RuntimeError once the consumer is closed
-            if not me:
-                return
             view = self._reader.read()
-        except (KafkaException, OSError, RuntimeError) as exc:
+        except (KafkaException, OSError) as exc:
             log.debug("group coverage: could not read the group: %s", exc)
             return
-        gap = self._check.observe(view, me)
+        gap = self._check.observe(view, self._member)
         if gap:
             log.warning(
                 "no member of the group owns %s (seen on consecutive checks of a Stable "

@@ -80,11 +80,11 @@ class Reads:
         return got
 
 
-def coverage(reads: Reads, member: str | None = "a") -> tuple[GroupCoverage, list[int]]:
+def coverage(reads: Reads, member: str = "a") -> tuple[GroupCoverage, list[int]]:
     counted: list[int] = []
     part = GroupCoverage(
         reads,
-        member_id=lambda: member,
+        member=member,
         rejoin=threading.Event(),
         interval_s=0.01,
         on_rejoin=lambda: counted.append(1),
@@ -112,11 +112,11 @@ def test_a_read_that_fails_is_skipped_and_breaks_no_streak() -> None:
     assert part.rejoin.is_set() and counted == [1]
 
 
-def test_not_a_member_yet_reads_nothing() -> None:
-    reads = Reads([ORPHANED])
-    part, _ = coverage(reads, member=None)
-    part.check_once()
-    assert reads.calls == 0
+def test_a_member_not_in_the_group_yet_never_acts() -> None:
+    part, counted = coverage(Reads([ORPHANED] * 4), member="c")
+    for _ in range(4):
+        part.check_once()
+    assert not part.rejoin.is_set() and not counted
 
 
 def test_the_thread_checks_until_stopped() -> None:
