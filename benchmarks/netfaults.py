@@ -20,6 +20,7 @@ from typing import Any, Literal, Protocol
 
 from streamfer_dev.toxiproxy import Toxic
 from worker.call_watch import CALL_TIMEOUT_S, STALL_MARGIN_S
+from worker.config import KafkaSettings
 
 __all__ = [
     "RESTART_S",
@@ -46,6 +47,11 @@ RESTART_S = 12.0
 """A worker the CallWatch stopped, restarted: interpreter and model start-up,
 ``init_transactions`` (which fences the stuck producer) and the rejoin, on a busy
 2-core machine."""
+
+COVERAGE_S = 2 * KafkaSettings.model_fields["group_coverage_check_s"].default + 2.0
+"""A static member stopped between its revoke and its rejoin leaves partitions unowned
+after its restart: two coverage checks in a row (``worker.group_coverage``) and the
+rejoin of the member that acts, about a second."""
 
 
 @dataclass(frozen=True)
@@ -129,11 +135,13 @@ def recovery_bound_s(fault: NetFault, *, exactly_once: bool, session_timeout_s: 
     fault: a member whose session expired rejoins as the fault heals, and its first
     ``send_offsets_to_transaction`` then can wedge too (seen in every such run). The
     CallWatch stops that worker ``CALL_TIMEOUT_S + STALL_MARGIN_S`` after the call began,
-    and its restart takes ``RESTART_S``."""
+    and its restart takes ``RESTART_S``; when that worker was stopped between revoking
+    and rejoining, the group coverage check takes ``COVERAGE_S`` more to have the
+    partitions it revoked assigned again."""
     plain = session_timeout_s + SETTLE_S
     if not (exactly_once and fault.cuts_kafka):
         return plain
-    return max(plain, CALL_TIMEOUT_S + STALL_MARGIN_S + RESTART_S)
+    return max(plain, CALL_TIMEOUT_S + STALL_MARGIN_S + RESTART_S + COVERAGE_S)
 
 
 class Proxies(Protocol):

@@ -72,7 +72,7 @@ def test_the_bound_is_a_session_timeout_plus_settling_unless_a_call_can_wedge() 
     for fault in FAULTS.values():
         assert recovery_bound_s(fault, exactly_once=False, session_timeout_s=6.0) == plain
     assert recovery_bound_s(FAULTS["latency"], exactly_once=True, session_timeout_s=6.0) == plain
-    wedged = CALL_TIMEOUT_S + STALL_MARGIN_S + netfaults.RESTART_S
+    wedged = CALL_TIMEOUT_S + STALL_MARGIN_S + netfaults.RESTART_S + netfaults.COVERAGE_S
     for name in ("broker-down", "black-hole"):
         assert recovery_bound_s(FAULTS[name], exactly_once=True, session_timeout_s=6.0) == wedged
 
