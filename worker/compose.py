@@ -15,7 +15,6 @@ from typing import NamedTuple
 from confluent_kafka import Consumer
 from prometheus_client import CollectorRegistry
 
-from worker.admin import admin_client
 from worker.app import Background, Worker
 from worker.call_watch import CallWatch
 from worker.canary import Canary
@@ -23,7 +22,8 @@ from worker.candidates import load_candidates
 from worker.config import PipelineConfig, WorkerConfig
 from worker.engines import OnnxEngine
 from worker.feeds import FeedPlan
-from worker.group_coverage import AdminGroupReader, GroupCoverage
+from worker.group_coverage import GroupCoverage
+from worker.group_reads import ChildGroupReader, child_settings
 from worker.health import HealthState
 from worker.hooks import BatchHooks
 from worker.limits import RecordLimits
@@ -155,7 +155,7 @@ def _watch_coverage(
     if not kafka.group_instance_id or kafka.group_coverage_check_s <= 0:
         return None
     topics = [t for p in config.pipelines for t in p.request_topics]
-    reader = AdminGroupReader(admin_client(kafka), kafka.group_id, topics)
+    reader = ChildGroupReader(child_settings(kafka, topics))
     rejoin = threading.Event()
     background.append(
         GroupCoverage(

@@ -11,8 +11,10 @@ the same topics is a no-op; what makes the coordinator rebalance is an unsubscri
 subscribe (a LeaveGroup and a new join, measured on Kafka 4.1).
 
 ``GroupCoverage`` (a thread of its own) reads the group every ``interval_s`` through a
-narrow ``GroupReader``. ``CoverageCheck`` decides: a gap (partitions of the subscribed
-topics no member of a Stable group owns) seen on two reads in a row is not a rebalance
+narrow ``GroupReader`` (the worker's: ``worker.group_reads``, an ``AdminGroupReader`` in a
+child process, since librdkafka can abort the process in that admin call).
+``CoverageCheck`` decides: a gap (partitions of the subscribed topics no member of a
+Stable group owns) seen on two reads in a row is not a rebalance
 in flight; then the member owning fewest partitions asks for a rejoin (it has the least
 to give up: one owning none loses nothing), and on a third read in a row any member
 does, in case that one is the member stuck. The rejoin itself happens on the loop
@@ -57,6 +59,8 @@ class GroupReader(Protocol):
     """Reads the group; raises ``KafkaException`` (or ``OSError``) when it cannot."""
 
     def read(self) -> GroupView: ...
+
+    def close(self) -> None: ...
 
 
 def unowned(view: GroupView) -> frozenset[PartitionKey]:
@@ -129,6 +133,9 @@ class AdminGroupReader:
             partitions=frozenset(partitions),
         )
 
+    def close(self) -> None:
+        """Nothing to release: the admin client goes with its last reference."""
+
 
 class GroupCoverage:
     """A ``Background`` part: reads the group every ``interval_s`` and sets ``rejoin``
@@ -162,6 +169,7 @@ class GroupCoverage:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
+        self._reader.close()
         return not self._thread.is_alive()
 
     def _run(self) -> None:

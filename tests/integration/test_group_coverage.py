@@ -14,9 +14,9 @@ import pytest
 from confluent_kafka import Consumer
 
 from tests.conftest import Topics
-from worker.admin import admin_client
 from worker.config import KafkaSettings
-from worker.group_coverage import AdminGroupReader, GroupCoverage, GroupView, unowned
+from worker.group_coverage import GroupCoverage, GroupView, unowned
+from worker.group_reads import ChildGroupReader, child_settings
 from worker.source import Source
 
 # A static member: prints its partitions after each assignment; stops polling once it
@@ -79,7 +79,7 @@ def test_partitions_orphaned_by_a_static_replacement_are_served_again(
 ) -> None:
     topics = fresh_topics(4)
     settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, group_id=topics.group)
-    reader = AdminGroupReader(admin_client(settings), topics.group, [topics.requests])
+    reader = ChildGroupReader(child_settings(settings, [topics.requests]))
     first = member_a(topics, 4)  # owns all four, then never polls again
     assert first.stdout is not None and first.stdout.readline().strip() == "[0, 1, 2, 3]"
 
@@ -129,11 +129,12 @@ def test_partitions_orphaned_by_a_static_replacement_are_served_again(
         coverage.start()
         try:
             assert wait_for(lambda: owned == {0, 1}, serve, 20), owned
-            assert wait_for(lambda: not unowned(reader.read()), serve, 10)
         finally:
             assert coverage.stop(5.0)
+        assert wait_for(lambda: not unowned(reader.read()), serve, 10)
     finally:
         consumer.close()
+        reader.close()
 
 
 def test_a_covered_group_is_left_alone(
@@ -141,7 +142,7 @@ def test_a_covered_group_is_left_alone(
 ) -> None:
     topics = fresh_topics(2)
     settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, group_id=topics.group)
-    reader = AdminGroupReader(admin_client(settings), topics.group, [topics.requests])
+    reader = ChildGroupReader(child_settings(settings, [topics.requests]))
     consumer = Consumer(
         {
             "bootstrap.servers": kafka_bootstrap,
@@ -170,3 +171,4 @@ def test_a_covered_group_is_left_alone(
         assert not rejoin.is_set()
     finally:
         consumer.close()
+        reader.close()

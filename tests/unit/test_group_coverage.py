@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
+from typing import cast
 
 import pytest
 from confluent_kafka import KafkaException
@@ -79,6 +80,11 @@ class Reads:
             raise got
         return got
 
+    def close(self) -> None:
+        self.closed = True
+
+    closed: bool = False
+
 
 def coverage(reads: Reads, member: str = "a") -> tuple[GroupCoverage, list[int]]:
     counted: list[int] = []
@@ -125,3 +131,4 @@ def test_the_thread_checks_until_stopped() -> None:
     assert part.rejoin.wait(5.0)
     assert part.stop(5.0)
     assert counted
+    assert cast(Reads, part._reader).closed  # the reader's child goes with the thread
