@@ -14,10 +14,10 @@ subscribe (a LeaveGroup and a new join, measured on Kafka 4.1).
 narrow ``GroupReader`` (the worker's: ``worker.group_reads``, an ``AdminGroupReader`` in a
 child process, since librdkafka can abort the process in that admin call).
 ``CoverageCheck`` decides: a gap (partitions of the subscribed topics no member of a
-Stable group owns) seen on two reads in a row is not a rebalance
-in flight; then the member owning fewest partitions asks for a rejoin (it has the least
-to give up: one owning none loses nothing), and on a third read in a row any member
-does, in case that one is the member stuck. The rejoin itself happens on the loop
+Stable group owns) seen on two reads in a row is not a rebalance in flight; then the
+member owning fewest partitions asks for a rejoin (it has the least to give up: one
+owning none loses nothing), and on a third read in a row any member does, in case that
+one is the member stuck. The rejoin itself happens on the loop
 thread (``Source`` sees ``rejoin`` set), never here.
 """
 
