@@ -52,9 +52,10 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from worker.batch import Job, PartitionKey
-from worker.batcher import Batcher, Clock, monotonic_clock
+from worker.batch import Job
+from worker.batcher import Batcher
 from worker.call_watch import CallWatch
+from worker.clock import Clock, monotonic_clock
 from worker.commit import Committer, OffsetConsumer
 from worker.config import WorkerConfig
 from worker.delivery import AtLeastOnce, Delivery, Stages, commit_before_leaving
@@ -72,6 +73,7 @@ from worker.sink import DeliveryTracker, Sink
 from worker.source import Source, position
 from worker.stage_threads import Step
 from worker.stages import batch_steps
+from worker.types import PartitionKey
 
 __all__ = ["Background", "Worker"]
 

@@ -10,10 +10,9 @@ from typing import Any
 from confluent_kafka import Message
 
 from worker.sink import DeliveryTracker
+from worker.types import PartitionKey
 
-__all__ = ["Job", "PartitionKey", "next_offsets", "partition_counts"]
-
-PartitionKey = tuple[str, int]
+__all__ = ["Job", "next_offsets", "partition_counts"]
 
 
 @dataclass(slots=True)

@@ -7,19 +7,15 @@ and uses ``deadline()`` to bound how long it may block waiting for more input.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Collection, Hashable, Sequence
 from typing import Generic, TypeVar
 
+from worker.clock import Clock, monotonic_clock
 from worker.config import BatchPolicy
 
-__all__ = ["Batcher", "Clock", "monotonic_clock"]
+__all__ = ["Batcher"]
 
 T = TypeVar("T")
-Clock = Callable[[], float]
-"""Seconds from an arbitrary, monotonic origin."""
-
-monotonic_clock: Clock = time.monotonic
 
 
 class Batcher(Generic[T]):

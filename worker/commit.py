@@ -34,11 +34,12 @@ from typing import Protocol
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from worker.batch import Job, PartitionKey
+from worker.batch import Job
 from worker.errors import CommitError, SinkError
 from worker.sink import DeliveryTracker
+from worker.types import PartitionKey
 
-__all__ = ["Committer", "OffsetConsumer", "PartitionKey"]
+__all__ = ["Committer", "OffsetConsumer"]
 
 log = logging.getLogger(__name__)
 

@@ -19,13 +19,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from worker.batch import Job, PartitionKey
+from worker.batch import Job
 from worker.commit import Committer
 from worker.errors import CommitError
 from worker.metrics import Metrics
 from worker.pipeline import Pipeline
 from worker.sink import DeliveryTracker, Sink
 from worker.stage_threads import StageThreads
+from worker.types import PartitionKey
 
 __all__ = ["AtLeastOnce", "Delivery", "Stages", "commit_before_leaving"]
 

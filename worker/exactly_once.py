@@ -38,13 +38,14 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from worker.batch import Job, PartitionKey
+from worker.batch import Job
 from worker.call_watch import CallWatch
 from worker.config import KafkaSettings
 from worker.delivery import Stages, commit_delivered
 from worker.errors import SinkError, SourceError
 from worker.sink import DeliveryTracker
 from worker.transaction_tries import TransactionTries
+from worker.types import PartitionKey
 
 __all__ = ["GroupConsumer", "Transactional"]
 

@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 import redis
 
-from worker.batcher import Clock, monotonic_clock
+from worker.clock import Clock, monotonic_clock
 from worker.config import FeatureSpec
 from worker.errors import ConfigError, FeatureStoreError
 from worker.features import pack_vector

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from confluent_kafka import KafkaException
 
-from worker.commit import PartitionKey
+from worker.types import PartitionKey
 
 __all__ = [
     "AdminGroupReader",

@@ -13,8 +13,8 @@ from typing import cast
 from confluent_kafka import Message
 
 from worker.codec import safe_text
-from worker.commit import PartitionKey
 from worker.sink import Headers
+from worker.types import PartitionKey
 
 __all__ = [
     "MAX_RESULT_HEADERS_BYTES",

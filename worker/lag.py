@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from worker.commit import PartitionKey
+from worker.types import PartitionKey
 
 __all__ = ["LagStats"]
 

@@ -18,8 +18,8 @@ from typing import cast
 
 from confluent_kafka import Message, TopicPartition
 
-from worker.batch import PartitionKey
-from worker.batcher import Batcher, Clock
+from worker.batcher import Batcher
+from worker.clock import Clock
 from worker.delivery import Delivery
 from worker.errors import CommitError, SinkError
 from worker.health import HealthState
@@ -27,6 +27,7 @@ from worker.lag import LagStats
 from worker.metrics import Metrics
 from worker.pausing import PausingManager, describe_partitions
 from worker.stage_threads import StageThreads
+from worker.types import PartitionKey
 
 __all__ = ["Membership"]
 

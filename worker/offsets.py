@@ -33,11 +33,11 @@ from confluent_kafka import (
 )
 
 from worker.admin import COORDINATOR_WAIT_S, admin_client, coordinator_settling
-from worker.commit import PartitionKey
 from worker.config import KafkaSettings, WorkerConfig
 from worker.errors import CommitError, ConfigError, SourceError
 from worker.kafka_logs import KAFKA_LOG
 from worker.ranges import Bounds, OffsetLookup, resolve_ranges
+from worker.types import PartitionKey
 
 __all__ = [
     "KafkaOffsets",

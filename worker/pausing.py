@@ -24,7 +24,7 @@ from typing import Protocol
 
 from confluent_kafka import TopicPartition
 
-from worker.commit import PartitionKey
+from worker.types import PartitionKey
 
 __all__ = [
     "SHARE_FETCH_WAIT_MS",

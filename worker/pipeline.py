@@ -27,7 +27,7 @@ import numpy.typing as npt
 import orjson
 from confluent_kafka import Message
 
-from worker.batch import PartitionKey, next_offsets
+from worker.batch import next_offsets
 from worker.canary import Canary
 from worker.codec import decode_requests, result_tail
 from worker.config import PipelineConfig
@@ -50,7 +50,7 @@ from worker.shadow import ShadowBatch, ShadowRunner
 from worker.sink import DeliveryTracker, Sink
 from worker.source import position
 from worker.store_wait import StoreWait
-from worker.types import DecodedRequests, Refusal, StageTimings
+from worker.types import DecodedRequests, PartitionKey, Refusal, StageTimings
 
 __all__ = ["Pipeline", "Prepared"]
 

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import TextIO
 
-from worker.batcher import Clock, monotonic_clock
+from worker.clock import Clock, monotonic_clock
 
 __all__ = ["ProgressLine"]
 

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from worker.commit import PartitionKey
 from worker.errors import ConfigError
+from worker.types import PartitionKey
 
 __all__ = [
     "Bounds",

@@ -16,10 +16,10 @@ from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from worker.commit import PartitionKey
 from worker.config import KafkaSettings
 from worker.errors import SourceError
 from worker.kafka_logs import KAFKA_LOG
+from worker.types import PartitionKey
 
 __all__ = [
     "RebalanceHandler",

@@ -23,8 +23,9 @@ import time
 from collections.abc import Callable
 from typing import Union
 
-from worker.batch import Job, PartitionKey
+from worker.batch import Job
 from worker.lanes import LaneQueue
+from worker.types import PartitionKey
 
 __all__ = ["OnTake", "StageThreads", "Start", "Step"]
 

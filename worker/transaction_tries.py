@@ -23,10 +23,10 @@ from types import MappingProxyType
 
 from confluent_kafka import Message
 
-from worker.batch import Job, PartitionKey
+from worker.batch import Job
 from worker.errors import SinkError
 from worker.sink import NO_REFUSALS, DeliveryTracker
-from worker.types import Refusal, Source
+from worker.types import PartitionKey, Refusal, Source
 
 __all__ = ["FAILURES_IN_A_ROW", "Locate", "TransactionTries"]
 

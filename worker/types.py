@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DecodedRequests", "Refusal", "Rejection", "Source", "StageTimings"]
+__all__ = ["DecodedRequests", "PartitionKey", "Refusal", "Rejection", "Source", "StageTimings"]
+
+PartitionKey = tuple[str, int]
+"""Topic and partition: the key of every per-partition map."""
 
 Source = tuple[str, int, int]
 """Topic, partition and offset of a consumed request."""

@@ -31,13 +31,13 @@ from prometheus_client import CollectorRegistry
 from streamfer_dev.modelgen import DemoModel
 from tests.unit.conftest import MemoryStore
 from worker.app import Worker
-from worker.commit import PartitionKey
 from worker.config import BatchPolicy, FeatureSpec, ModelSpec, PipelineConfig, WorkerConfig
 from worker.engines import OnnxEngine
 from worker.limits import RecordLimits
 from worker.metrics import Metrics
 from worker.pipeline import Pipeline
 from worker.sink import DeliveryTracker, Headers, Sink
+from worker.types import PartitionKey
 
 TOPIC = "req"
 Event = Callable[["FakeConsumer"], None]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from worker.commit import PartitionKey
 from worker.pausing import (
     SHARE_FETCH_WAIT_MS,
     PausingManager,
@@ -14,6 +13,7 @@ from worker.pausing import (
     describe_partitions,
     share_fetch_options,
 )
+from worker.types import PartitionKey
 
 P0, P1, P2 = ("req", 0), ("req", 1), ("req", 2)
 

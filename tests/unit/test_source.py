@@ -13,10 +13,10 @@ from typing import Any, cast
 import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from worker.commit import PartitionKey
 from worker.config import KafkaSettings
 from worker.errors import SourceError
 from worker.source import Source, consumer_config
+from worker.types import PartitionKey
 
 
 class Record:

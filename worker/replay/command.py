@@ -24,7 +24,6 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
 from worker.admin import admin_client
-from worker.commit import PartitionKey
 from worker.config import KafkaSettings, PipelineConfig, WorkerConfig
 from worker.errors import ConfigError, SourceError, StreamferError
 from worker.metrics import Metrics
@@ -44,6 +43,7 @@ from worker.replay.plan import (
 from worker.replay.run import Replay, ReplayConsumer, ReplaySink
 from worker.sink import producer_config
 from worker.topics import create_missing
+from worker.types import PartitionKey
 
 __all__ = ["PartitionReport", "ReplaySummary", "run_replay"]
 

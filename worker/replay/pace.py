@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import TextIO
 
-from worker.batcher import Clock, monotonic_clock
+from worker.clock import Clock, monotonic_clock
 from worker.errors import ConfigError
 from worker.progress import ProgressLine
 

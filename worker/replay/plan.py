@@ -24,10 +24,10 @@ from typing import Any
 
 import orjson
 
-from worker.commit import PartitionKey
 from worker.config import PipelineConfig, WorkerConfig
 from worker.errors import ConfigError
 from worker.ranges import Bounds, OffsetLookup, PartitionRange, resolve_ranges
+from worker.types import PartitionKey
 
 __all__ = [
     "ReplayOptions",

@@ -24,8 +24,9 @@ from typing import Protocol, cast
 from confluent_kafka import KafkaException, Message, Producer, TopicPartition
 from prometheus_client import CollectorRegistry
 
-from worker.batch import Job, PartitionKey
-from worker.batcher import Batcher, Clock, monotonic_clock
+from worker.batch import Job
+from worker.batcher import Batcher
+from worker.clock import Clock, monotonic_clock
 from worker.commit import Committer, OffsetConsumer
 from worker.config import BatchPolicy
 from worker.delivery import AtLeastOnce, Stages
@@ -38,6 +39,7 @@ from worker.sink import DeliveryTracker, Headers, Sink
 from worker.source import end_of_partition
 from worker.stage_threads import StageThreads, Step
 from worker.stages import batch_steps
+from worker.types import PartitionKey
 
 __all__ = ["REPLAY_ID_HEADER", "Replay", "ReplayConsumer", "ReplaySink"]
 
