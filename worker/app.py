@@ -69,10 +69,11 @@ from worker.membership import Membership
 from worker.metrics import Metrics
 from worker.pausing import PausingManager
 from worker.pipeline import Pipeline
-from worker.sink import DeliveryTracker, Sink
+from worker.sink import Sink
 from worker.source import Source, position
 from worker.stage_threads import Step
 from worker.stages import batch_steps
+from worker.tracker import DeliveryTracker
 from worker.types import PartitionKey
 
 __all__ = ["Background", "Worker"]

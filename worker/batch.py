@@ -9,7 +9,7 @@ from typing import Any
 
 from confluent_kafka import Message
 
-from worker.sink import DeliveryTracker
+from worker.tracker import DeliveryTracker
 from worker.types import PartitionKey
 
 __all__ = ["Job", "next_offsets", "partition_counts"]

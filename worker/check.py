@@ -30,7 +30,8 @@ from worker.limits import RecordLimits
 from worker.metrics import Metrics
 from worker.parts import LoadedModel, open_parts
 from worker.pipeline import Pipeline
-from worker.sink import DeliveryTracker, Headers
+from worker.sink import Headers
+from worker.tracker import DeliveryTracker
 
 __all__ = ["CheckedPipeline", "check_pipeline"]
 

@@ -36,7 +36,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from worker.batch import Job
 from worker.errors import CommitError, SinkError
-from worker.sink import DeliveryTracker
+from worker.tracker import DeliveryTracker
 from worker.types import PartitionKey
 
 __all__ = ["Committer", "OffsetConsumer"]

@@ -24,8 +24,9 @@ from worker.config import PipelineConfig
 from worker.headers import SourceHeaders, reason_header
 from worker.limits import headers_size
 from worker.metrics import PipelineMetrics
-from worker.sink import DeliveryTracker, Headers, Sink
+from worker.sink import Headers, Sink
 from worker.source import position
+from worker.tracker import DeliveryTracker
 from worker.types import Refusal
 
 __all__ = ["DeadLetters"]

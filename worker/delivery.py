@@ -24,8 +24,9 @@ from worker.commit import Committer
 from worker.errors import CommitError
 from worker.metrics import Metrics
 from worker.pipeline import Pipeline
-from worker.sink import DeliveryTracker, Sink
+from worker.sink import Sink
 from worker.stage_threads import StageThreads
+from worker.tracker import DeliveryTracker
 from worker.types import PartitionKey
 
 __all__ = ["AtLeastOnce", "Delivery", "Stages", "commit_before_leaving"]

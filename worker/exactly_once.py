@@ -43,7 +43,7 @@ from worker.call_watch import CallWatch
 from worker.config import KafkaSettings
 from worker.delivery import Stages, commit_delivered
 from worker.errors import SinkError, SourceError
-from worker.sink import DeliveryTracker
+from worker.tracker import DeliveryTracker
 from worker.transaction_tries import TransactionTries
 from worker.types import PartitionKey
 

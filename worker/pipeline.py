@@ -47,9 +47,10 @@ from worker.output_cache import CachedRows, OutputCache
 from worker.request_shape import RequestShape
 from worker.result_rows import finite_rows, row_outputs
 from worker.shadow import ShadowBatch, ShadowRunner
-from worker.sink import DeliveryTracker, Sink
+from worker.sink import Sink
 from worker.source import position
 from worker.store_wait import StoreWait
+from worker.tracker import DeliveryTracker
 from worker.types import DecodedRequests, PartitionKey, Refusal, StageTimings
 
 __all__ = ["Pipeline", "Prepared"]

@@ -46,7 +46,8 @@ from worker.headers import SourceHeaders, trace_headers
 from worker.hooks import BatchHooks
 from worker.metrics import ShadowMetrics
 from worker.model_slot import ModelIdentity, ModelSlot
-from worker.sink import DeliveryTracker, Sink
+from worker.sink import Sink
+from worker.tracker import DeliveryTracker
 
 __all__ = ["Agreement", "ShadowBatch", "ShadowRunner"]
 

@@ -25,7 +25,7 @@ from confluent_kafka import Message
 
 from worker.batch import Job
 from worker.errors import SinkError
-from worker.sink import NO_REFUSALS, DeliveryTracker
+from worker.tracker import NO_REFUSALS, DeliveryTracker
 from worker.types import PartitionKey, Refusal, Source
 
 __all__ = ["FAILURES_IN_A_ROW", "Locate", "TransactionTries"]

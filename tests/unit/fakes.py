@@ -36,7 +36,8 @@ from worker.engines import OnnxEngine
 from worker.limits import RecordLimits
 from worker.metrics import Metrics
 from worker.pipeline import Pipeline
-from worker.sink import DeliveryTracker, Headers, Sink
+from worker.sink import Headers, Sink
+from worker.tracker import DeliveryTracker
 from worker.types import PartitionKey
 
 TOPIC = "req"

@@ -11,7 +11,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from worker.batch import Job
 from worker.commit import STALLED_COMMIT_S, Committer
 from worker.errors import CommitError, SinkError
-from worker.sink import DeliveryTracker
+from worker.tracker import DeliveryTracker
 from worker.types import PartitionKey
 
 

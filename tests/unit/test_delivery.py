@@ -17,7 +17,7 @@ from streamfer_dev.modelgen import DemoModel
 from tests.unit.fakes import TOPIC, FakeSink, build_worker, turn_until
 from worker.delivery import AtLeastOnce, Stages
 from worker.limits import RecordLimits
-from worker.sink import RESENDS_PER_RECORD, DeliveryTracker
+from worker.tracker import RESENDS_PER_RECORD, DeliveryTracker
 
 
 class Refusal:

@@ -20,7 +20,7 @@ from worker.engines import OnnxEngine
 from worker.metrics import Metrics
 from worker.model_slot import LiveModel, ModelIdentity, ModelSlot
 from worker.pipeline import Pipeline
-from worker.sink import DeliveryTracker
+from worker.tracker import DeliveryTracker
 
 if TYPE_CHECKING:
     from conftest import StoreFactory

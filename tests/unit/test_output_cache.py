@@ -275,7 +275,7 @@ def test_a_model_changed_between_look_up_and_inference_gets_new_keys(
     engine.swapped = True
     h.cached.infer(prepared)
     sink = FakeSink()
-    from worker.sink import DeliveryTracker
+    from worker.tracker import DeliveryTracker
 
     h.cached.publish(prepared, sink, DeliveryTracker())  # type: ignore[arg-type]
     assert flags(sink.sent) == [None]  # computed by the "new" model

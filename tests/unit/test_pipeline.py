@@ -23,7 +23,8 @@ from worker.hooks import BatchHooks, load_hooks
 from worker.limits import RecordLimits, record_size
 from worker.metrics import Metrics
 from worker.pipeline import Pipeline
-from worker.sink import DeliveryTracker, Headers
+from worker.sink import Headers
+from worker.tracker import DeliveryTracker
 
 if TYPE_CHECKING:
     from conftest import MemoryStore, StoreFactory

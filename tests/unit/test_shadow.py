@@ -27,7 +27,8 @@ from worker.metrics import Metrics
 from worker.model_slot import LiveModel, ModelSlot
 from worker.pipeline import Pipeline
 from worker.shadow import Agreement, ShadowRunner
-from worker.sink import DeliveryTracker, Headers, Sink
+from worker.sink import Headers, Sink
+from worker.tracker import DeliveryTracker
 
 if TYPE_CHECKING:
     from conftest import StoreFactory

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any, cast
 
 from worker.limits import RecordLimits
-from worker.sink import DeliveryTracker, Sink
+from worker.sink import Sink
+from worker.tracker import DeliveryTracker
 
 
 class Producer:

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from worker.batch import Job
-from worker.sink import DeliveryTracker
 from worker.stage_threads import StageThreads, Step
+from worker.tracker import DeliveryTracker
 
 
 def job(n: int, partition: int = 0) -> Job:

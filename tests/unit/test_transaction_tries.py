@@ -8,7 +8,7 @@ from confluent_kafka import KafkaError, Message
 
 from worker.batch import Job
 from worker.errors import SinkError
-from worker.sink import DeliveryTracker
+from worker.tracker import DeliveryTracker
 from worker.transaction_tries import TransactionTries
 from worker.types import Refusal
 

@@ -35,10 +35,11 @@ from worker.metrics import Metrics
 from worker.pipeline import Pipeline
 from worker.replay.pace import Progress, RateLimiter
 from worker.replay.plan import ReplayPlan
-from worker.sink import DeliveryTracker, Headers, Sink
+from worker.sink import Headers, Sink
 from worker.source import end_of_partition
 from worker.stage_threads import StageThreads, Step
 from worker.stages import batch_steps
+from worker.tracker import DeliveryTracker
 from worker.types import PartitionKey
 
 __all__ = ["REPLAY_ID_HEADER", "Replay", "ReplayConsumer", "ReplaySink"]
