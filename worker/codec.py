@@ -25,6 +25,7 @@ import orjson
 
 from worker.limits import DEFAULT_MESSAGE_MAX_BYTES, RECORD_OVERHEAD
 from worker.request_shape import RequestShape
+from worker.text import safe_text
 from worker.types import DecodedRequests, Rejection
 
 __all__ = [
@@ -32,18 +33,15 @@ __all__ = [
     "ENTITY_PATTERN",
     "MAX_ENTITY_LENGTH",
     "MAX_ID_LENGTH",
-    "MAX_REASON_LENGTH",
     "decode_requests",
     "encode_dead_letter",
     "result_tail",
-    "safe_text",
 ]
 
 MAX_ID_LENGTH = 256
 MAX_ENTITY_LENGTH = 256
 ENTITY_PATTERN = rf"[A-Za-z0-9._@+-]{{1,{MAX_ENTITY_LENGTH}}}"
 """What a whole entity id must match; ``schemas/request.schema.json`` says the same."""
-MAX_REASON_LENGTH = 512
 DEAD_LETTER_MAX_BYTES = DEFAULT_MESSAGE_MAX_BYTES - RECORD_OVERHEAD
 """A dead letter's body and key together, when the sink's limits are not known."""
 
@@ -276,13 +274,6 @@ def result_tail(shared: dict[str, Any]) -> bytes:
     """What every result of a batch shares (model, pipeline, timings ...), encoded once
     per batch: a result is its own fields encoded without the closing brace, then this."""
     return b"," + orjson.dumps(shared)[1:]
-
-
-def safe_text(text: str, limit: int = MAX_REASON_LENGTH) -> str:
-    """Printable ASCII only, cut to ``limit``: safe for headers, logs and terminals."""
-    cleaned = text.encode("ascii", "backslashreplace").decode("ascii")
-    cleaned = "".join(c if 32 <= ord(c) < 127 else f"\\x{ord(c):02x}" for c in cleaned)
-    return cleaned if len(cleaned) <= limit else cleaned[: limit - 3] + "..."
 
 
 def encode_dead_letter(

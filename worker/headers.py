@@ -12,8 +12,8 @@ from typing import cast
 
 from confluent_kafka import Message
 
-from worker.codec import safe_text
 from worker.sink import Headers
+from worker.text import safe_text
 from worker.types import PartitionKey
 
 __all__ = [

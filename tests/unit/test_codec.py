@@ -22,13 +22,12 @@ from worker.codec import (
     ENTITY_PATTERN,
     MAX_ENTITY_LENGTH,
     MAX_ID_LENGTH,
-    MAX_REASON_LENGTH,
     decode_requests,
     encode_dead_letter,
-    safe_text,
 )
 from worker.limits import DEFAULT_MESSAGE_MAX_BYTES
 from worker.request_shape import RequestShape
+from worker.text import MAX_REASON_LENGTH, safe_text
 from worker.types import DecodedRequests, Rejection
 
 FIELDS = ("a", "b", "c")
