@@ -25,8 +25,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
 
-from worker import __version__
 from worker.errors import CallStalled, ConfigError, StreamferError
+from worker.version import __version__
 
 if TYPE_CHECKING:
     from worker.config import WorkerConfig

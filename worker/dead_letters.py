@@ -18,7 +18,6 @@ from typing import cast
 import orjson
 from confluent_kafka import Message
 
-from worker import __version__
 from worker.codec import encode_dead_letter
 from worker.config import PipelineConfig
 from worker.headers import SourceHeaders, reason_header
@@ -28,6 +27,7 @@ from worker.sink import Headers, Sink
 from worker.source import position
 from worker.tracker import DeliveryTracker
 from worker.types import Refusal
+from worker.version import __version__
 
 __all__ = ["DeadLetters"]
 

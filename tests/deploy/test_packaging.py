@@ -53,6 +53,10 @@ def runtime_modules() -> list[str]:
     return sorted(m.name for m in found if m.name != "worker.__main__")
 
 
+def test_the_package_version_is_the_distribution_version() -> None:
+    assert worker.__version__ == PYPROJECT["project"]["version"]
+
+
 def test_runtime_dependencies_exclude_the_dev_packages() -> None:
     runtime = {dist_name(r) for r in PYPROJECT["project"]["dependencies"]}
     assert not runtime & DEV_ONLY_DISTRIBUTIONS, sorted(runtime & DEV_ONLY_DISTRIBUTIONS)
