@@ -19,19 +19,69 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from confluent_kafka import Message
+
 from worker.batch import Job
 from worker.commit import Committer
 from worker.errors import CommitError
-from worker.metrics import Metrics
-from worker.pipeline import Pipeline
+from worker.metrics import Metrics, PipelineMetrics
 from worker.sink import Sink
-from worker.stage_threads import StageThreads
 from worker.tracker import DeliveryTracker
-from worker.types import PartitionKey
+from worker.types import PartitionKey, Refusal
 
-__all__ = ["AtLeastOnce", "Delivery", "Stages", "commit_before_leaving"]
+__all__ = [
+    "AtLeastOnce",
+    "BatchThreads",
+    "DeliveringPipeline",
+    "Delivery",
+    "Stages",
+    "commit_before_leaving",
+]
 
 log = logging.getLogger(__name__)
+
+
+class BatchThreads(Protocol):
+    """The processing threads, as a delivery mode drives them (``StageThreads``)."""
+
+    def submit(self, job: Job) -> None:
+        """Hand a closed batch to the first stage."""
+        ...
+
+    def pending(self) -> int:
+        """Batches queued or running."""
+        ...
+
+    def unfinished(self) -> list[Job]:
+        """Batches handed over and not finished yet, in order."""
+        ...
+
+    def discard_queued(self) -> list[Job]:
+        """Take back the batches no stage has started."""
+        ...
+
+    def check(self) -> None:
+        """Raise what a processing thread stopped with."""
+        ...
+
+
+class DeliveringPipeline(Protocol):
+    """What a delivery mode needs of a pipeline (``Pipeline``): its metrics, and the
+    dead letter of a record the broker refused for itself."""
+
+    metrics: PipelineMetrics
+
+    def refusal_of(
+        self, tracker: DeliveryTracker, produced: Message, why: str
+    ) -> tuple[Message, Refusal] | str:
+        """The request behind a refused record and its dead letter, or why there is none."""
+        ...
+
+    def dead_letter_undelivered(
+        self, sink: Sink, tracker: DeliveryTracker, produced: Message, why: str
+    ) -> None:
+        """Dead-letter the request behind a record the broker refused for itself."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,9 +89,9 @@ class Stages:
     """What a delivery mode shares with the worker that drives it."""
 
     sink: Sink
-    threads: StageThreads
+    threads: BatchThreads
     committer: Committer
-    pipelines: Mapping[str, Pipeline]
+    pipelines: Mapping[str, DeliveringPipeline]
     metrics: Metrics
 
 
