@@ -7,7 +7,7 @@ machine's outliers do not set the ceiling), with the mean-based figure beside it
 ``redis_alone`` times the worker's own fetch, one pipelined round trip
 (``RedisHashStore.get_many``: HMGET per entity, raw values; or, for the packed layout,
 ``RedisPackedStore.fetch``: one MGET, decoded) over batches of 256 distinct entities
-drawn from the seeded ones, plus the same fetch followed by ``worker.feeds.assemble``
+drawn from the seeded ones, plus the same fetch followed by ``worker.pipeline.feeds.assemble``
 (the worker's whole enrich stage, ending in the model's float32 input). Neither touches Kafka.
 """
 
@@ -25,12 +25,12 @@ import redis
 
 from benchmarks.session import load_session
 from streamfer_dev.harness import percentile
-from worker.config import FeatureSpec, ModelSpec, PipelineConfig
-from worker.engines import TensorInput
-from worker.features import RedisHashStore, RedisPackedStore
-from worker.feeds import FeedPlan, assemble
-from worker.lookups import OneStore
-from worker.types import DecodedRequests
+from worker.config.settings import FeatureSpec, ModelSpec, PipelineConfig
+from worker.core.types import DecodedRequests
+from worker.features.lookups import OneStore
+from worker.features.stores import RedisHashStore, RedisPackedStore
+from worker.inference.engine import TensorInput
+from worker.pipeline.feeds import FeedPlan, assemble
 
 __all__ = ["BATCH_SIZES", "ort_alone", "redis_alone"]
 

@@ -56,7 +56,7 @@ from streamfer_dev.modelgen import DemoModel, make_classifier, seed_entities
 from streamfer_dev.stack import Service, free_port, start_kafka, start_redis
 from streamfer_dev.toxiproxy import Toxiproxy, start_toxiproxy
 from worker.errors import StackError
-from worker.topics import ensure_topics
+from worker.kafka.topics import ensure_topics
 
 __all__ = ["SCENARIOS", "Env", "complete", "run_scenario"]
 

@@ -13,7 +13,7 @@ neither). At batch 256 it times:
 - PyTorch on the GPU with the same weights, read from the ONNX file, FP32 and FP16, from
   host arrays to host arrays and on the device alone: the device's ceiling for this model.
 
-A row whose provider cannot serve is skipped with the reason ``worker.providers`` gives
+A row whose provider cannot serve is skipped with the reason ``worker.inference.providers`` gives
 (the CPU build of ONNX Runtime; a CUDA or TensorRT library that does not load). Each row
 gives rows/s (256 over the median call), the median and p99 of one batch in ms, its
 largest score difference from ORT CPU, and its speed over ORT CPU's. A second table runs
@@ -150,7 +150,7 @@ def make_fp16(model: Path, out: Path, report: Report | None = None) -> Path | No
     try:
         import onnx
 
-        from worker.model_optimize import convert_fp16
+        from worker.tools.model_optimize import convert_fp16
     except ImportError as exc:
         if report is not None:
             report.skipped.append(("FP16 model", f"cannot convert here: {exc}"))
@@ -176,7 +176,7 @@ def _why_not(provider: str) -> str:
     try:
         import onnxruntime as ort
 
-        from worker.providers import why_not_serving
+        from worker.inference.providers import why_not_serving
 
         return why_not_serving(provider, ort.get_available_providers())
     except ImportError as exc:
@@ -199,9 +199,9 @@ def _gpu_session(path: Path, providers: list[Any], wanted: str) -> tuple[Any, st
 
 
 def _trt_options(path: Path, cache: Path, fp16: bool = True) -> list[Any]:
-    from worker.config import ModelSpec, TensorrtOptions
-    from worker.engines import warm_up_sizes
-    from worker.providers import input_shapes, provider_options
+    from worker.config.settings import ModelSpec, TensorrtOptions
+    from worker.inference.engine import warm_up_sizes
+    from worker.inference.providers import input_shapes, provider_options
 
     spec = ModelSpec(
         path=path,
@@ -282,8 +282,8 @@ def ort_rows(report: Report, model: Path, fp16: Path | None, x: Array, budget_s:
 
 
 def _engine(path: Path, providers: list[str], cache: Path | None = None, **model: Any) -> Any:
-    from worker.config import ModelSpec, TensorrtOptions
-    from worker.engines import OnnxEngine, warm_up_sizes
+    from worker.config.settings import ModelSpec, TensorrtOptions
+    from worker.inference.engine import OnnxEngine, warm_up_sizes
 
     trt = TensorrtOptions(fp16=True, engine_cache_dir=cache, timing_cache_dir=cache)
     spec = ModelSpec(path=path, name="heavy", providers=providers, tensorrt=trt, **model)  # type: ignore[arg-type]
@@ -299,9 +299,12 @@ def engine_rows(
     try:
         import onnxruntime as ort
 
-        from worker.engines import OnnxEngine  # noqa: F401  (needs pydantic and orjson)
+        from worker.inference.engine import OnnxEngine  # noqa: F401  (needs pydantic and orjson)
     except ImportError as exc:
-        why = f"worker.engines does not import: {exc} (carry .whl: bash benchmarks/gpu_prepare.sh)"
+        why = (
+            f"worker.inference.engine does not import: {exc}"
+            " (carry .whl: bash benchmarks/gpu_prepare.sh)"
+        )
         report.skipped.append(("streamfer OnnxEngine.infer rows", why))
         return
     available = ort.get_available_providers()

@@ -2,7 +2,7 @@
 # What benchmarks/gpu_check.sh needs on the device machine that the machine cannot make
 # (it has no network and no skl2onnx), written here into two
 # git-ignored folders of at most ~25 MiB together, to be carried with each run:
-#   .whl/  the wheels worker.engines imports that its image lacks (pydantic, pydantic-core,
+#   .whl/  the wheels worker.inference.engine imports that its image lacks (pydantic, pydantic-core,
 #          annotated-types, typing-inspection, typing-extensions, orjson), for CPython
 #          3.12 on manylinux x86-64, at the versions this checkout's venv tests with;
 #   .gpu/  the heavy benchmark model (benchmarks.models.make_model("heavy")) and its FP16

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from streamfer_dev.toxiproxy import Toxic
-from worker.call_watch import CALL_TIMEOUT_S, STALL_MARGIN_S
-from worker.config import KafkaSettings
+from worker.config.settings import KafkaSettings
+from worker.kafka.call_watch import CALL_TIMEOUT_S, STALL_MARGIN_S
 
 __all__ = [
     "RESTART_S",
@@ -50,7 +50,7 @@ RESTART_S = 12.0
 
 COVERAGE_S = 2 * KafkaSettings.model_fields["group_coverage_check_s"].default + 2.0
 """A static member stopped between its revoke and its rejoin leaves partitions unowned
-after its restart: two coverage checks in a row (``worker.group_coverage``) and the
+after its restart: two coverage checks in a row (``worker.kafka.group_coverage``) and the
 rejoin of the member that acts, about a second."""
 
 

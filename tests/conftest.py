@@ -19,7 +19,7 @@ import redis
 from streamfer_dev.harness import worker_config_toml
 from streamfer_dev.modelgen import DemoModel, make_classifier, seed_entities
 from streamfer_dev.stack import local_kafka, local_redis
-from worker.topics import ensure_topics
+from worker.kafka.topics import ensure_topics
 
 
 @pytest.fixture(scope="session")

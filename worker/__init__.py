@@ -8,7 +8,7 @@ offsets only after every delivery of the batch succeeded. Start with ``Worker`` 
 
 from __future__ import annotations
 
-from worker.version import __version__
+from worker.core.version import __version__
 
 __all__ = ["Worker", "WorkerConfig", "__version__", "load_config"]
 
@@ -16,11 +16,11 @@ __all__ = ["Worker", "WorkerConfig", "__version__", "load_config"]
 def __getattr__(name: str) -> object:
     # Lazy, so ``import worker`` stays cheap and free of side effects.
     if name == "Worker":
-        from worker.app import Worker
+        from worker.loop.worker import Worker
 
         return Worker
     if name in ("WorkerConfig", "load_config"):
-        from worker import config
+        from worker.config import settings as config
 
         return getattr(config, name)
     raise AttributeError(name)

@@ -4,8 +4,8 @@ slice of history, show or reset a group's offsets, and inspect or optimize a mod
 Signal handlers only set a flag: the first SIGTERM or SIGINT asks the worker to drain,
 commit and leave the group; a second one exits at once (uncommitted records are then
 consumed again by the group). SIGHUP asks it to look for a new model version now
-(``worker.reloader``). ``run --processes N`` runs a supervisor of N workers
-(``worker.supervisor``), which forwards the first signal to them and SIGKILLs them on the
+(``worker.models.reloader``). ``run --processes N`` runs a supervisor of N workers
+(``worker.ops.supervisor``), which forwards the first signal to them and SIGKILLs them on the
 second, and forwards every SIGHUP; a worker it started drains on a signal and leaves
 repeats to it.
 
@@ -25,11 +25,11 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
 
+from worker.core.version import __version__
 from worker.errors import CallStalled, ConfigError, StreamferError
-from worker.version import __version__
 
 if TYPE_CHECKING:
-    from worker.config import WorkerConfig
+    from worker.config.settings import WorkerConfig
 
 __all__ = ["main"]
 
@@ -136,7 +136,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_replay_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``replay`` and ``offsets``; their work is in worker.replay and worker.offsets."""
+    """``replay`` and ``offsets``; their work is in worker.replay and worker.tools.offsets."""
     replay = sub.add_parser(
         "replay",
         help="re-run a bounded slice of a pipeline's request topics into a replay topic",
@@ -227,8 +227,8 @@ def _add_feature_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
 
 
 def _add_model_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``model inspect`` and ``model optimize``; their work is in worker.model_inspect and
-    worker.model_optimize (they need the tools extra)."""
+    """``model inspect`` and ``model optimize``; their work is in worker.tools.model_inspect and
+    worker.tools.model_optimize (they need the tools extra)."""
     model = sub.add_parser("model", help="inspect an ONNX model, or make an FP16 or INT8 copy")
     msub = model.add_subparsers(dest="model_command", required=True)
     inspect = msub.add_parser(
@@ -283,7 +283,7 @@ def _add_model_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
 def _cmd_model_inspect(args: argparse.Namespace) -> int:
     import orjson
 
-    from worker.model_inspect import inspect_model
+    from worker.tools.model_inspect import inspect_model
 
     try:
         info = inspect_model(args.file)
@@ -296,7 +296,7 @@ def _cmd_model_inspect(args: argparse.Namespace) -> int:
 def _cmd_model_optimize(args: argparse.Namespace) -> int:
     import orjson
 
-    from worker.model_optimize import OptimizeOptions, optimize_model
+    from worker.tools.model_optimize import OptimizeOptions, optimize_model
 
     options = OptimizeOptions(
         mode=args.mode,
@@ -318,9 +318,9 @@ def _cmd_model_optimize(args: argparse.Namespace) -> int:
 
 
 def _cmd_features_load(args: argparse.Namespace) -> int:
-    from worker.config import load_config
-    from worker.feature_loader import load_features
-    from worker.redis_io import redis_client
+    from worker.config.settings import load_config
+    from worker.features.redis_io import redis_client
+    from worker.tools.feature_loader import load_features
 
     try:
         config = load_config(args.config)
@@ -357,10 +357,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry
 
     from worker.compose import build_worker
-    from worker.config import load_config
-    from worker.health import HealthServer, HealthState
-    from worker.logs import setup_logging
-    from worker.supervisor import (
+    from worker.config.settings import load_config
+    from worker.ops.health import HealthServer, HealthState
+    from worker.ops.logs import setup_logging
+    from worker.ops.supervisor import (
         PROCESSES_ENV,
         follow_supervisor,
         parse_processes,
@@ -447,10 +447,10 @@ def _run_supervisor(args: argparse.Namespace, config: WorkerConfig, processes: i
     /metrics, /healthz and /readyz take the configured address."""
     from prometheus_client import CollectorRegistry
 
-    from worker.health import HttpEndpoint, reload_response
-    from worker.logs import setup_logging
-    from worker.metrics_merge import MergedEndpoints
-    from worker.supervisor import Supervisor, plan_for
+    from worker.ops.health import HttpEndpoint, reload_response
+    from worker.ops.logs import setup_logging
+    from worker.ops.metrics_merge import MergedEndpoints
+    from worker.ops.supervisor import Supervisor, plan_for
 
     setup_logging(config.log_format, getattr(logging, config.log_level.upper()))
     registry = CollectorRegistry()
@@ -507,9 +507,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
     line), 2 when the config, a model or the feature store cannot serve."""
     import orjson
 
-    from worker.check import check_pipeline
-    from worker.config import load_config, redacted
-    from worker.kafka_check import CheckLine, check_kafka
+    from worker.config.settings import load_config, redacted
+    from worker.tools.check import check_pipeline
+    from worker.tools.kafka_check import CheckLine, check_kafka
 
     lines: list[CheckLine] = []
     try:
@@ -567,7 +567,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from worker.logs import setup_logging
+    from worker.ops.logs import setup_logging
 
     setup_logging("text", logging.WARNING if args.json else logging.INFO)
     try:
@@ -589,11 +589,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from worker.config import load_config
-    from worker.logs import setup_logging
-    from worker.offsets import parse_partitions, parse_time
-    from worker.ranges import Bounds, parse_offset_bound
+    from worker.config.settings import load_config
+    from worker.ops.logs import setup_logging
     from worker.replay import ReplayOptions, run_replay
+    from worker.tools.offsets import parse_partitions, parse_time
+    from worker.tools.ranges import Bounds, parse_offset_bound
 
     try:
         config = load_config(args.config)
@@ -647,8 +647,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_offsets(args: argparse.Namespace) -> int:
-    from worker.config import load_config
-    from worker.offsets import (
+    from worker.config.settings import load_config
+    from worker.tools.offsets import (
         ResetTarget,
         parse_partitions,
         parse_time,

@@ -15,30 +15,30 @@ from typing import NamedTuple
 from confluent_kafka import Consumer
 from prometheus_client import CollectorRegistry
 
-from worker.app import Background, Worker
-from worker.call_watch import CallWatch
-from worker.canary import Canary
-from worker.candidates import load_candidates
-from worker.config import PipelineConfig, WorkerConfig
-from worker.engines import OnnxEngine
-from worker.feeds import FeedPlan
-from worker.group_coverage import GroupCoverage
-from worker.group_reads import ChildGroupReader, child_settings
-from worker.health import HealthState
-from worker.hooks import BatchHooks
-from worker.limits import RecordLimits
-from worker.lookups import RedisLookups
-from worker.metrics import Metrics
-from worker.model_slot import ModelSlot
-from worker.output_cache import open_cache
-from worker.parts import LoadedModel, open_parts
-from worker.pausing import share_fetch_options
-from worker.pipeline import Pipeline
-from worker.reloader import ModelWatch, Reloader, show_model
-from worker.shadow import ShadowRunner
-from worker.sink import Sink
-from worker.source import consumer_config
-from worker.transactions import transactional_producer, verify_isolation
+from worker.cache.output_cache import open_cache
+from worker.config.settings import PipelineConfig, WorkerConfig
+from worker.features.lookups import RedisLookups
+from worker.inference.engine import OnnxEngine
+from worker.inference.slot import ModelSlot
+from worker.kafka.call_watch import CallWatch
+from worker.kafka.group_coverage import GroupCoverage
+from worker.kafka.group_reads import ChildGroupReader, child_settings
+from worker.kafka.limits import RecordLimits
+from worker.kafka.sink import Sink
+from worker.kafka.source import consumer_config
+from worker.kafka.transactions import transactional_producer, verify_isolation
+from worker.loop.pausing import share_fetch_options
+from worker.loop.worker import Background, Worker
+from worker.models.candidates import load_candidates
+from worker.models.parts import LoadedModel, open_parts
+from worker.models.reloader import ModelWatch, Reloader, show_model
+from worker.ops.health import HealthState
+from worker.ops.metrics import Metrics
+from worker.pipeline.canary import Canary
+from worker.pipeline.feeds import FeedPlan
+from worker.pipeline.hooks import BatchHooks
+from worker.pipeline.shadow import ShadowRunner
+from worker.pipeline.steps import Pipeline
 
 __all__ = ["build_worker"]
 
@@ -149,7 +149,7 @@ def build_worker(
 def _watch_coverage(
     config: WorkerConfig, metrics: Metrics, background: list[Background]
 ) -> threading.Event | None:
-    """A static member watches for partitions nobody owns (``worker.group_coverage``): the
+    """A static member watches for partitions nobody owns (``worker.kafka.group_coverage``): the
     event its ``GroupCoverage`` sets when this member should leave and join again."""
     kafka = config.kafka
     if not kafka.group_instance_id or kafka.group_coverage_check_s <= 0:

@@ -2,8 +2,8 @@
 
 The Python-only checks always run: YAML and JSON parse, the compose file against the
 compose-spec JSON Schema (vendored in ``schemas/``), the worker configuration each
-deployment builds validated by ``worker.config``, and every metric and label that the
-alerts and the dashboard query is one the worker exports (``worker.metrics``).
+deployment builds validated by ``worker.config.settings``, and every metric and label that the
+alerts and the dashboard query is one the worker exports (``worker.ops.metrics``).
 
 Checks that need a binary (``helm``, ``promtool``) use it from PATH or ``.tools/bin`` and
 otherwise skip, saying so; ``scripts/deploy-tools.sh`` builds both from source.
@@ -35,8 +35,8 @@ import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
 from tests.deploy.dockerfiles import CPU, DOCKERFILES, GPU, gpu_dist, instructions, stages
-from worker.config import WorkerConfig, parse_config
-from worker.metrics import METRIC_NAMES, Metrics
+from worker.config.settings import WorkerConfig, parse_config
+from worker.ops.metrics import METRIC_NAMES, Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -123,7 +123,7 @@ def check_promql(expr: str, where: str) -> set[str]:
     allowed = allowed_series()
     unknown = sorted(n for n in names if n not in allowed)
     assert not unknown, (
-        f"{where}: {unknown} are not metrics the worker exports (worker.metrics.METRIC_NAMES)"
+        f"{where}: {unknown} are not metrics the worker exports (worker.ops.metrics.METRIC_NAMES)"
     )
     known_labels = TARGET_LABELS.union(*(allowed[n] for n in names))
     assert labels <= known_labels, (
@@ -227,7 +227,7 @@ def load_module(path: Path) -> ModuleType:
 
 def test_metric_names_list_every_exported_family() -> None:
     assert set(METRIC_NAMES) == set(exported_families()), (
-        "worker.metrics.METRIC_NAMES and the families Metrics registers differ"
+        "worker.ops.metrics.METRIC_NAMES and the families Metrics registers differ"
     )
 
 

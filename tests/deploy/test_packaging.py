@@ -114,7 +114,12 @@ def test_the_demo_extra_brings_what_the_dev_package_imports() -> None:
 
 def test_the_runtime_imports_no_dev_package() -> None:
     modules = runtime_modules()
-    assert {"worker.app", "worker.cli", "worker.engines", "worker.feature_loader"} <= set(modules)
+    assert {
+        "worker.loop.worker",
+        "worker.cli",
+        "worker.inference.engine",
+        "worker.tools.feature_loader",
+    } <= set(modules)
     code = (
         "import sys\n"
         + "".join(f"import {m}\n" for m in modules)

@@ -37,7 +37,7 @@ from tests.integration.recipes import (
     sklearn_pipeline,
     torch_style_mlp,
 )
-from worker.features import pack_vector
+from worker.features.stores import pack_vector
 
 pytestmark = pytest.mark.integration
 

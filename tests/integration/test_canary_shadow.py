@@ -39,7 +39,7 @@ from tests.integration.served_mlp import (
     sha,
 )
 from tests.unit.onnx_models import random_mlp
-from worker.topics import ensure_topics
+from worker.kafka.topics import ensure_topics
 
 pytestmark = pytest.mark.integration
 

@@ -14,10 +14,10 @@ import pytest
 from confluent_kafka import Consumer
 
 from tests.conftest import Topics
-from worker.config import KafkaSettings
-from worker.group_coverage import GroupCoverage, GroupView, unowned
-from worker.group_reads import ChildGroupReader, child_settings
-from worker.source import Source
+from worker.config.settings import KafkaSettings
+from worker.kafka.group_coverage import GroupCoverage, GroupView, unowned
+from worker.kafka.group_reads import ChildGroupReader, child_settings
+from worker.kafka.source import Source
 
 # A static member: prints its partitions after each assignment; stops polling once it
 # owns FREEZE_AT of them (stuck, as in send_offsets_to_transaction).

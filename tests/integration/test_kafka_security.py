@@ -23,7 +23,7 @@ from streamfer_dev.modelgen import DemoModel
 from streamfer_dev.stack import SecuredListeners, Service, start_kafka
 from tests.integration.helpers import assert_committed_to_end, clean_env, streamfer
 from tests.integration.tls import Certificates, make_certificates, sign
-from worker.topics import ensure_topics
+from worker.kafka.topics import ensure_topics
 
 pytestmark = pytest.mark.integration
 

@@ -41,7 +41,7 @@ from tests.integration.recipes import (
     fraud_lookup_tables,
 )
 from tests.integration.recipes import sklearn_pipeline as make_recipe
-from worker.features import pack_vector
+from worker.features.stores import pack_vector
 
 pytestmark = pytest.mark.integration
 

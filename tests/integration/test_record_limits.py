@@ -30,7 +30,7 @@ from streamfer_dev.harness import (
 )
 from tests.conftest import Topics
 from tests.integration.helpers import assert_committed_to_end, assert_valid, validator
-from worker.limits import DEFAULT_MESSAGE_MAX_BYTES
+from worker.kafka.limits import DEFAULT_MESSAGE_MAX_BYTES
 
 pytestmark = pytest.mark.integration
 

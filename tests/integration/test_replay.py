@@ -21,7 +21,7 @@ from streamfer_dev.harness import committed_offsets, end_offsets, produce_reques
 from streamfer_dev.modelgen import make_classifier
 from tests.conftest import Topics
 from tests.integration.helpers import streamfer
-from worker.engines import file_sha256
+from worker.inference.engine import file_sha256
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from streamfer_dev.modelgen import DemoModel, make_classifier
-from worker.features import RowStore
+from worker.features.stores import RowStore
 
 RawRow = list[bytes | str | None]
 

@@ -30,15 +30,15 @@ from prometheus_client import CollectorRegistry
 
 from streamfer_dev.modelgen import DemoModel
 from tests.unit.conftest import MemoryStore
-from worker.app import Worker
-from worker.config import BatchPolicy, FeatureSpec, ModelSpec, PipelineConfig, WorkerConfig
-from worker.engines import OnnxEngine
-from worker.limits import RecordLimits
-from worker.metrics import Metrics
-from worker.pipeline import Pipeline
-from worker.sink import Headers, Sink
-from worker.tracker import DeliveryTracker
-from worker.types import PartitionKey
+from worker.config.settings import BatchPolicy, FeatureSpec, ModelSpec, PipelineConfig, WorkerConfig
+from worker.core.tracker import DeliveryTracker
+from worker.core.types import PartitionKey
+from worker.inference.engine import OnnxEngine
+from worker.kafka.limits import RecordLimits
+from worker.kafka.sink import Headers, Sink
+from worker.loop.worker import Worker
+from worker.ops.metrics import Metrics
+from worker.pipeline.steps import Pipeline
 
 TOPIC = "req"
 Event = Callable[["FakeConsumer"], None]

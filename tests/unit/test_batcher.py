@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from worker.batcher import Batcher
-from worker.config import BatchPolicy
+from worker.config.settings import BatchPolicy
+from worker.loop.batcher import Batcher
 
 
 class FakeClock:

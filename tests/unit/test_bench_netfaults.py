@@ -10,7 +10,7 @@ import pytest
 from benchmarks import netfaults
 from benchmarks.netfaults import apply, heal, net_faults, recovery_bound_s, served, unmet
 from streamfer_dev.toxiproxy import Toxic
-from worker.call_watch import CALL_TIMEOUT_S, STALL_MARGIN_S
+from worker.kafka.call_watch import CALL_TIMEOUT_S, STALL_MARGIN_S
 
 FAULTS = net_faults(6.0)
 

@@ -101,12 +101,12 @@ def test_a_supervisor_log_tells_each_worker_assignment_apart() -> None:
 
     log = "\n".join(
         [
-            "2026-12-01 20:14:03 INFO [100] worker.supervisor: process 0 started: pid 101",
-            "2026-12-01 20:14:10 INFO [101 process 0] worker.membership: assigned t[0, 1, 2, 3];"
-            " owning 4 partitions",
-            "2026-12-01 20:14:11 INFO [102 process 1] worker.membership: assigned nothing;"
+            "2026-12-01 20:14:03 INFO [100] worker.ops.supervisor: process 0 started: pid 101",
+            "2026-12-01 20:14:10 INFO [101 process 0] worker.loop.membership: "
+            "assigned t[0, 1, 2, 3]; owning 4 partitions",
+            "2026-12-01 20:14:11 INFO [102 process 1] worker.loop.membership: assigned nothing;"
             " owning 0 partitions",
-            "2026-12-01 20:14:11 INFO [101 process 0] worker.membership: assigned nothing;"
+            "2026-12-01 20:14:11 INFO [101 process 0] worker.loop.membership: assigned nothing;"
             " owning 2 partitions",
         ]
     )

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from worker.buckets import Buckets, PaddedFeeds, rows_of
-from worker.engines import warm_up_sizes
+from worker.inference.buckets import Buckets, PaddedFeeds, rows_of
+from worker.inference.engine import warm_up_sizes
 
 
 def test_every_size_maps_to_the_smallest_bucket_that_holds_it() -> None:

@@ -8,7 +8,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from worker.cache_keys import KEY_BYTES, model_namespace, row_keys
+from worker.cache.keys import KEY_BYTES, model_namespace, row_keys
 
 SHA = "ab" * 32
 

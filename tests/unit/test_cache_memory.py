@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from worker.cache_memory import MemoryTier
+from worker.cache.memory import MemoryTier
 
 
 def key(i: int) -> bytes:

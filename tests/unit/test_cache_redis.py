@@ -10,7 +10,7 @@ from collections.abc import Callable
 import orjson
 import pytest
 
-from worker.cache_redis import VALUE_FORMAT, RedisCacheTier, decoded_value
+from worker.cache.redis_tier import VALUE_FORMAT, RedisCacheTier, decoded_value
 from worker.errors import FeatureStoreError
 
 GOOD = orjson.dumps({"label": "fraud", "scores": [0.25, 0.75]})
@@ -82,7 +82,7 @@ def test_an_unreachable_redis_is_misses_and_the_tier_rests(
 
     tier = tier_of(connect, clock, errors)
     keys = [b"k" * 16]
-    with caplog.at_level(logging.WARNING, logger="worker.cache_redis"):
+    with caplog.at_level(logging.WARNING, logger="worker.cache.redis_tier"):
         fetch = tier.get_many(keys, [0])
         assert fetch.failed and not fetch.found
         assert tier.put_many([(keys[0], GOOD)]) is False  # resting: not even tried

@@ -8,8 +8,8 @@ import time
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from worker.call_watch import CallWatch
 from worker.errors import CallStalled
+from worker.kafka.call_watch import CallWatch
 
 
 def test_a_call_returns_its_value_and_gets_its_timeout() -> None:

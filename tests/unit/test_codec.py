@@ -17,7 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.codec import (
+from worker.core.text import MAX_REASON_LENGTH, safe_text
+from worker.core.types import DecodedRequests, Rejection
+from worker.kafka.limits import DEFAULT_MESSAGE_MAX_BYTES
+from worker.pipeline.codec import (
     DEAD_LETTER_MAX_BYTES,
     ENTITY_PATTERN,
     MAX_ENTITY_LENGTH,
@@ -25,10 +28,7 @@ from worker.codec import (
     decode_requests,
     encode_dead_letter,
 )
-from worker.limits import DEFAULT_MESSAGE_MAX_BYTES
-from worker.request_shape import RequestShape
-from worker.text import MAX_REASON_LENGTH, safe_text
-from worker.types import DecodedRequests, Rejection
+from worker.pipeline.request_shape import RequestShape
 
 FIELDS = ("a", "b", "c")
 LIMIT = 4096
@@ -173,8 +173,8 @@ def test_deep_nesting_under_size_limit_does_not_crash_the_process() -> None:
     # 300 000 levels fit in 600 kB, under the default 1 MiB record limit. A crash here
     # would be a poison pill: every worker that consumes the record dies.
     script = (
-        "from worker.codec import decode_requests\n"
-        "from worker.request_shape import RequestShape\n"
+        "from worker.pipeline.codec import decode_requests\n"
+        "from worker.pipeline.request_shape import RequestShape\n"
         "deep = b'{\"id\": \"r\", \"x\": ' + b'[' * 300000 + b']' * 300000 + b'}'\n"
         "out = decode_requests([deep], RequestShape.simple(['a']), 1 << 20)\n"
         "print(out.rows, [r.code for r in out.rejections])\n"

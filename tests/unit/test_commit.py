@@ -8,11 +8,11 @@ from typing import cast
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from worker.batch import Job
-from worker.commit import STALLED_COMMIT_S, Committer
+from worker.core.job import Job
+from worker.core.tracker import DeliveryTracker
+from worker.core.types import PartitionKey
+from worker.delivery.committer import STALLED_COMMIT_S, Committer
 from worker.errors import CommitError, SinkError
-from worker.tracker import DeliveryTracker
-from worker.types import PartitionKey
 
 
 @dataclass
@@ -611,7 +611,7 @@ def test_a_partition_refused_in_a_synchronous_answer_is_logged_by_name(
     by its next owner, so the log says which one and why."""
     committer.track(job(sent(0), {("req", 2): 429, ("req", 3): 453}, {("req", 2): 1}))
     consumer.rejects[("req", 3)] = ILLEGAL_GENERATION
-    with caplog.at_level("WARNING", logger="worker.commit"):
+    with caplog.at_level("WARNING", logger="worker.delivery.committer"):
         committer.commit_ready(asynchronous=False)
     (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert "req[3]@453" in warning and "req[2]" not in warning

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from worker.config import (
+from worker.config.settings import (
     BatchPolicy,
     FeatureSpec,
     WorkerConfig,

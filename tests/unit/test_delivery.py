@@ -15,9 +15,9 @@ from confluent_kafka import KafkaError, Message
 
 from streamfer_dev.modelgen import DemoModel
 from tests.unit.fakes import TOPIC, FakeSink, build_worker, turn_until
-from worker.delivery import AtLeastOnce, Stages
-from worker.limits import RecordLimits
-from worker.tracker import RESENDS_PER_RECORD, DeliveryTracker
+from worker.core.tracker import RESENDS_PER_RECORD, DeliveryTracker
+from worker.delivery.mode import AtLeastOnce, Stages
+from worker.kafka.limits import RecordLimits
 
 
 class Refusal:
@@ -99,8 +99,8 @@ def test_a_synchronous_commit_with_a_refused_partition_counts_as_a_commit_failur
     from prometheus_client import CollectorRegistry, Counter, Gauge
 
     from tests.unit.test_commit import FakeConsumer, job, sent
-    from worker.commit import Committer
-    from worker.delivery import commit_delivered
+    from worker.delivery.committer import Committer
+    from worker.delivery.mode import commit_delivered
 
     consumer = FakeConsumer(rejects={("req", 3): KafkaError(KafkaError.ILLEGAL_GENERATION)})
     committer = Committer(consumer)

@@ -13,9 +13,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from worker.buckets import Buckets
-from worker.device_io import BoundRunner, HostBuffers, OutputSpec, host_buffers
-from worker.engines import warm_up_sizes
+from worker.inference.buckets import Buckets
+from worker.inference.device_io import BoundRunner, HostBuffers, OutputSpec, host_buffers
+from worker.inference.engine import warm_up_sizes
 
 SIZES = warm_up_sizes(64)
 
@@ -134,7 +134,7 @@ def test_an_output_unlike_its_declaration_is_rebound_and_not_cut(
     session = _session(path)
     runner = _runner(session, ["y"])
     x = np.arange(18, dtype=np.float32).reshape(3, 6)
-    with caplog.at_level(logging.INFO, logger="worker.device_io"):
+    with caplog.at_level(logging.INFO, logger="worker.inference.device_io"):
         (got,) = runner({"X": x}, 3)
     assert "are not the shape the model declares" in caplog.text
     assert got.shape == (8, 3)  # bucket 4, two rows each
@@ -246,7 +246,7 @@ def test_pinned_buffers_that_fail_are_given_up_for_plain_ones(
     session = _FailsFirstRuns(real, fails=1)
     runner = _runner(session, ["y", "s"], pinned)
     x = np.arange(15, dtype=np.float32).reshape(5, 3)
-    with caplog.at_level(logging.WARNING, logger="worker.device_io"):
+    with caplog.at_level(logging.WARNING, logger="worker.inference.device_io"):
         y, s = runner({"X": x}, 5)
     assert "runs on pinned host buffers fail (input 'X' is on a device" in caplog.text
     np.testing.assert_array_equal(y, 2 * x + 1)

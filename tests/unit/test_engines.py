@@ -18,9 +18,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from streamfer_dev.modelgen import DemoModel
-from worker.config import ModelSpec
-from worker.engines import ENGINES, OnnxEngine, file_sha256, is_device_oom, warm_up_sizes
+from worker.config.settings import ModelSpec
 from worker.errors import EngineError
+from worker.inference.engine import ENGINES, OnnxEngine, file_sha256, is_device_oom, warm_up_sizes
 
 SpecFactory = Callable[..., ModelSpec]
 
@@ -75,7 +75,7 @@ def test_metadata(engine: OnnxEngine, classifier: DemoModel) -> None:
 def test_single_row_and_warm_up(
     engine: OnnxEngine, classifier: DemoModel, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level("INFO", logger="worker.engines"):
+    with caplog.at_level("INFO", logger="worker.inference.engine"):
         engine.warm_up([1, 3, 64])
     assert f"model {classifier.path.name} warmed at batch sizes [1, 3, 64] in " in caplog.text
     out = engine.infer(classifier.features[:1])
@@ -599,7 +599,7 @@ def test_string_and_zipmap_models_pad_too_but_are_not_bound(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     spec = ModelSpec(path=two_input_model, name="two", pad_to_buckets=True, io_binding=True)
-    with caplog.at_level("INFO", logger="worker.engines"):
+    with caplog.at_level("INFO", logger="worker.inference.engine"):
         engine = OnnxEngine(spec, batch_sizes=[1, 2, 4, 8])
     assert "no IOBinding (input 'cat' is tensor(string))" in caplog.text
     assert engine.padded and not engine.io_binding
@@ -688,14 +688,14 @@ def test_out_of_memory_halves_the_batch_and_counts_each_halving(
 ) -> None:
     from prometheus_client import CollectorRegistry
 
-    from worker.metrics import Metrics
+    from worker.ops.metrics import Metrics
 
     registry = CollectorRegistry()
     counter = Metrics(registry).device_oom_retries.labels("fraud")
     engine = OnnxEngine(make_spec(), on_device_oom=counter.inc)
     want = OnnxEngine(make_spec()).infer(classifier.features[:200])
     calls = _oom_above(engine, 60, message)
-    with caplog.at_level("WARNING", logger="worker.engines"):
+    with caplog.at_level("WARNING", logger="worker.inference.engine"):
         got = engine.infer(classifier.features[:200])
     for name in want:
         np.testing.assert_array_equal(got[name], want[name])
@@ -779,7 +779,7 @@ def test_a_real_arena_out_of_memory_is_halved(tmp_path: Path) -> None:
 def test_requested_cuda_on_the_cpu_build_falls_back_with_the_reason(
     make_spec: SpecFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level("WARNING", logger="worker.engines"):
+    with caplog.at_level("WARNING", logger="worker.inference.engine"):
         engine = OnnxEngine(
             make_spec(
                 providers=[
@@ -819,7 +819,7 @@ def test_an_offered_provider_whose_library_is_missing_is_named(
     provider, the session comes up without it, and the warning names the library."""
     offered = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
     monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: offered)
-    with caplog.at_level("WARNING", logger="worker.engines"):
+    with caplog.at_level("WARNING", logger="worker.inference.engine"):
         engine = OnnxEngine(make_spec(providers=offered), batch_sizes=[1, 2, 4])
     assert engine.provider == "CPUExecutionProvider"
     assert "TensorrtExecutionProvider does not serve: its library " in caplog.text

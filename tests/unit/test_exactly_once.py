@@ -21,11 +21,11 @@ from confluent_kafka import KafkaError, KafkaException, Message
 from streamfer_dev.modelgen import DemoModel
 from tests.unit import fakes
 from tests.unit.fakes import TOPIC, FakeConsumer, build_worker, turn_until
-from worker.app import Worker
-from worker.config import BatchPolicy, PipelineConfig
+from worker.config.settings import BatchPolicy, PipelineConfig
+from worker.delivery.transaction_tries import FAILURES_IN_A_ROW
 from worker.errors import SinkError, SourceError
-from worker.limits import RecordLimits
-from worker.transaction_tries import FAILURES_IN_A_ROW
+from worker.kafka.limits import RecordLimits
+from worker.loop.worker import Worker
 
 P0, P1 = (TOPIC, 0), (TOPIC, 1)
 
@@ -165,9 +165,9 @@ def test_a_transactional_call_stuck_past_its_timeout_stops_the_worker(
     """librdkafka's send_offsets_to_transaction can ignore its timeout when the group
     coordinator goes away: the worker must see it, turn unhealthy and stop (its clients
     left unclosed), instead of holding every partition for good."""
-    from worker.call_watch import CallWatch
     from worker.errors import CallStalled
-    from worker.health import HealthState
+    from worker.kafka.call_watch import CallWatch
+    from worker.ops.health import HealthState
 
     health = HealthState()
     calls = CallWatch(timeout_s=0.1, margin_s=0.2, on_stall=health.call_stalled)

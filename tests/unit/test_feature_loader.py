@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 
-from worker.feature_loader import _RowProgress
+from worker.tools.feature_loader import _RowProgress
 
 
 class FakeClock:

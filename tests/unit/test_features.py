@@ -18,11 +18,13 @@ import redis
 from prometheus_client import CollectorRegistry
 from redis._parsers import BaseParser
 
-from worker.codec import ENTITY_PATTERN
-from worker.config import FeatureSpec, ModelSpec, PipelineConfig
-from worker.engines import TensorInput
+from worker.config.settings import FeatureSpec, ModelSpec, PipelineConfig
+from worker.core.types import DecodedRequests
 from worker.errors import FeatureStoreConfigError, FeatureStoreError
-from worker.features import (
+from worker.features.lookups import OneStore, RedisLookups
+from worker.features.redis_io import REDIS_ERROR_KINDS, RedisTrouble, classify_redis_error
+from worker.features.store_wait import StoreWait
+from worker.features.stores import (
     PROBE_ENTITY,
     FeatureStore,
     RedisHashStore,
@@ -30,15 +32,13 @@ from worker.features import (
     RowStore,
     pack_vector,
 )
-from worker.feeds import Assembled, FeedPlan
-from worker.feeds import assemble as assemble_feeds
-from worker.health import HealthState
-from worker.lookups import OneStore, RedisLookups
-from worker.metrics import Metrics
-from worker.pipeline import Pipeline
-from worker.redis_io import REDIS_ERROR_KINDS, RedisTrouble, classify_redis_error
-from worker.store_wait import StoreWait
-from worker.types import DecodedRequests
+from worker.inference.engine import TensorInput
+from worker.ops.health import HealthState
+from worker.ops.metrics import Metrics
+from worker.pipeline.codec import ENTITY_PATTERN
+from worker.pipeline.feeds import Assembled, FeedPlan
+from worker.pipeline.feeds import assemble as assemble_feeds
+from worker.pipeline.steps import Pipeline
 
 if TYPE_CHECKING:
     from conftest import MemoryStore, StoreFactory
@@ -660,7 +660,7 @@ def test_config_refusal_waits_with_a_reason_and_never_dead_letters(
     pipeline = make_pipeline(
         store, retry_feature_store_s=0.0, on_feature_store=lambda ok, why: heard.append((ok, why))
     )
-    with caplog.at_level(logging.INFO, logger="worker.store_wait"):
+    with caplog.at_level(logging.INFO, logger="worker.features.store_wait"):
         prepared = pipeline.prepare(BATCH)  # type: ignore[arg-type]
     assert store.calls == 4
     assert prepared.feature_rejects == []

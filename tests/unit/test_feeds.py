@@ -11,14 +11,14 @@ import numpy as np
 import orjson
 import pytest
 
-from worker.codec import decode_requests
-from worker.config import PipelineConfig
-from worker.engines import ONNX_DTYPES, TensorInput
+from worker.config.settings import PipelineConfig
+from worker.core.types import DecodedRequests
 from worker.errors import ModelMismatchError
-from worker.features import Fetched
-from worker.feeds import Assembled, FeedPlan, assemble
-from worker.request_shape import RequestShape
-from worker.types import DecodedRequests
+from worker.features.stores import Fetched
+from worker.inference.engine import ONNX_DTYPES, TensorInput
+from worker.pipeline.codec import decode_requests
+from worker.pipeline.feeds import Assembled, FeedPlan, assemble
+from worker.pipeline.request_shape import RequestShape
 
 USERS: dict[str, dict[str, bytes]] = {
     "u1": {"age_days": b"400", "country": b"FR", "segment": b"retail"},

@@ -10,7 +10,7 @@ from typing import cast
 import pytest
 from confluent_kafka import KafkaException
 
-from worker.group_coverage import CoverageCheck, GroupCoverage, GroupView, unowned
+from worker.kafka.group_coverage import CoverageCheck, GroupCoverage, GroupView, unowned
 
 ALL = frozenset(("t", p) for p in range(4))
 
@@ -104,7 +104,7 @@ def test_a_gap_seen_twice_asks_for_a_rejoin_names_it_and_counts_it(
     part, counted = coverage(Reads([ORPHANED, ORPHANED]))
     part.check_once()
     assert not part.rejoin.is_set()
-    with caplog.at_level(logging.WARNING, logger="worker.group_coverage"):
+    with caplog.at_level(logging.WARNING, logger="worker.kafka.group_coverage"):
         part.check_once()
     assert part.rejoin.is_set()
     assert counted == [1]

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from worker.config import KafkaSettings
-from worker.group_reads import ChildGroupReader, child_settings
+from worker.config.settings import KafkaSettings
+from worker.kafka.group_reads import ChildGroupReader, child_settings
 
 # Answers every read with one view; with "die" in the settings, aborts on the second.
 FAKE = """

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from worker.health import (
+from worker.ops.health import (
     CONNECTION_DEADLINE_S,
     CONNECTION_TIMEOUT_S,
     MAX_CONNECTIONS,

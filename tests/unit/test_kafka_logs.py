@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from worker.kafka_logs import KAFKA_LOG, RepeatFilter
+from worker.kafka.client_logs import KAFKA_LOG, RepeatFilter
 
 
 class Clock:
@@ -43,11 +43,11 @@ def test_repeats_differing_only_in_numbers_pass_once_per_window() -> None:
 def test_every_kafka_client_logs_through_the_filtered_logger(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from worker.admin import admin_client
-    from worker.config import KafkaSettings
-    from worker.offsets import lookup_consumer_config
-    from worker.sink import producer_config
-    from worker.source import consumer_config
+    from worker.config.settings import KafkaSettings
+    from worker.kafka.admin import admin_client
+    from worker.kafka.sink import producer_config
+    from worker.kafka.source import consumer_config
+    from worker.tools.offsets import lookup_consumer_config
 
     settings = KafkaSettings()
     assert producer_config(settings)["logger"] is KAFKA_LOG

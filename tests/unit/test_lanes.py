@@ -3,7 +3,7 @@ whose next stage is full skipped, and aging so that a lower lane is never starve
 
 from __future__ import annotations
 
-from worker.lanes import LaneQueue
+from worker.loop.lanes import LaneQueue
 
 HIGH, LOW = 10, -10
 

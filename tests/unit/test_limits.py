@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from worker import limits as limits_module
-from worker.config import KafkaSettings
-from worker.limits import (
+from worker.config.settings import KafkaSettings
+from worker.kafka import limits as limits_module
+from worker.kafka.limits import (
     DEFAULT_MESSAGE_MAX_BYTES,
     RECORD_OVERHEAD,
     RecordLimits,
@@ -109,5 +109,5 @@ def test_refused_describe_configs_leaves_every_topic_as_today(
 ) -> None:
     limits = read_with(monkeypatch, Admin({}, refuse=True), ["res", "dlq"])
     assert limits.compacted == frozenset()
-    (warning,) = [r for r in caplog.records if r.name == "worker.limits"]
+    (warning,) = [r for r in caplog.records if r.name == "worker.kafka.limits"]
     assert "not held back from compacted topics" in warning.getMessage()

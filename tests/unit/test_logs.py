@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from worker.logs import setup_logging
+from worker.ops.logs import setup_logging
 
 
 @pytest.fixture(autouse=True)

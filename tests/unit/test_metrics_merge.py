@@ -13,9 +13,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from worker.health import HealthServer, HealthState, HttpEndpoint
-from worker.metrics import METRIC_NAMES, Metrics
-from worker.metrics_merge import (
+from worker.ops.health import HealthServer, HealthState, HttpEndpoint
+from worker.ops.metrics import METRIC_NAMES, Metrics
+from worker.ops.metrics_merge import (
     SUPERVISOR_METRIC_NAMES,
     Answer,
     MergedEndpoints,
@@ -23,7 +23,7 @@ from worker.metrics_merge import (
     merge_liveness,
     merge_readiness,
 )
-from worker.supervisor import ChildState, ChildStatus, RestartPolicy, Supervisor, SupervisorPlan
+from worker.ops.supervisor import ChildState, ChildStatus, RestartPolicy, Supervisor, SupervisorPlan
 
 
 def _worker_text(records: int, *, lag: int = 0) -> str:

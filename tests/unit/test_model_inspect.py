@@ -15,7 +15,7 @@ import pytest
 from tests.integration.recipes import fraud_data, sklearn_pipeline
 from tests.unit.onnx_models import near_tie_mlp
 from worker.cli import main
-from worker.model_inspect import inspect_model
+from worker.tools.model_inspect import inspect_model
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from worker.engines import ONNX_DTYPES, TensorInput
 from worker.errors import ConfigError
-from worker.model_rows import ModelRows, read_model_rows
+from worker.inference.engine import ONNX_DTYPES, TensorInput
+from worker.tools.model_rows import ModelRows, read_model_rows
 
 
 def tensor(name: str, onnx_type: str, width: int | None, rank: int = 2) -> TensorInput:

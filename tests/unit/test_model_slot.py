@@ -15,12 +15,12 @@ from prometheus_client import CollectorRegistry
 
 from tests.unit.onnx_models import random_mlp, three_feature_pipeline
 from tests.unit.test_pipeline import FakeMessage, FakeSink
-from worker.config import ModelSpec, PipelineConfig
-from worker.engines import OnnxEngine
-from worker.metrics import Metrics
-from worker.model_slot import LiveModel, ModelIdentity, ModelSlot
-from worker.pipeline import Pipeline
-from worker.tracker import DeliveryTracker
+from worker.config.settings import ModelSpec, PipelineConfig
+from worker.core.tracker import DeliveryTracker
+from worker.inference.engine import OnnxEngine
+from worker.inference.slot import LiveModel, ModelIdentity, ModelSlot
+from worker.ops.metrics import Metrics
+from worker.pipeline.steps import Pipeline
 
 if TYPE_CHECKING:
     from conftest import StoreFactory

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from worker.config.model_versions import MODEL_FILE, list_versions, resolve_version
 from worker.errors import ConfigError
-from worker.model_versions import MODEL_FILE, list_versions, resolve_version
 
 
 def _version(root: Path, name: str, *, file: bool = True) -> Path:

@@ -1,4 +1,4 @@
-"""Pure parts of worker.offsets: time and partition parsing, reset planning."""
+"""Pure parts of worker.tools.offsets: time and partition parsing, reset planning."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from worker.errors import ConfigError, SourceError
-from worker.offsets import (
+from worker.tools.offsets import (
     KafkaOffsets,
     ResetTarget,
     parse_partitions,

@@ -25,14 +25,14 @@ from tests.unit.test_pipeline import (
     inline_row,
     req,
 )
+from worker.cache.output_cache import OutputCache, open_cache
 from worker.cli import main
-from worker.config import CacheSpec, FeatureSpec, ModelSpec, PipelineConfig, parse_config
-from worker.engines import InferenceEngine, OnnxEngine
+from worker.config.settings import CacheSpec, FeatureSpec, ModelSpec, PipelineConfig, parse_config
 from worker.errors import ConfigError
-from worker.hooks import BatchHooks
-from worker.metrics import Metrics
-from worker.output_cache import OutputCache, open_cache
-from worker.pipeline import Pipeline
+from worker.inference.engine import InferenceEngine, OnnxEngine
+from worker.ops.metrics import Metrics
+from worker.pipeline.hooks import BatchHooks
+from worker.pipeline.steps import Pipeline
 
 if TYPE_CHECKING:
     from conftest import MemoryStore, StoreFactory
@@ -116,7 +116,7 @@ class Harness:
 
 
 def _unused_redis() -> Any:
-    from worker.config import RedisSettings
+    from worker.config.settings import RedisSettings
 
     return RedisSettings()  # no redis_ttl_s: never connected
 
@@ -275,7 +275,7 @@ def test_a_model_changed_between_look_up_and_inference_gets_new_keys(
     engine.swapped = True
     h.cached.infer(prepared)
     sink = FakeSink()
-    from worker.tracker import DeliveryTracker
+    from worker.core.tracker import DeliveryTracker
 
     h.cached.publish(prepared, sink, DeliveryTracker())  # type: ignore[arg-type]
     assert flags(sink.sent) == [None]  # computed by the "new" model

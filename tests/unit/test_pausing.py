@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from worker.pausing import (
+from worker.core.types import PartitionKey
+from worker.loop.pausing import (
     SHARE_FETCH_WAIT_MS,
     PausingManager,
     Share,
     describe_partitions,
     share_fetch_options,
 )
-from worker.types import PartitionKey
 
 P0, P1, P2 = ("req", 0), ("req", 1), ("req", 2)
 

@@ -15,16 +15,16 @@ from confluent_kafka import Message
 from prometheus_client import CollectorRegistry
 
 from streamfer_dev.modelgen import DemoModel
-from worker.config import FeatureSpec, HooksSpec, ModelSpec, PipelineConfig
-from worker.engines import Feeds, InferenceEngine, OnnxEngine, Outputs, TensorInput
+from worker.config.settings import FeatureSpec, HooksSpec, ModelSpec, PipelineConfig
+from worker.core.tracker import DeliveryTracker
 from worker.errors import ConfigError, EngineError, FeatureStoreError, ModelMismatchError
-from worker.features import RowStore
-from worker.hooks import BatchHooks, load_hooks
-from worker.limits import RecordLimits, record_size
-from worker.metrics import Metrics
-from worker.pipeline import Pipeline
-from worker.sink import Headers
-from worker.tracker import DeliveryTracker
+from worker.features.stores import RowStore
+from worker.inference.engine import Feeds, InferenceEngine, OnnxEngine, Outputs, TensorInput
+from worker.kafka.limits import RecordLimits, record_size
+from worker.kafka.sink import Headers
+from worker.ops.metrics import Metrics
+from worker.pipeline.hooks import BatchHooks, load_hooks
+from worker.pipeline.steps import Pipeline
 
 if TYPE_CHECKING:
     from conftest import MemoryStore, StoreFactory

@@ -11,8 +11,8 @@ import onnxruntime
 import pytest
 
 from streamfer_dev.modelgen import DemoModel
-from worker.config import CudaOptions, ModelSpec, TensorrtOptions
-from worker.providers import (
+from worker.config.settings import CudaOptions, ModelSpec, TensorrtOptions
+from worker.inference.providers import (
     CPU,
     CUDA,
     TENSORRT,

@@ -1,4 +1,4 @@
-"""worker.ranges: bounds resolved into one range per partition against a fake log."""
+"""worker.tools.ranges: bounds resolved into one range per partition against a fake log."""
 
 from __future__ import annotations
 
@@ -6,7 +6,13 @@ import pytest
 
 from tests.unit.test_offsets import FakeLookup
 from worker.errors import ConfigError
-from worker.ranges import Bounds, OffsetBound, PartitionRange, parse_offset_bound, resolve_ranges
+from worker.tools.ranges import (
+    Bounds,
+    OffsetBound,
+    PartitionRange,
+    parse_offset_bound,
+    resolve_ranges,
+)
 
 
 def test_parse_offset_bound() -> None:

@@ -18,12 +18,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.unit.onnx_models import random_mlp
-from worker.config import PipelineConfig, parse_config
-from worker.engines import file_sha256
-from worker.metrics import Metrics
-from worker.model_slot import LiveModel, ModelIdentity, ModelSlot
-from worker.parts import load_model
-from worker.reloader import Look, ModelWatch, Reloader, show_model
+from worker.config.settings import PipelineConfig, parse_config
+from worker.inference.engine import file_sha256
+from worker.inference.slot import LiveModel, ModelIdentity, ModelSlot
+from worker.models.parts import load_model
+from worker.models.reloader import Look, ModelWatch, Reloader, show_model
+from worker.ops.metrics import Metrics
 
 FIELDS = ["a", "b", "c"]
 SETTLE_S = 1.0
@@ -144,7 +144,7 @@ def test_a_broken_file_is_refused_once_and_the_live_version_keeps_serving(
     broken.parent.mkdir()
     broken.write_bytes(b"\x08\x07 these are not the bytes of an ONNX model" * 100)
     _age(broken)
-    with caplog.at_level(logging.ERROR, logger="worker.reloader"):
+    with caplog.at_level(logging.ERROR, logger="worker.models.reloader"):
         assert served.watch.look() is Look.REFUSED
     assert served.version == "1"
     assert served.reloads("refused") == 1 and served.reloads("loaded") == 0
@@ -188,7 +188,7 @@ def test_a_version_that_does_not_fit_the_pipeline_is_refused(
 ) -> None:
     served = _serve({"path": str(root)})
     _age(make(root / "2" / "model.onnx"))
-    with caplog.at_level(logging.ERROR, logger="worker.reloader"):
+    with caplog.at_level(logging.ERROR, logger="worker.models.reloader"):
         assert served.watch.look() is Look.REFUSED
     assert served.version == "1" and served.reloads("refused") == 1
     assert says in caplog.records[0].getMessage()
@@ -218,7 +218,7 @@ def test_a_model_whose_inputs_are_typed_otherwise_is_refused(
     path.write_bytes(model.SerializeToString())
     onnx.checker.check_model(model)
     _age(path)
-    with caplog.at_level(logging.ERROR, logger="worker.reloader"):
+    with caplog.at_level(logging.ERROR, logger="worker.models.reloader"):
         assert served.watch.look() is Look.REFUSED
     assert served.version == "1"
     assert "inputs are not fed like the live model's" in caplog.records[0].getMessage()
@@ -295,7 +295,7 @@ def test_an_emptied_directory_leaves_the_live_version_serving(
 ) -> None:
     served = _serve({"path": str(root)})
     shutil.rmtree(root / "1")
-    with caplog.at_level(logging.WARNING, logger="worker.reloader"):
+    with caplog.at_level(logging.WARNING, logger="worker.models.reloader"):
         assert served.watch.look() is Look.IDLE
         assert served.watch.look() is Look.IDLE
     assert served.version == "1"

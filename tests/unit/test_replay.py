@@ -15,12 +15,11 @@ import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
 from streamfer_dev.modelgen import DemoModel
-from worker.config import BatchPolicy, FeatureSpec, ModelSpec, PipelineConfig
-from worker.engines import OnnxEngine
+from worker.config.settings import BatchPolicy, FeatureSpec, ModelSpec, PipelineConfig
 from worker.errors import ConfigError, SinkError
-from worker.metrics import Metrics
-from worker.pipeline import Pipeline
-from worker.ranges import Bounds, PartitionRange
+from worker.inference.engine import OnnxEngine
+from worker.ops.metrics import Metrics
+from worker.pipeline.steps import Pipeline
 from worker.replay import (
     REPLAY_ID_HEADER,
     Progress,
@@ -34,6 +33,7 @@ from worker.replay import (
     format_progress,
     resume_positions,
 )
+from worker.tools.ranges import Bounds, PartitionRange
 
 if TYPE_CHECKING:
     from conftest import StoreFactory

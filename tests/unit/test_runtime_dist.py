@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.runtime_dist import (
+from worker.inference.runtime_dist import (
     gpu_install_hint,
     installed_owners,
     runtime_distribution,

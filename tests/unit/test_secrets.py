@@ -19,7 +19,7 @@ import pytest
 from pydantic import SecretStr
 from redis.connection import parse_url
 
-from worker.config import (
+from worker.config.settings import (
     LIBRDKAFKA_SECRET_OPTIONS,
     FeatureSpec,
     RedisSettings,
@@ -28,8 +28,8 @@ from worker.config import (
     redis_url_problem,
 )
 from worker.errors import ConfigError, FeatureStoreError
-from worker.features import RedisHashStore
-from worker.redis_io import redis_client
+from worker.features.redis_io import redis_client
+from worker.features.stores import RedisHashStore
 
 PASSWORD = "vK7qZ/mW3xR#tY8pL?nB2c"
 """A password with every character that ends a URL's host part, in distinct pieces."""
@@ -257,7 +257,7 @@ def test_connection_refused_does_not_echo_the_password(where: str) -> None:
 # --- check --print-config -----------------------------------------------------------
 
 # Named here from librdkafka's CONFIGURATION.md rather than read from the constant, so
-# that dropping one from worker.config fails this test.
+# that dropping one from worker.config.settings fails this test.
 SECRET_PROPERTIES = [
     "sasl.password",
     "sasl.oauthbearer.config",

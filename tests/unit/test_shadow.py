@@ -19,16 +19,16 @@ from prometheus_client import CollectorRegistry
 
 from tests.unit.onnx_models import random_mlp, three_feature_pipeline
 from tests.unit.test_pipeline import FakeMessage, FakeSink
-from worker.config import ModelSpec, PipelineConfig, ShadowSpec
-from worker.engines import Feeds, OnnxEngine, Outputs
+from worker.config.settings import ModelSpec, PipelineConfig, ShadowSpec
+from worker.core.tracker import DeliveryTracker
 from worker.errors import EngineError
-from worker.limits import RecordLimits
-from worker.metrics import Metrics
-from worker.model_slot import LiveModel, ModelSlot
-from worker.pipeline import Pipeline
-from worker.shadow import Agreement, ShadowRunner
-from worker.sink import Headers, Sink
-from worker.tracker import DeliveryTracker
+from worker.inference.engine import Feeds, OnnxEngine, Outputs
+from worker.inference.slot import LiveModel, ModelSlot
+from worker.kafka.limits import RecordLimits
+from worker.kafka.sink import Headers, Sink
+from worker.ops.metrics import Metrics
+from worker.pipeline.shadow import Agreement, ShadowRunner
+from worker.pipeline.steps import Pipeline
 
 if TYPE_CHECKING:
     from conftest import StoreFactory
@@ -260,7 +260,7 @@ def test_a_failing_shadow_is_counted_and_never_dead_letters_a_record(
     assert len(primary.to("res")) == 24 and not primary.to("dlq")
     assert served.sink.records == []
     assert served.count("failed") == 3 and served.count("done") == 0
-    errors = [r.getMessage() for r in caplog.records if r.name == "worker.shadow"]
+    errors = [r.getMessage() for r in caplog.records if r.name == "worker.pipeline.shadow"]
     assert len(errors) == 1  # once a minute at most
     assert "model m:2 failed on a batch of 8 rows: the shadow's model run failed" in errors[0]
 

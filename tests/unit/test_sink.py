@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from worker.limits import RecordLimits
-from worker.sink import Sink
-from worker.tracker import DeliveryTracker
+from worker.core.tracker import DeliveryTracker
+from worker.kafka.limits import RecordLimits
+from worker.kafka.sink import Sink
 
 
 class Producer:

@@ -13,10 +13,10 @@ from typing import Any, cast
 import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from worker.config import KafkaSettings
+from worker.config.settings import KafkaSettings
+from worker.core.types import PartitionKey
 from worker.errors import SourceError
-from worker.source import Source, consumer_config
-from worker.types import PartitionKey
+from worker.kafka.source import Source, consumer_config
 
 
 class Record:
@@ -212,7 +212,7 @@ def test_a_partition_the_broker_refuses_to_pin_is_tried_once_more(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     consumer = GroupOffsets({0: 5, 1: 7}, refusals={1: [NOT_COORDINATOR]})
-    with caplog.at_level(logging.INFO, "worker.source"):
+    with caplog.at_level(logging.INFO, "worker.kafka.source"):
         pinning(consumer).pin_starts(assigned(0, 1))
     assert consumer.commits == [[(0, 5), (1, 7)], [(1, 7)]]
     assert consumer.group == {("t", 0): 5, ("t", 1): 7}
@@ -224,7 +224,7 @@ def test_a_partition_refused_twice_is_named_and_not_said_to_be_pinned(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     consumer = GroupOffsets({0: 5, 1: 7}, refusals={1: [NOT_COORDINATOR, NOT_COORDINATOR]})
-    with caplog.at_level(logging.INFO, "worker.source"):
+    with caplog.at_level(logging.INFO, "worker.kafka.source"):
         pinning(consumer).pin_starts(assigned(0, 1))
     assert len(consumer.commits) == 2, "one retry, no more: the rebalance waits meanwhile"
     (pinned,) = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]

@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from worker.batch import Job
-from worker.stage_threads import StageThreads, Step
-from worker.tracker import DeliveryTracker
+from worker.core.job import Job
+from worker.core.tracker import DeliveryTracker
+from worker.loop.threads import StageThreads, Step
 
 
 def job(n: int, partition: int = 0) -> Job:

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from worker.config import parse_config
+from worker.config.settings import parse_config
 from worker.errors import ConfigError
-from worker.supervisor import (
+from worker.ops.supervisor import (
     PROCESS_INDEX_ENV,
     PROCESSES_ENV,
     SUPERVISOR_PID_ENV,
@@ -208,7 +208,7 @@ def test_without_metrics_or_static_membership_nothing_is_added(tmp_path: Path) -
 def test_a_child_asks_for_sigterm_when_its_supervisor_dies(tmp_path: Path) -> None:
     script = (
         "import ctypes, os, sys\n"
-        "from worker.supervisor import follow_supervisor\n"
+        "from worker.ops.supervisor import follow_supervisor\n"
         "ok = follow_supervisor({'STREAMFER_SUPERVISOR_PID': sys.argv[1]})\n"
         "sig = ctypes.c_int()\n"
         "ctypes.CDLL(None).prctl(2, ctypes.byref(sig), 0, 0, 0)\n"  # PR_GET_PDEATHSIG

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, Message
 
-from worker.batch import Job
+from worker.core.job import Job
+from worker.core.tracker import DeliveryTracker
+from worker.core.types import Refusal
+from worker.delivery.transaction_tries import TransactionTries
 from worker.errors import SinkError
-from worker.tracker import DeliveryTracker
-from worker.transaction_tries import TransactionTries
-from worker.types import Refusal
 
 REFUSED = KafkaError(KafkaError.INVALID_RECORD, "compacted topic needs a key")
 

@@ -12,7 +12,7 @@ from confluent_kafka import KafkaError
 
 from streamfer_dev.modelgen import DemoModel
 from tests.unit.fakes import TOPIC, build_worker, turn_until
-from worker.commit import STALLED_COMMIT_S
+from worker.delivery.committer import STALLED_COMMIT_S
 from worker.errors import CommitError
 
 ILLEGAL_GENERATION = KafkaError(KafkaError.ILLEGAL_GENERATION)

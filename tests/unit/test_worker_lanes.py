@@ -14,12 +14,12 @@ from prometheus_client import CollectorRegistry
 
 from streamfer_dev.modelgen import DemoModel
 from tests.unit.fakes import FakeConsumer, FakeSink, GatedStore, requests, turn_until
-from worker.app import Worker
-from worker.config import WorkerConfig
-from worker.engines import OnnxEngine
-from worker.metrics import Metrics
-from worker.pipeline import Pipeline
-from worker.sink import Sink
+from worker.config.settings import WorkerConfig
+from worker.inference.engine import OnnxEngine
+from worker.kafka.sink import Sink
+from worker.loop.worker import Worker
+from worker.ops.metrics import Metrics
+from worker.pipeline.steps import Pipeline
 
 LIVE, BULK = "live-req", "bulk-req"
 

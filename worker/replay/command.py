@@ -23,13 +23,15 @@ import orjson
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
-from worker.admin import admin_client
-from worker.config import KafkaSettings, PipelineConfig, WorkerConfig
+from worker.config.settings import KafkaSettings, PipelineConfig, WorkerConfig
+from worker.core.types import PartitionKey
 from worker.errors import ConfigError, SourceError, StreamferError
-from worker.metrics import Metrics
-from worker.offsets import KafkaOffsets, lookup_consumer_config
-from worker.parts import open_parts
-from worker.pipeline import Pipeline
+from worker.kafka.admin import admin_client
+from worker.kafka.sink import producer_config
+from worker.kafka.topics import create_missing
+from worker.models.parts import open_parts
+from worker.ops.metrics import Metrics
+from worker.pipeline.steps import Pipeline
 from worker.replay.pace import Progress, RateLimiter
 from worker.replay.plan import (
     ReplayOptions,
@@ -41,9 +43,7 @@ from worker.replay.plan import (
     resume_positions,
 )
 from worker.replay.run import Replay, ReplayConsumer, ReplaySink
-from worker.sink import producer_config
-from worker.topics import create_missing
-from worker.types import PartitionKey
+from worker.tools.offsets import KafkaOffsets, lookup_consumer_config
 
 __all__ = ["PartitionReport", "ReplaySummary", "run_replay"]
 

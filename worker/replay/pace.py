@@ -7,9 +7,9 @@ from __future__ import annotations
 import math
 from typing import TextIO
 
-from worker.clock import Clock, monotonic_clock
+from worker.core.clock import Clock, monotonic_clock
 from worker.errors import ConfigError
-from worker.progress import ProgressLine
+from worker.tools.progress import ProgressLine
 
 __all__ = ["Progress", "RateLimiter", "format_duration", "format_progress"]
 

@@ -1,7 +1,7 @@
 """A replay's plan and its saved state: what a resume must reuse unchanged.
 
 Bounds (times through ``offsets_for_times``, offsets, partitions, or the whole topic)
-resolve into one offset range per partition (``worker.ranges``), every end fixed when
+resolve into one offset range per partition (``worker.tools.ranges``), every end fixed when
 the replay is planned, so live traffic arriving meanwhile does not extend it. The plan
 (ranges, output topics, model file, version and hash) is a small JSON file in the state
 directory, written before the first record is read: the ranges must not change on
@@ -24,10 +24,10 @@ from typing import Any
 
 import orjson
 
-from worker.config import PipelineConfig, WorkerConfig
+from worker.config.settings import PipelineConfig, WorkerConfig
+from worker.core.types import PartitionKey
 from worker.errors import ConfigError
-from worker.ranges import Bounds, OffsetLookup, PartitionRange, resolve_ranges
-from worker.types import PartitionKey
+from worker.tools.ranges import Bounds, OffsetLookup, PartitionRange, resolve_ranges
 
 __all__ = [
     "ReplayOptions",

@@ -1,7 +1,7 @@
 """A replay's run on the live worker's engine.
 
-The same stage threads (``worker.stage_threads``, ``worker.stages``), the same delivery mode
-(``worker.delivery.AtLeastOnce``: a batch commits after its deliveries, and a record the
+The same stage threads (``worker.loop.threads``, ``worker.loop.stages``), the same delivery mode
+(``worker.delivery.mode.AtLeastOnce``: a batch commits after its deliveries, and a record the
 broker refuses for itself becomes its request's dead letter) and the same committer as
 ``streamfer run``. What is a replay's own is the source and the checkpoint cadence: it
 reads with ``assign()`` (never joining the live group, never touching its offsets), stops
@@ -24,23 +24,23 @@ from typing import Protocol, cast
 from confluent_kafka import KafkaException, Message, Producer, TopicPartition
 from prometheus_client import CollectorRegistry
 
-from worker.batch import Job
-from worker.batcher import Batcher
-from worker.clock import Clock, monotonic_clock
-from worker.commit import Committer, OffsetConsumer
-from worker.config import BatchPolicy
-from worker.delivery import AtLeastOnce, Stages
+from worker.config.settings import BatchPolicy
+from worker.core.clock import Clock, monotonic_clock
+from worker.core.job import Job
+from worker.core.tracker import DeliveryTracker
+from worker.core.types import PartitionKey
+from worker.delivery.committer import Committer, OffsetConsumer
+from worker.delivery.mode import AtLeastOnce, Stages
 from worker.errors import SinkError, StreamferError
-from worker.metrics import Metrics
-from worker.pipeline import Pipeline
+from worker.kafka.sink import Headers, Sink
+from worker.kafka.source import end_of_partition
+from worker.loop.batcher import Batcher
+from worker.loop.stages import batch_steps
+from worker.loop.threads import StageThreads, Step
+from worker.ops.metrics import Metrics
+from worker.pipeline.steps import Pipeline
 from worker.replay.pace import Progress, RateLimiter
 from worker.replay.plan import ReplayPlan
-from worker.sink import Headers, Sink
-from worker.source import end_of_partition
-from worker.stage_threads import StageThreads, Step
-from worker.stages import batch_steps
-from worker.tracker import DeliveryTracker
-from worker.types import PartitionKey
 
 __all__ = ["REPLAY_ID_HEADER", "Replay", "ReplayConsumer", "ReplaySink"]
 

@@ -1,0 +1,268 @@
+"""The output cache: rows whose model inputs were seen before skip the model.
+
+``[pipelines.cache]`` turns it on. A row's key (``worker.cache.keys``) covers the bytes
+the model would see, after stored features and inline values are merged, under the
+model's SHA-256, result fields, class names and provider. A batch goes through it in
+three steps, each on the stage thread that already does that kind of work:
+
+- ``look_up`` (enrich thread): keys for every row; the in-process tier
+  (``worker.cache.memory``), then one Redis read for the rest (``worker.cache.redis_tier``,
+  when ``redis_ttl_s`` is set); Redis hits are kept in process too.
+- ``to_run`` and ``settle`` (model thread): the in-process tier again for rows still
+  missing (the batch before may have just computed them), and each distinct missing
+  key once: repeats within the batch share the first row's outputs. The model runs on
+  those rows in one call; ``settle`` encodes each row's outputs as the result publishes
+  them and keeps them in process. Rows the model refused or answered with NaN or
+  infinity are never kept.
+- ``share`` (publish thread, after the batch's results are handed to the producer): one
+  Redis write of what the model computed.
+
+A cached row's result is the uncached one's byte for byte (its ``outputs`` are the very
+bytes encoded when the model computed them), plus ``"cached": true``. A model whose
+SHA-256 changes between ``look_up`` and ``to_run`` (a reload) gets new keys and only
+in-process hits. Counters: hits by tier (memory, redis, batch), misses, evictions,
+Redis errors, unreadable values; the hit ratio over the last 100 batches.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from worker.cache.keys import model_namespace, row_keys
+from worker.cache.memory import MemoryTier
+from worker.cache.redis_tier import RedisCacheTier
+from worker.config.settings import PipelineConfig, RedisSettings
+from worker.features.redis_io import redis_client
+from worker.inference.engine import InferenceEngine, Outputs
+from worker.inference.rows import finite_rows, row_outputs
+from worker.ops.metrics import CacheMetrics, Metrics
+
+__all__ = ["CachedRows", "OutputCache", "open_cache"]
+
+log = logging.getLogger(__name__)
+
+RATIO_WINDOW = 100
+"""Batches the hit ratio gauge looks back over."""
+
+
+@dataclass(slots=True)
+class CachedRows:
+    """One batch as the cache sees it; rows are positions in ``Prepared.good``."""
+
+    namespace: bytes
+    keys: list[bytes]
+    found: dict[int, bytes]
+    """Row -> its encoded outputs, from either tier."""
+    redis_hits: int = 0
+    memory_hits: int = 0
+    run: list[int] = field(default_factory=list)
+    """Rows the model computes, one per distinct missing key."""
+    repeats: dict[int, int] = field(default_factory=dict)
+    """Row -> the earlier row of the batch with the same key, which the model computes."""
+    encoded: list[bytes | None] = field(default_factory=list)
+    """After ``settle``: each row's encoded outputs; None for a row that is refused."""
+    reused: list[bool] = field(default_factory=list)
+    """After ``settle``: whether a row's outputs came from the cache."""
+    failed: dict[int, str] = field(default_factory=dict)
+    """After ``settle``: row -> why the model refused it."""
+    fresh: list[tuple[bytes, bytes]] = field(default_factory=list)
+    """After ``settle``: (key, encoded outputs) the model computed, for Redis."""
+
+
+class OutputCache:
+    """One pipeline's cache. ``namespace_of`` gives the key namespace for an engine."""
+
+    def __init__(
+        self,
+        *,
+        memory: MemoryTier,
+        redis: RedisCacheTier | None,
+        metrics: CacheMetrics,
+        config: PipelineConfig,
+    ) -> None:
+        self.memory = memory
+        self.redis = redis
+        self._m = metrics
+        self._model = config.model
+        self._namespaces: dict[str, bytes] = {}
+        self._window: collections.deque[tuple[int, int]] = collections.deque(maxlen=RATIO_WINDOW)
+        self._window_hits = 0
+        self._window_rows = 0
+
+    def namespace_of(self, engine: InferenceEngine) -> bytes:
+        sha = engine.model_hash
+        namespace = self._namespaces.get(sha)
+        if namespace is None:
+            provider = getattr(engine, "provider", None)
+            fields = getattr(engine, "outputs", None)
+            namespace = model_namespace(
+                sha,
+                fields=list(fields) if isinstance(fields, Mapping) else None,
+                class_names=self._model.class_names,
+                provider=provider if isinstance(provider, str) else None,
+                fp16=self._model.tensorrt.fp16 and provider == "TensorrtExecutionProvider",
+            )
+            self._namespaces[sha] = namespace
+        return namespace
+
+    def look_up(self, feeds: Mapping[str, npt.NDArray[Any]], engine: InferenceEngine) -> CachedRows:
+        """Keys for the batch's rows and what either tier holds for them. Never raises
+        for Redis: a failed read is all misses."""
+        namespace = self.namespace_of(engine)
+        keys = row_keys(namespace, feeds)
+        rows = CachedRows(namespace, keys, self.memory.get_many(keys, range(len(keys))))
+        rows.memory_hits = len(rows.found)
+        if self.redis is not None and len(rows.found) < len(keys):
+            missing = [r for r in range(len(keys)) if r not in rows.found]
+            fetch = self.redis.get_many(keys, missing)
+            if fetch.found:
+                rows.found.update(fetch.found)
+                rows.redis_hits = len(fetch.found)
+                self._evicted(
+                    self.memory.put_many({keys[r]: v for r, v in fetch.found.items()}.items())
+                )
+        return rows
+
+    def to_run(
+        self, rows: CachedRows, feeds: Mapping[str, npt.NDArray[Any]], engine: InferenceEngine
+    ) -> npt.NDArray[np.intp]:
+        """The rows the model must compute, in order: one per distinct key that neither
+        tier holds."""
+        namespace = self.namespace_of(engine)
+        if namespace != rows.namespace:  # the model changed since look_up
+            rows.namespace, rows.keys = namespace, row_keys(namespace, feeds)
+            rows.found, rows.redis_hits, rows.memory_hits = {}, 0, 0
+        keys, found = rows.keys, rows.found
+        missing = [r for r in range(len(keys)) if r not in found]
+        if missing:
+            late = self.memory.get_many(keys, missing)
+            if late:
+                found.update(late)
+                rows.memory_hits += len(late)
+                missing = [r for r in missing if r not in late]
+        first: dict[bytes, int] = {}
+        run, repeats = rows.run, rows.repeats
+        for r in missing:
+            earlier = first.setdefault(keys[r], r)
+            if earlier == r:
+                run.append(r)
+            else:
+                repeats[r] = earlier
+        return np.asarray(run, dtype=np.intp)
+
+    def settle(self, rows: CachedRows, outputs: Outputs, failed: Mapping[int, str]) -> None:
+        """Take the model's outputs for ``rows.run`` (``failed`` by position in it):
+        encode each row's result fields, keep the good ones in process, and fill
+        ``encoded``, ``reused`` and ``failed`` for every row of the batch."""
+        n, run, keys = len(rows.keys), rows.run, rows.keys
+        encoded: list[bytes | None] = [None] * n
+        reused = [False] * n
+        for r, value in rows.found.items():
+            encoded[r] = value
+            reused[r] = True
+        if run:
+            ok = finite_rows(outputs, len(run)) if outputs else np.zeros(len(run), np.bool_)
+            for j in failed:
+                ok[j] = False
+            dumps = orjson.dumps
+            fresh = rows.fresh
+            for j, (r, out, good) in enumerate(
+                zip(run, row_outputs(outputs, len(run)), ok.tolist(), strict=True)
+            ):
+                if good:
+                    # a copy: orjson's own result keeps its 4 KiB buffer, which would make
+                    # each entry cost that much memory for as long as it is kept
+                    value = bytes(memoryview(dumps(out)))
+                    encoded[r] = value
+                    fresh.append((keys[r], value))
+                elif j in failed:
+                    rows.failed[r] = failed[j]
+            for r, earlier in rows.repeats.items():
+                encoded[r] = encoded[earlier]
+                reused[r] = encoded[earlier] is not None
+                if earlier in rows.failed:
+                    rows.failed[r] = rows.failed[earlier]
+            self._evicted(self.memory.put_many(rows.fresh))
+        rows.encoded, rows.reused = encoded, reused
+        self._count(rows, n)
+
+    def share(self, rows: CachedRows) -> None:
+        """Write what the model computed to Redis (publish thread); never raises."""
+        if self.redis is not None and rows.fresh:
+            self.redis.put_many(rows.fresh)
+
+    def _evicted(self, count: int) -> None:
+        if count:
+            self._m.evictions.inc(count)
+
+    def _count(self, rows: CachedRows, n: int) -> None:
+        m = self._m
+        batch_hits = sum(1 for r in rows.repeats if rows.reused[r])
+        memory, redis_hits = rows.memory_hits, rows.redis_hits
+        if memory:
+            m.memory_hits.inc(memory)
+        if redis_hits:
+            m.redis_hits.inc(redis_hits)
+        if batch_hits:
+            m.batch_hits.inc(batch_hits)
+        hits = memory + redis_hits + batch_hits
+        if n - hits:
+            m.misses.inc(n - hits)
+        m.entries.set(len(self.memory))
+        window = self._window
+        if len(window) == window.maxlen:
+            old_hits, old_rows = window[0]
+            self._window_hits -= old_hits
+            self._window_rows -= old_rows
+        window.append((hits, n))
+        self._window_hits += hits
+        self._window_rows += n
+        if self._window_rows:
+            m.hit_ratio.set(self._window_hits / self._window_rows)
+
+
+def open_cache(
+    config: PipelineConfig, redis: RedisSettings, registry: Metrics, engine: InferenceEngine
+) -> OutputCache | None:
+    """The cache ``config.cache`` asks for, or None when it is off (then no cache series
+    are exported). The Redis tier gets a client of its own (``redis_timeout_ms`` for
+    every socket operation) on first use."""
+    spec = config.cache
+    if not spec.enabled:
+        return None
+    metrics = registry.for_cache(config.name)
+    tier: RedisCacheTier | None = None
+    if spec.redis_ttl_s is not None:
+        settings = redis.model_copy(update={"socket_timeout_s": spec.redis_timeout_ms / 1000.0})
+        fields = getattr(engine, "outputs", None)
+
+        def count(kind: str, n: int) -> None:
+            (metrics.redis_errors if kind == "redis" else metrics.corrupt_values).inc(n)
+
+        tier = RedisCacheTier(
+            lambda: redis_client(settings),
+            ttl_s=spec.redis_ttl_s,
+            prefix=spec.redis_key_prefix,
+            fields=list(fields) if isinstance(fields, Mapping) else None,
+            on_error=count,
+            where=f"pipeline {config.name}: output cache",
+        )
+    log.info(
+        "pipeline %s: output cache on (%d entries in process%s)",
+        config.name,
+        spec.max_entries,
+        f", Redis for {spec.redis_ttl_s} s under {spec.redis_key_prefix!r}"
+        if tier is not None
+        else "",
+    )
+    return OutputCache(
+        memory=MemoryTier(spec.max_entries), redis=tier, metrics=metrics, config=config
+    )

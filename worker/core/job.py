@@ -1,0 +1,74 @@
+"""A batch in flight: the one record that carries a closed batch from the consumer,
+through the processing stages, to the committer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Message
+
+from worker.core.tracker import DeliveryTracker
+from worker.core.types import PartitionKey
+
+__all__ = ["Job", "next_offsets", "partition_counts"]
+
+
+@dataclass(slots=True)
+class Job:
+    """One closed batch of one pipeline: its records, the offsets it completes, how many
+    records it holds per partition, and where its deliveries are tracked (with the
+    first record's timestamp, for end-to-end latency)."""
+
+    pipeline: str
+    batch: list[Message]
+    tracker: DeliveryTracker
+    offsets: dict[PartitionKey, int]
+    """The next offset per partition (last + 1): what commits once the batch is done."""
+    counts: dict[PartitionKey, int] = field(default_factory=dict)
+    """Records per partition, counted against the worker's bound until committed; a
+    revoke takes its partitions out (of this and of ``offsets``)."""
+    rewinds: int = 0
+    """The worker's exactly-once rewind count when the job was submitted."""
+    records: int = field(init=False, default=0)
+    """Records counted against the bound, fixed when the batch closed: a batch still
+    running after a revoke counts until it is done."""
+
+    def __post_init__(self) -> None:
+        self.records = sum(self.counts.values())
+
+    @classmethod
+    def close(
+        cls,
+        pipeline: str,
+        batch: list[Message],
+        tracker: Callable[[str, int], DeliveryTracker],
+    ) -> Job:
+        """The job of a closed batch; ``tracker(pipeline, first_timestamp_ms)`` makes its
+        delivery tracker (0: the record has no timestamp)."""
+        ts = batch[0].timestamp()[1]
+        return cls(
+            pipeline,
+            batch,
+            tracker(pipeline, ts if ts > 0 else 0),
+            next_offsets(batch),
+            counts=partition_counts(batch),
+        )
+
+
+def next_offsets(batch: Sequence[Message]) -> dict[PartitionKey, int]:
+    """The offset to commit per partition once ``batch`` is done: last offset + 1."""
+    last: dict[Any, Any] = {(msg.topic(), msg.partition()): msg.offset() for msg in batch}
+    return {key: offset + 1 for key, offset in last.items()}
+
+
+def partition_counts(batch: Sequence[Message]) -> dict[PartitionKey, int]:
+    """Records of ``batch`` per partition: what a revoke of one partition takes off the
+    worker's count of records in flight."""
+    counts: dict[Any, int] = {}
+    get = counts.get
+    for msg in batch:
+        key = (msg.topic(), msg.partition())
+        counts[key] = get(key, 0) + 1
+    return counts

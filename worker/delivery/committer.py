@@ -1,0 +1,359 @@
+"""Offset commits that follow confirmed delivery.
+
+Batches are committed in the order they were produced, pipeline by pipeline: a batch's
+offsets (next offset, i.e. last + 1, per partition) are committed only when its
+deliveries and those of every earlier batch of its pipeline have all succeeded.
+Pipelines read disjoint topics, so that is every earlier batch of its partitions, and
+a pipeline whose batches went to the model first (``worker.loop.lanes``) never waits for
+another's to commit. An offset that would move a partition backwards is
+refused. Asynchronous commits that the broker rejects (a rebalance was in progress, say)
+come back through ``settle`` and are sent again with the next commit. A synchronous
+commit is answered only by what ``commit()`` returns (confluent-kafka never passes it to
+``on_commit``), and a commit that raises was never made: both are taken the same way, so
+a record stays counted only while a retry or an unanswered commit can release it. A failed
+delivery stops commits for good: the caller must stop the worker so the uncommitted
+records are consumed again.
+
+``records`` counts what a crash would make another worker consume again, which the
+worker bounds: the records of uncommitted batches, those of commits the broker rejected
+until a later commit of their partitions succeeds, and those of commits left unanswered
+for ``STALLED_COMMIT_S``. While the group rebalances, which lasts up to a session timeout
+when a member died, librdkafka holds commits back unanswered, or the broker rejects
+them; counting them stops a worker from going on for the whole rebalance with nothing
+committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from worker.core.job import Job
+from worker.core.tracker import DeliveryTracker
+from worker.core.types import PartitionKey
+from worker.errors import CommitError, SinkError
+
+__all__ = ["Committer", "OffsetConsumer"]
+
+log = logging.getLogger(__name__)
+
+
+class OffsetConsumer(Protocol):
+    """The part of ``confluent_kafka.Consumer`` the committer uses."""
+
+    def store_offsets(self, *, offsets: list[TopicPartition]) -> None: ...
+
+    def commit(
+        self, *, offsets: list[TopicPartition], asynchronous: bool
+    ) -> list[TopicPartition] | None: ...
+
+
+STALLED_COMMIT_S = 0.5
+"""An asynchronous commit unanswered this long counts its records as in flight; answers
+take milliseconds otherwise."""
+
+
+@dataclass(slots=True)
+class _Unsettled:
+    """A commit without a good answer yet, and the records it covers per partition."""
+
+    offsets: dict[PartitionKey, int]
+    counts: dict[PartitionKey, int]
+    sent_at: float = 0.0
+
+    @property
+    def records(self) -> int:
+        return sum(self.counts.values())
+
+    def drop(self, keys: set[PartitionKey]) -> int:
+        """Forget ``keys``; returns how many records they covered."""
+        dropped = 0
+        for key in keys.intersection(self.offsets):
+            del self.offsets[key]
+            dropped += self.counts.pop(key, 0)
+        return dropped
+
+
+class Committer:
+    """Tracks batches in flight and commits the delivered prefix."""
+
+    def __init__(
+        self,
+        consumer: OffsetConsumer,
+        *,
+        transactional: bool = False,
+        on_done: Callable[[DeliveryTracker], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """With ``transactional`` the offsets went into each batch's transaction, so done
+        batches are only retired here; ``on_done`` sees every retired batch."""
+        self._consumer = consumer
+        self._transactional = transactional
+        self._on_done = on_done
+        self._clock = clock
+        self._queues: dict[str, deque[Job]] = {}
+        """Batches in flight, pipeline by pipeline, in the order they were produced."""
+        self._jobs = 0
+        self._pipeline_records: dict[str, int] = {}
+        self._committed: dict[PartitionKey, int] = {}
+        self._retry: dict[PartitionKey, int] = {}
+        self._awaiting: deque[_Unsettled] = deque()
+        self._rejected: list[_Unsettled] = []
+        self._confirmed: dict[PartitionKey, int] = {}
+        self._records = 0
+
+    def __len__(self) -> int:
+        return self._jobs
+
+    @property
+    def records(self) -> int:
+        """Records a crash now would have consumed again: see the module docstring."""
+        awaiting = self._awaiting
+        if not awaiting:
+            return self._records
+        stalled_before = self._clock() - STALLED_COMMIT_S
+        if awaiting[0].sent_at > stalled_before:  # the oldest is recent: all are
+            return self._records
+        return self._records + sum(e.records for e in awaiting if e.sent_at <= stalled_before)
+
+    def track(self, job: Job) -> None:
+        """Register a produced batch: the next offsets it completes, and its records
+        (counted until it is committed)."""
+        queue = self._queues.get(job.pipeline)
+        if queue is None:
+            queue = self._queues[job.pipeline] = deque()
+        queue.append(job)
+        self._jobs += 1
+        self._records += job.records
+        self._pipeline_records[job.pipeline] = self.records_of(job.pipeline) + job.records
+
+    def records_of(self, pipeline: str) -> int:
+        """Records of ``pipeline``'s uncommitted batches (its part of the bound)."""
+        return self._pipeline_records.get(pipeline, 0)
+
+    def commit_ready(self, *, asynchronous: bool = True) -> int:
+        """Commit every pipeline's leading batches whose deliveries succeeded. Raises
+        SinkError."""
+        merged: dict[PartitionKey, int] = {}
+        released: dict[PartitionKey, int] = {}
+        done = 0
+        failed: Job | None = None
+        for pipeline, queue in self._queues.items():
+            retired = 0
+            while queue and queue[0].tracker.done:
+                head = queue[0]
+                if head.tracker.errors:
+                    if not self._transactional:  # transactional: an abort rewinds instead
+                        failed = failed or head
+                    break
+                queue.popleft()
+                retired += head.records
+                if self._on_done is not None:
+                    self._on_done(head.tracker)
+                for tp, offset in head.offsets.items():
+                    if offset > merged.get(tp, -1):
+                        merged[tp] = offset
+                    released[tp] = released.get(tp, 0) + head.counts.get(tp, 0)
+                done += 1
+            if retired:
+                self._records -= retired
+                self._pipeline_records[pipeline] -= retired
+        self._jobs -= done
+        if failed is not None:
+            if merged:  # what was delivered before the failure is still committed
+                self._commit(merged, asynchronous=False)
+            raise SinkError(
+                f"{len(failed.tracker.errors)} deliveries of a batch failed, not committing: "
+                + "; ".join(failed.tracker.errors)
+            )
+        if self._retry:
+            for tp, offset in self._retry.items():
+                if offset > merged.get(tp, -1):
+                    merged[tp] = offset
+            self._retry.clear()
+        if merged and not self._transactional:
+            self._commit(merged, asynchronous, released)
+        return done
+
+    def commit_unconfirmed(self) -> int:
+        """Commit synchronously what is ready and every offset the broker has not confirmed
+        yet. For partitions about to leave (a revoke, a stop): an asynchronous commit still
+        unanswered may yet be rejected, and that answer would come after the partition is
+        gone, too late to send it again, so its new owner would repeat those records."""
+        retry, confirmed = self._retry, self._confirmed
+        for key, offset in self._committed.items():
+            if offset > confirmed.get(key, -1) and offset > retry.get(key, -1):
+                retry[key] = offset
+        return self.commit_ready(asynchronous=False)
+
+    def confirmed_all(self) -> bool:
+        """Whether the broker confirmed every offset this worker committed."""
+        confirmed = self._confirmed
+        return not self._retry and all(
+            offset <= confirmed.get(key, -1) for key, offset in self._committed.items()
+        )
+
+    def clear(self) -> int:
+        """Forget every batch in flight (a rewind to the committed offsets follows)."""
+        dropped = self._jobs
+        self._queues.clear()
+        self._jobs = 0
+        self._pipeline_records.clear()
+        self._retry.clear()
+        self._awaiting.clear()
+        self._rejected.clear()
+        self._confirmed.clear()
+        self._records = 0
+        return dropped
+
+    def settle(
+        self, err: KafkaError | None, partitions: list[TopicPartition]
+    ) -> list[TopicPartition]:
+        """The broker's answer to an asynchronous commit (``on_commit``); returns the
+        partitions it rejected. Those are committed again with the next commit, and the
+        records the commit covered count as in flight until that succeeds."""
+        answered = _offsets(partitions)
+        # ``forget`` may have trimmed the commit's revoked partitions since it was sent
+        entry = next(
+            (
+                e
+                for e in self._awaiting
+                if all(answered.get(k) == off for k, off in e.offsets.items())
+            ),
+            None,
+        )
+        if entry is not None:
+            self._awaiting.remove(entry)
+        return self._answer(entry, err, partitions)
+
+    def _answer(
+        self, entry: _Unsettled | None, err: KafkaError | None, partitions: list[TopicPartition]
+    ) -> list[TopicPartition]:
+        """Take the answer to one commit, however it came: ``on_commit`` for an asynchronous
+        one, the return value or exception of a synchronous one. Every commit sent must
+        come through here, or the records it covers could count as in flight for good."""
+        failed = []
+        confirmed, owned = self._confirmed, self._committed
+        for tp in partitions:
+            key = (tp.topic, tp.partition)
+            if key not in owned:
+                continue  # revoked since: its new owner commits it
+            if err is not None or tp.error is not None:
+                failed.append(tp)
+            else:
+                confirmed[key] = max(tp.offset, confirmed.get(key, -1))
+        if failed:
+            self.requeue_failed(failed)
+            if entry is not None:
+                offsets = {k: off for k, off in _offsets(failed).items() if k in entry.offsets}
+                counts = {k: entry.counts[k] for k in offsets if entry.counts.get(k)}
+                if counts:
+                    self._rejected.append(_Unsettled(offsets, counts))
+                    self._records += sum(counts.values())
+        self._release_covered()
+        return failed
+
+    def requeue_failed(self, partitions: list[TopicPartition]) -> None:
+        """Offsets the broker rejected (from ``on_commit``): send them with the next commit."""
+        for tp in partitions:
+            key = (tp.topic, tp.partition)
+            if self._committed.get(key) == tp.offset:
+                self._retry[key] = tp.offset
+                self._committed[key] = -1
+
+    def _release_covered(self) -> None:
+        """Rejected commits that a later good commit covers no longer count."""
+        confirmed = self._confirmed
+
+        def covered(entry: _Unsettled) -> bool:
+            return all(confirmed.get(k, -1) >= off for k, off in entry.offsets.items())
+
+        for entry in [e for e in self._rejected if covered(e)]:
+            self._rejected.remove(entry)
+            self._records -= entry.records
+        while self._awaiting and covered(self._awaiting[0]):
+            self._awaiting.popleft()  # superseded: its answer changes nothing
+
+    def _commit(
+        self,
+        offsets: dict[PartitionKey, int],
+        asynchronous: bool,
+        counts: Mapping[PartitionKey, int] | None = None,
+    ) -> None:
+        committed = self._committed
+        forward = []
+        for (topic, partition), offset in offsets.items():
+            previous = committed.get((topic, partition), -1)
+            if offset < previous:
+                log.error(
+                    "refusing to commit %s[%d] backwards: %d < %d",
+                    topic,
+                    partition,
+                    offset,
+                    previous,
+                )
+                continue
+            committed[(topic, partition)] = offset
+            forward.append(TopicPartition(topic, partition, offset))
+        if not forward:
+            return
+        sending = _offsets(forward)
+        counts = counts or {}
+        entry = _Unsettled(sending, {k: counts[k] for k in sending if counts.get(k)}, self._clock())
+        try:
+            self._consumer.store_offsets(offsets=forward)
+            answer = self._consumer.commit(offsets=forward, asynchronous=asynchronous)
+        except KafkaException as exc:
+            # Nothing was committed: the offsets go out again with the next commit and
+            # their records count as in flight until then.
+            error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            self._answer(entry, error or KafkaError(KafkaError._FAIL, str(exc)), forward)
+            raise CommitError(f"commit of {len(forward)} partitions failed: {exc}") from exc
+        if asynchronous:
+            self._awaiting.append(entry)
+        else:
+            # confluent-kafka answers a synchronous commit only here, never via on_commit
+            refused = self._answer(entry, None, forward if answer is None else answer)
+            if refused:
+                log.warning(
+                    "synchronous commit refused for %s; sent again with the next commit "
+                    "(a partition leaving now is repeated by its next owner)",
+                    ", ".join(_refusal(tp) for tp in refused),
+                )
+
+    def forget(self, partitions: Collection[PartitionKey]) -> None:
+        """Drop all state of partitions this worker no longer owns."""
+        keys = set(partitions)
+        for pending in (job for queue in self._queues.values() for job in queue):
+            for tp in keys.intersection(pending.offsets):
+                del pending.offsets[tp]
+                pending.counts.pop(tp, None)  # still running: counted until it is done
+        for tp in keys:
+            self._committed.pop(tp, None)
+            self._retry.pop(tp, None)
+            self._confirmed.pop(tp, None)
+        # their new owner consumes what this worker could not commit
+        for entry in self._awaiting:
+            entry.drop(keys)
+        self._awaiting = deque(e for e in self._awaiting if e.offsets)
+        for entry in self._rejected:
+            self._records -= entry.drop(keys)
+        self._rejected = [e for e in self._rejected if e.offsets]
+
+    def committed(self) -> dict[PartitionKey, int]:
+        return dict(self._committed)
+
+
+def _offsets(partitions: list[TopicPartition]) -> dict[PartitionKey, int]:
+    return {(tp.topic, tp.partition): tp.offset for tp in partitions}
+
+
+def _refusal(tp: TopicPartition) -> str:
+    error = tp.error.str() if isinstance(tp.error, KafkaError) else str(tp.error)
+    return f"{tp.topic}[{tp.partition}]@{tp.offset}: {error}"

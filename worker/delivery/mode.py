@@ -1,0 +1,290 @@
+"""Delivery modes: how a batch's results become durable and its offsets committed.
+
+The worker's loop drives a ``Delivery`` and never asks which mode it runs: the strategy
+owns enqueueing a closed batch, serving delivery reports, committing, and (exactly-once)
+abort, rewind and seek. ``AtLeastOnce`` here commits a batch's offsets once every
+result and dead letter of it and of every earlier batch is acknowledged, and
+dead-letters the records the broker refuses for themselves on the way;
+``worker.delivery.exactly_once.Transactional`` puts results, dead letters and offsets in one
+Kafka transaction. Every method runs on the loop thread, except ``stale``, which the
+processing threads ask.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from confluent_kafka import Message
+
+from worker.core.job import Job
+from worker.core.tracker import DeliveryTracker
+from worker.core.types import PartitionKey, Refusal
+from worker.delivery.committer import Committer
+from worker.errors import CommitError
+from worker.kafka.sink import Sink
+from worker.ops.metrics import Metrics, PipelineMetrics
+
+__all__ = [
+    "AtLeastOnce",
+    "BatchThreads",
+    "DeliveringPipeline",
+    "Delivery",
+    "Stages",
+    "commit_before_leaving",
+]
+
+log = logging.getLogger(__name__)
+
+
+class BatchThreads(Protocol):
+    """The processing threads, as a delivery mode drives them (``StageThreads``)."""
+
+    def submit(self, job: Job) -> None:
+        """Hand a closed batch to the first stage."""
+        ...
+
+    def pending(self) -> int:
+        """Batches queued or running."""
+        ...
+
+    def unfinished(self) -> list[Job]:
+        """Batches handed over and not finished yet, in order."""
+        ...
+
+    def discard_queued(self) -> list[Job]:
+        """Take back the batches no stage has started."""
+        ...
+
+    def check(self) -> None:
+        """Raise what a processing thread stopped with."""
+        ...
+
+
+class DeliveringPipeline(Protocol):
+    """What a delivery mode needs of a pipeline (``Pipeline``): its metrics, and the
+    dead letter of a record the broker refused for itself."""
+
+    metrics: PipelineMetrics
+
+    def refusal_of(
+        self, tracker: DeliveryTracker, produced: Message, why: str
+    ) -> tuple[Message, Refusal] | str:
+        """The request behind a refused record and its dead letter, or why there is none."""
+        ...
+
+    def dead_letter_undelivered(
+        self, sink: Sink, tracker: DeliveryTracker, produced: Message, why: str
+    ) -> None:
+        """Dead-letter the request behind a record the broker refused for itself."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Stages:
+    """What a delivery mode shares with the worker that drives it."""
+
+    sink: Sink
+    threads: BatchThreads
+    committer: Committer
+    pipelines: Mapping[str, DeliveringPipeline]
+    metrics: Metrics
+
+
+class Delivery(Protocol):
+    """The delivery mode the worker's loop drives (loop thread, except ``stale``)."""
+
+    def tracker(self, pipeline: str, oldest_ts_ms: int) -> DeliveryTracker:
+        """The tracker of a new batch."""
+        ...
+
+    def enqueue(self, job: Job) -> None:
+        """Take a closed batch: it is tracked for commit and handed to the stages."""
+        ...
+
+    def records_in_flight(self) -> int:
+        """What a crash now would make the group consume again: the worker's bound."""
+        ...
+
+    def records_of(self, pipeline: str) -> int:
+        """``records_in_flight`` of one pipeline's batches: its share of the bound."""
+        ...
+
+    def stale(self, job: Job) -> bool:
+        """Whether ``job`` must not be produced (a rewind came after it)."""
+        ...
+
+    def acknowledge(self) -> None:
+        """Serve delivery reports from a processing thread, when the mode allows it."""
+        ...
+
+    def serve(self, timeout: float) -> None:
+        """Serve delivery reports, waiting up to ``timeout`` (loop thread)."""
+        ...
+
+    def commit(self, *, asynchronous: bool = True) -> None:
+        """Commit what is delivered; synchronously (before partitions leave) also every
+        offset not confirmed yet. Raises SinkError when a delivery failed for good."""
+        ...
+
+    def settled(self) -> bool:
+        """Whether every commit made so far is confirmed by the broker."""
+        ...
+
+    def finish(self, deadline: float, *, at_least_s: float) -> None:
+        """Make everything produced so far durable (a revoke, a drain), by ``deadline``."""
+        ...
+
+    def revoked(self, partitions: set[PartitionKey]) -> None:
+        """Partitions revoked after ``finish`` and a synchronous ``commit``."""
+        ...
+
+    def lost(self, partitions: set[PartitionKey]) -> None:
+        """Partitions lost without a chance to commit."""
+        ...
+
+    def close(self, timeout: float) -> None:
+        """The worker is stopping: wait up to ``timeout`` for what is still outstanding."""
+        ...
+
+
+def commit_delivered(stages: Stages, *, asynchronous: bool, count: bool) -> None:
+    """``Committer.commit_ready`` with its metrics; ``count`` commits as consumer commits
+    (a transaction counts its own)."""
+    committer, metrics = stages.committer, stages.metrics
+    started = time.perf_counter()
+    try:
+        if asynchronous:
+            done = committer.commit_ready(asynchronous=True)
+        else:
+            done = committer.commit_unconfirmed()
+            if not committer.confirmed_all():  # the broker refused some partitions
+                metrics.commit_failures.inc()
+    except CommitError:
+        metrics.commit_failures.inc()
+        raise
+    if done:
+        metrics.in_flight_batches.set(len(committer))
+        if count:
+            metrics.commits.inc()
+            elapsed = time.perf_counter() - started
+            for p in stages.pipelines.values():
+                p.metrics.commit_seconds.observe(elapsed)
+
+
+class AtLeastOnce:
+    """Commits each batch's offsets after its deliveries; a crash repeats what was in
+    flight, never skips. Records the broker refuses for themselves are dead-lettered by
+    the loop thread before their batch can commit."""
+
+    def __init__(self, stages: Stages) -> None:
+        self._stages = stages
+        self._sink = stages.sink
+        self.committer = stages.committer
+        self._undeliverable: deque[DeliveryTracker] = deque()
+        """Batches holding records the broker refused for themselves, to dead-letter."""
+
+    def tracker(self, pipeline: str, oldest_ts_ms: int) -> DeliveryTracker:
+        return DeliveryTracker(pipeline, oldest_ts_ms, self._undeliverable)
+
+    def enqueue(self, job: Job) -> None:
+        self.committer.track(job)
+        self._stages.threads.submit(job)
+        self._stages.metrics.in_flight_batches.set(len(self.committer))
+
+    def records_in_flight(self) -> int:
+        return self.committer.records
+
+    def records_of(self, pipeline: str) -> int:
+        return self.committer.records_of(pipeline)
+
+    def stale(self, job: Job) -> bool:
+        return False
+
+    def acknowledge(self) -> None:
+        self._sink.poll(0)  # the reports only count; refused records wait for serve()
+
+    def serve(self, timeout: float) -> None:
+        self._sink.poll(timeout)
+        if self._undeliverable:
+            self._dead_letter_undelivered()
+
+    def commit(self, *, asynchronous: bool = True) -> None:
+        commit_delivered(self._stages, asynchronous=asynchronous, count=True)
+
+    def settled(self) -> bool:
+        return self.committer.confirmed_all()
+
+    def finish(self, deadline: float, *, at_least_s: float) -> None:
+        """Wait for every outstanding delivery, dead-lettering what the broker refuses on
+        the way (those dead letters are deliveries too)."""
+        self._sink.flush(max(at_least_s, deadline - time.monotonic()))
+        while self._undeliverable and time.monotonic() < deadline:
+            self._dead_letter_undelivered()
+            if self._undeliverable:
+                time.sleep(0.005)  # a batch still being published: its thread seals it soon
+            self._sink.flush(max(at_least_s, deadline - time.monotonic()))
+
+    def revoked(self, partitions: set[PartitionKey]) -> None:
+        self.committer.forget(partitions)
+
+    def lost(self, partitions: set[PartitionKey]) -> None:
+        self.committer.forget(partitions)
+
+    def close(self, timeout: float) -> None:
+        self._sink.flush(timeout)
+
+    def _dead_letter_undelivered(self) -> None:
+        """Records the broker refused for themselves become their requests' dead letters;
+        those refused only for a batch-mate are sent again, as they were. A batch still
+        being published waits for the next turn: only then is this thread the one sending
+        for it. Their reports may still arrive on a processing thread meanwhile:
+        ``take_undelivered`` and the tracker's queueing share its lock."""
+        waiting = self._undeliverable
+        for _ in range(len(waiting)):
+            tracker = waiting.popleft()
+            if not tracker.sealed:
+                waiting.append(tracker)
+                continue
+            pipeline = self._stages.pipelines[tracker.pipeline]
+            while (refused := tracker.take_undelivered()) is not None:
+                produced, why = refused
+                if why is None:  # refused only with a batch-mate: nothing wrong with it
+                    self._sink.resend(tracker, produced)
+                    continue
+                log.warning(
+                    "%s[%s] refused a record (%s): dead-lettering its request",
+                    produced.topic(),
+                    produced.partition(),
+                    why,
+                )
+                pipeline.dead_letter_undelivered(self._sink, tracker, produced, why)
+
+
+def commit_before_leaving(
+    delivery: Delivery, deadline: float, serve_rebalance: Callable[[], None]
+) -> None:
+    """The last commit of a clean stop. The broker refuses it while the group
+    rebalances (another member joins or leaves at the same moment, as when two are
+    scaled in together); then ``serve_rebalance`` (every partition paused so nothing new
+    is fetched) and commit again until the shutdown ``deadline`` (monotonic): a clean
+    stop repeats nothing."""
+    while True:
+        try:
+            delivery.commit(asynchronous=False)
+            if delivery.settled():
+                return
+            refusal = "the broker refused some partitions"
+        except CommitError as exc:
+            refusal = str(exc)
+        if time.monotonic() >= deadline:
+            raise CommitError(
+                f"the last commit was refused until the shutdown deadline ({refusal}); "
+                "the next owners repeat what it covered"
+            )
+        log.info("last commit refused (%s); serving the rebalance, then again", refusal)
+        serve_rebalance()

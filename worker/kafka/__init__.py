@@ -1,0 +1,3 @@
+"""Everything that talks to Kafka: the consumer (source), the producer (sink), the admin
+client, topics, record limits, headers, client logs, transactions, lag, stalled calls and
+group coverage."""

@@ -1,0 +1,191 @@
+"""The processing threads: closed batches run here, off the polling thread, in stages.
+
+The loop thread keeps calling ``consume`` (so the group never sees a stalled member,
+however slow the model or the feature store) and hands each closed batch to the
+``StageThreads`` as a ``Job``. Each stage has its own thread: in the worker, one decodes
+and enriches batch k+2 while the next runs the model on batch k+1 and the last produces
+the results of batch k. ONNX Runtime and Redis release the GIL, so the model overlaps
+the per-record Python on both sides of it. Every stage takes jobs one at a time from a
+``worker.loop.lanes.LaneQueue``: the oldest of the highest lane (a pipeline's priority) whose
+next stage has room, in submission order within a lane, which keeps each partition's
+results in order; with one lane (every pipeline alike) that is plain submission order.
+At most ``ahead`` jobs of a lane wait between two stages, so memory stays bounded and a
+lower lane's backlog never fills a higher lane's room; the highest of several lanes is
+bounded only by the worker's in-flight bound, so that its small batches are all ready
+the moment the model is free. An exception in any stage stops
+them all and is re-raised on the loop thread by ``check()``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Union
+
+from worker.core.job import Job
+from worker.core.types import PartitionKey
+from worker.loop.lanes import LaneQueue
+
+__all__ = ["OnTake", "StageThreads", "Start", "Step"]
+
+
+Step = Callable[[], Union["Step", None]]
+"""One stage's work on a job; returns the next stage's work, or None when the job is done."""
+
+Start = Callable[[Job], Step | None]
+"""The first stage's work on a job."""
+
+OnTake = Callable[[int, Job, float, bool], None]
+"""``(stage index, job, seconds it waited there, aged)``, on the stage's thread when it
+takes a job; aged: it went ahead of a higher lane, overtaken for too long."""
+
+
+class StageThreads:
+    """Runs jobs through ``stages`` threads in a row, by lane, first in, first out."""
+
+    def __init__(
+        self,
+        start: Start,
+        *,
+        stages: int = 3,
+        ahead: int = 2,
+        name: str = "streamfer",
+        lane: Callable[[Job], int] = lambda _job: 0,
+        top_lane: int | None = None,
+        max_overtaken_s: float = 0.5,
+        on_take: OnTake | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``lane`` gives a job's lane (higher goes first); ``top_lane``, the highest of
+        several, is not held to ``ahead``: its jobs are prepared as they come and wait
+        only for the stage itself (the worker's in-flight bound still limits them), so
+        small latency-sensitive batches never queue for room behind a busy model.
+        ``max_overtaken_s`` is how long higher lanes may overtake a lower lane's next job
+        at one stage before it goes."""
+        self._start = start
+        self._ahead = ahead
+        self._top_lane = top_lane
+        self._lane = lane
+        self._on_take = on_take
+        self._clock = clock
+        self._queues: list[LaneQueue[tuple[Job, Step | None]]] = [
+            LaneQueue(max_overtaken_s) for _ in range(stages)
+        ]
+        self._running: list[Job | None] = [None] * stages
+        self._finished = [False] * stages
+        self._cond = threading.Condition()
+        self._closed = False
+        self._error: BaseException | None = None
+        self._threads = [
+            threading.Thread(target=self._stage, args=(i,), name=f"{name}-{i}", daemon=True)
+            for i in range(stages)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, job: Job) -> None:
+        lane = self._lane(job)
+        with self._cond:
+            self._queues[0].append(lane, (job, None), self._clock())
+            self._cond.notify_all()
+
+    def pending(self, lane_at_least: int | None = None) -> int:
+        """Jobs queued for or running in any stage; with ``lane_at_least``, only those of
+        that lane or a higher one (whatever would go before a job of that lane)."""
+        with self._cond:
+            jobs = self._unfinished()
+        if lane_at_least is None:
+            return len(jobs)
+        lane = self._lane
+        return sum(1 for job in jobs if lane(job) >= lane_at_least)
+
+    def unfinished(self) -> list[Job]:
+        """The jobs queued for or running in any stage."""
+        with self._cond:
+            return self._unfinished()
+
+    def busy_with(self, partitions: set[PartitionKey]) -> bool:
+        """Whether an unfinished job holds records of any of ``partitions``."""
+        with self._cond:
+            jobs = self._unfinished()
+        return any(partitions.intersection(job.offsets) for job in jobs)
+
+    def discard_queued(self) -> list[Job]:
+        """Remove the jobs waiting between stages (a rewind); the last stage produces, so
+        nothing of theirs was produced. A job running in a stage still finishes."""
+        with self._cond:
+            dropped = [job for queue in reversed(self._queues) for job, _step in queue]
+            for queue in self._queues:
+                queue.clear()
+            self._cond.notify_all()
+            return dropped
+
+    def check(self) -> None:
+        """Re-raise, on the caller's thread, the error that stopped a job."""
+        if self._error is not None:
+            raise self._error
+
+    def close(self, timeout: float) -> bool:
+        """Stop after the queued jobs; True if every thread finished within ``timeout``."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        for thread in self._threads:
+            thread.join(timeout)
+        return not any(thread.is_alive() for thread in self._threads)
+
+    def _unfinished(self) -> list[Job]:
+        queued = [job for queue in self._queues for job, _step in queue]
+        return queued + [job for job in self._running if job is not None]
+
+    def _stage(self, index: int) -> None:
+        cond = self._cond
+        inbox = self._queues[index]
+        outbox = self._queues[index + 1] if index + 1 < len(self._queues) else None
+        ahead, top, clock, on_take = self._ahead, self._top_lane, self._clock, self._on_take
+
+        def room(lane: int) -> bool:
+            return outbox is None or lane == top or outbox.count(lane) < ahead
+
+        while True:
+            with cond:
+                while True:
+                    taken = inbox.take(room, clock()) if self._error is None else None
+                    if taken is not None:
+                        break
+                    if self._error is not None or (not inbox and self._upstream_done(index)):
+                        self._finished[index] = True
+                        cond.notify_all()
+                        return
+                    cond.wait()
+                job, step = taken.item
+                self._running[index] = job
+                cond.notify_all()  # room in this stage's inbox
+            try:
+                if on_take is not None:
+                    on_take(index, job, taken.waited_s, taken.aged)
+                following = self._start(job) if step is None else step()
+            except BaseException as exc:  # surfaced on the loop thread by check()
+                self._stop_with(exc)
+                return
+            with cond:
+                self._running[index] = None
+                if following is not None:
+                    if outbox is None:
+                        self._stop_with(RuntimeError("a job returned work after its last stage"))
+                        return
+                    outbox.append(taken.lane, (job, following), clock())
+                cond.notify_all()
+
+    def _upstream_done(self, index: int) -> bool:
+        return self._closed if index == 0 else self._finished[index - 1]
+
+    def _stop_with(self, exc: BaseException) -> None:
+        with self._cond:
+            if self._error is None:
+                self._error = exc
+            self._running = [None] * len(self._running)
+            for queue in self._queues:
+                queue.clear()
+            self._cond.notify_all()

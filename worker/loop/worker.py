@@ -1,0 +1,457 @@
+"""The worker: one consumer-group member running one or more pipelines.
+
+The constructor takes the consumer, producer, pipelines and metrics as keyword
+arguments (``worker.compose.build_worker`` builds the real ones), so tests hand in fakes.
+
+Four threads. The loop thread owns the consumer: it consumes, routes records to each
+pipeline's batcher, hands closed batches to the processing threads, serves delivery
+reports, commits the delivered prefix of batches, and holds back (waiting, then pausing
+its partitions) while ``max_in_flight_batches`` full batches' worth of records are
+uncommitted (it keeps calling ``consume``, so slow models or an unreachable Redis never
+make it miss ``max.poll.interval.ms``). The
+processing threads (``worker.loop.threads``) decode and enrich one batch while the model runs
+on the one before and the one before that is produced, each stage one batch at a time in
+order.
+
+Pipelines of different ``priority`` share those threads by lane (``worker.loop.lanes``): each
+stage takes the next batch of the highest priority waiting. A pipeline with a share of
+the in-flight bound (a lower priority's ``bulk_in_flight_share``, or its own
+``max_in_flight_share``) has only its partitions paused at that share, so a bulk
+backlog never fills the bound that a latency-sensitive pipeline needs room in.
+
+Rebalances run inside ``consume`` on the loop thread (``worker.loop.membership``). ``stop()``
+(from a signal handler) ends the loop; the worker then drains open batches, commits and
+leaves.
+
+With ``delivery = "exactly-once"`` (``worker.delivery.exactly_once``) a transaction holds the
+results, dead letters and offsets of batches waiting behind each other (for up to
+``transaction_interval_ms``); an abortable error aborts it and rewinds every owned
+partition to its committed offset. Any other producer error (fenced, fatal, a refused
+``begin_transaction``) raises ``SinkError``: the worker stops without committing,
+closes its consumer (leaving the group) and ``streamfer run`` exits 1; the producer is
+never re-created or re-initialised in-process. The ``--processes`` supervisor or
+Kubernetes starts a new worker, and the partitions' next owners begin at their committed
+offsets (a new producer with the same transactional id, under static membership, fences
+the old one). A transactional call that outlives its timeout (``CallStalled``) stops it
+too, but the clients are left unclosed, since closing them would wait on the same stuck
+broker, and the process exits at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Protocol, cast
+
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    Message,
+    TopicPartition,
+)
+
+from worker.config.settings import WorkerConfig
+from worker.core.clock import Clock, monotonic_clock
+from worker.core.job import Job
+from worker.core.tracker import DeliveryTracker
+from worker.core.types import PartitionKey
+from worker.delivery.committer import Committer, OffsetConsumer
+from worker.delivery.exactly_once import Transactional
+from worker.delivery.mode import AtLeastOnce, Delivery, Stages, commit_before_leaving
+from worker.errors import CallStalled, SinkError
+from worker.kafka.call_watch import CallWatch
+from worker.kafka.client_logs import KAFKA_LOG
+from worker.kafka.lag import LagStats
+from worker.kafka.sink import Sink
+from worker.kafka.source import Source, position
+from worker.loop.batcher import Batcher
+from worker.loop.lane_wiring import bind_lane_gauges, lane_threads, pipeline_shares
+from worker.loop.membership import Membership
+from worker.loop.pausing import PausingManager
+from worker.loop.stages import batch_steps
+from worker.loop.threads import Step
+from worker.ops.health import HealthState
+from worker.ops.metrics import Metrics
+from worker.pipeline.steps import Pipeline
+
+__all__ = ["Background", "Worker"]
+
+log = logging.getLogger(__name__)
+
+_BROKERS_UNUSABLE = frozenset(
+    {KafkaError._ALL_BROKERS_DOWN, KafkaError._AUTHENTICATION, KafkaError._SSL}
+)
+"""Client errors after which no broker can be used until something changes."""
+
+_IDLE_CHECK_S = 0.005
+"""Adaptive batching: how often the loop looks for an idle model while records wait."""
+
+
+class Background(Protocol):
+    """Work on a thread of its own beside the worker's: started when it runs, stopped
+    (within ``timeout``; True when it ended) when it closes."""
+
+    def start(self) -> None: ...
+
+    def stop(self, timeout: float) -> bool: ...
+
+
+class Worker:
+    """Runs pipelines for one member of the consumer group. Not thread-safe except ``stop``."""
+
+    def __init__(
+        self,
+        *,
+        config: WorkerConfig,
+        consumer: Consumer,
+        sink: Sink,
+        pipelines: Sequence[Pipeline],
+        metrics: Metrics,
+        health: HealthState | None = None,
+        abort: threading.Event | None = None,
+        clock: Clock = monotonic_clock,
+        fault_abort_every: int = 0,
+        background: Sequence[Background] = (),
+        transaction_calls: CallWatch | None = None,
+        rejoin: threading.Event | None = None,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.health = health or HealthState(liveness_timeout_s=config.liveness_timeout_s)
+        self.health.models_loaded = True
+        self.health.turned()  # liveness counts from here, however long the models took
+        health = self.health
+        metrics.ready.set_function(lambda: 0.0 if health.not_ready_reasons() else 1.0)
+        self._abort = abort or threading.Event()
+        self._background = list(background)
+        """Threads of their own while ``run`` runs: the model reloader, shadow models."""
+        self._consumer = consumer
+        self._sink = sink
+        self._pipelines = {p.name: p for p in pipelines}
+        self._route = {t: p.name for p in pipelines for t in p.config.request_topics}
+        self._batchers: dict[str, Batcher[Message]] = {
+            p.name: Batcher(p.config.batch, clock) for p in pipelines
+        }
+        self._clock = clock
+        self._committer = Committer(
+            cast(OffsetConsumer, consumer),
+            transactional=config.delivery == "exactly-once",
+            on_done=self._observe_done,
+        )
+        self._source = Source(
+            consumer,
+            list(self._route),
+            on_assign=lambda parts: self._membership.on_assign(parts),
+            on_revoke=lambda parts: self._membership.on_revoke(parts),
+            on_lost=lambda parts: self._membership.on_lost(parts),
+            pin_latest=config.kafka.auto_offset_reset == "latest",
+            rejoin=rejoin,
+        )
+        self._rank = {p.name: p.config.rank for p in pipelines}
+        self._threads = lane_threads(self._start_job, self._rank, config, metrics)
+        shares = pipeline_shares(config, pipelines)
+        self._shared = [share.pipeline for share in shares]
+        """Pipelines with a share of the bound: their records are counted each turn."""
+        self._pausing = PausingManager(
+            self._source,
+            config.in_flight_bound,
+            metrics.paused_partitions.set,
+            shares=shares,
+            on_share=lambda name, held: metrics.in_flight_share_held.labels(name).set(held),
+        )
+        bind_lane_gauges(metrics, pipelines, self._committer, self._shared)
+        self._lag = LagStats(metrics.consumer_lag, metrics.seconds_to_drain)
+        self._membership = Membership(
+            batchers=self._batchers,
+            threads=self._threads,
+            pausing=self._pausing,
+            lag=self._lag,
+            metrics=metrics,
+            health=self.health,
+            revoke_timeout_s=config.revoke_timeout_s,
+            clock=clock,
+        )
+        stages = Stages(sink, self._threads, self._committer, self._pipelines, metrics)
+        self._delivery: Delivery = (
+            Transactional(
+                stages,
+                self._source,
+                config.kafka,
+                interval_s=config.transaction_interval_ms / 1000.0,
+                timeout_s=config.shutdown_timeout_s,
+                owned=lambda: self._membership.assigned,
+                drop_buffered=self._drop_buffered,
+                calls=transaction_calls or CallWatch(on_stall=self.health.call_stalled),
+                abort_every=fault_abort_every,
+            )
+            if config.delivery == "exactly-once"
+            else AtLeastOnce(stages)
+        )
+        self._membership.delivery = self._delivery
+        self._stop = threading.Event()
+        self._wedged = False  # a client call outlived its timeout: leave the clients unclosed
+        self._single = next(iter(self._batchers)) if len(self._batchers) == 1 else None
+        self._max_messages = max(p.config.batch.max_batch_size for p in pipelines)
+        self._poll_s = config.poll_timeout_ms / 1000.0
+        self._adaptive = all(b.adaptive for b in self._batchers.values())
+        self._fetch_started = clock()
+        self._active_at = clock()
+        """When records last came: burst mode stops after a long enough quiet."""
+
+    @property
+    def assigned(self) -> set[PartitionKey]:
+        return self._membership.assigned
+
+    # -- callbacks from librdkafka (loop thread) ------------------------------------------
+
+    def on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """Result of an asynchronous commit; rejected offsets are committed again."""
+        failed = self._committer.settle(err, partitions)
+        if failed:
+            reason = err.str() if err is not None else str(failed[0].error)
+            log.warning("commit of %d partitions rejected (%s); will retry", len(failed), reason)
+            self.metrics.commit_failures.inc()
+
+    def on_error(self, err: KafkaError) -> None:
+        if err.code() in _BROKERS_UNUSABLE:
+            self.health.broker(False, err.str())
+        KAFKA_LOG.error("kafka: %s", err.str())
+
+    def on_stats(self, raw: str) -> None:
+        """librdkafka statistics: consumer lag per owned partition and seconds to drain."""
+        if self._lag.update(raw, self.assigned):
+            self.health.broker(True)
+        elif self.health.broker_ok:
+            self.health.broker(False, "no broker is up in librdkafka's statistics")
+
+    # -- control -------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the loop to finish; safe from signal handlers and other threads."""
+        self.health.stopping = True
+        self._stop.set()
+
+    def run(self, *, burst_idle_s: float | None = None) -> None:
+        """Consume until ``stop()``; with ``burst_idle_s`` also stop after that long idle.
+
+        Raises the ``StreamferError`` that stopped it; uncommitted work is then consumed
+        again by whoever owns the partitions next.
+        """
+        self._source.subscribe()
+        for part in self._background:
+            part.start()
+        try:
+            while not self._stop.is_set():
+                self.run_once()
+                if burst_idle_s is not None and self._idle_for(burst_idle_s):
+                    log.info("burst: idle for %.1fs, stopping", burst_idle_s)
+                    break
+            self._drain()
+        except BaseException as exc:
+            self._membership.commit_on_revoke = False
+            self._abort.set()
+            self._wedged = isinstance(exc, CallStalled)
+            raise
+        finally:
+            self._close()
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def run_once(self) -> None:
+        """One turn of the loop thread. Blocks in ``consume`` for at most the earliest
+        batch window; rebalance callbacks run inside it. Raises the error of a
+        processing stage, a failed delivery (SinkError) or a fatal consumer error."""
+        self._check_health()
+        messages = self._fetch()
+        self._batch(messages)
+        self._close_windows()
+        self._delivery.serve(0)
+        self._delivery.commit()
+        self._apply_backpressure()
+
+    def _check_health(self) -> None:
+        self.health.turned()
+        self._threads.check()
+        unchecked = self._membership.take_unchecked()
+        if unchecked:
+            self._source.check_retention(unchecked)
+
+    def _fetch(self) -> list[Message]:
+        """Records fetched within the earliest batch window: an open batch's deadline, or
+        an empty one's whole window (``consume`` waits for a full batch or its timeout)."""
+        self._fetch_started = now = self._clock()
+        timeout = self._poll_s
+        batchers = self._batchers.values()
+        for batcher in batchers:
+            deadline = batcher.deadline()
+            if deadline is None:
+                timeout = min(timeout, batcher.max_wait_s)
+            else:
+                timeout = min(timeout, max(0.0, deadline - now))
+        most = self._max_messages
+        if self._shared:
+            most = self._pausing.fetch_limit(most, self._share_counts())
+        if self._adaptive:
+            # Take records as soon as they are there (a lone request is not held for a
+            # full fetch), and while records wait for a busy model, look again every few
+            # milliseconds so they go the moment it is idle.
+            if self._threads.pending() and any(map(len, batchers)):
+                timeout = min(timeout, _IDLE_CHECK_S)
+            messages = self._source.consume_first(most, timeout)
+        else:
+            messages = self._source.consume(most, timeout)
+        if messages:
+            self._active_at = self._clock()
+            self._lag.consumed(len(messages))
+        return messages
+
+    def _batch(self, messages: list[Message]) -> None:
+        """Route records to their pipeline's batcher; hand over every batch that closes."""
+        if not messages:
+            return
+        single = self._single
+        groups = (
+            {single: messages} if single is not None else _group_by_pipeline(messages, self._route)
+        )
+        for name, items in groups.items():
+            ts = items[0].timestamp()[1]
+            age = max(0.0, time.time() - ts / 1000.0) if ts > 0 else 0.0
+            for batch in self._batchers[name].add(items, self._fetch_started, age):
+                self._submit(name, batch)
+
+    def _close_windows(self) -> None:
+        """Hand over batches whose window ended; adaptive: an idle model takes whatever is
+        waiting, however few. Idle is per lane: nothing of this pipeline's priority or a
+        higher one is in the stages (a lower lane's batch would be overtaken anyway)."""
+        threads, rank = self._threads, self._rank
+        for name, batcher in self._batchers.items():
+            if batcher.adaptive and len(batcher) and not threads.pending(rank[name]):
+                ready = batcher.flush()
+            else:
+                ready = batcher.expired()
+            if ready is not None:
+                self._submit(name, ready)
+
+    def _idle_for(self, seconds: float) -> bool:
+        """Burst mode: owns partitions, holds nothing, and nothing came for ``seconds``."""
+        return (
+            bool(self.assigned)
+            and not len(self._committer)
+            and all(len(b) == 0 for b in self._batchers.values())
+            and self._clock() - max(self._active_at, self._membership.assigned_at) >= seconds
+        )
+
+    def _observe_done(self, tracker: DeliveryTracker) -> None:
+        pipeline = self._pipelines.get(tracker.pipeline)
+        if pipeline is None:
+            return
+        m = pipeline.metrics
+        if tracker.sealed_at:
+            m.publish_seconds.observe(max(0.0, time.monotonic() - tracker.sealed_at))
+        if tracker.oldest_ts_ms:
+            m.end_to_end_seconds.observe(max(0.0, time.time() - tracker.oldest_ts_ms / 1000.0))
+
+    def _apply_backpressure(self) -> None:
+        """Bound the records in flight to ``max_in_flight_batches`` full batches' worth.
+
+        Counting records rather than batches lets many small batches (light load, short
+        windows) wait for their acknowledgements without stalling the loop, while a crash
+        still replays at most that many records. At the bound the loop first just waits
+        for the processing threads (serving deliveries and commits) for up to a quarter of
+        ``max.poll.interval.ms``, at most one second; only a batch slower than that makes
+        ``PausingManager`` pause every owned partition while the loop goes back to
+        polling, so the group never sees a stalled member. Pausing is the last resort
+        because librdkafka needs most of a second to deliver again after a resume
+        (measured here), which would throttle an ordinary backlog.
+
+        A pipeline's share is different: no waiting (the other pipelines must keep
+        flowing), only its partitions pause. Their resume costs tens of milliseconds
+        while another pipeline's partitions are being fetched (up to the consumer's
+        ``fetch.wait.max.ms`` when those are quiet), which the batch it resumes at covers.
+        """
+        delivery, pausing = self._delivery, self._pausing
+        if pausing.full(delivery.records_in_flight()) and not pausing.bound_reached:
+            grace = min(1.0, self.config.kafka.max_poll_interval_ms / 4000.0)
+            deadline = self._clock() + grace
+            while pausing.full(delivery.records_in_flight()) and self._clock() < deadline:
+                self._threads.check()
+                delivery.serve(0.002)
+                delivery.commit()
+        pausing.update(
+            delivery.records_in_flight(),
+            self.assigned,
+            len(self._committer),
+            self._share_counts() if self._shared else None,
+        )
+
+    def _share_counts(self) -> dict[str, int]:
+        """Records consumed and not committed (in flight, held for a transaction, or in
+        the open batch) of each pipeline with a share of the bound."""
+        delivery, batchers = self._delivery, self._batchers
+        return {name: delivery.records_of(name) + len(batchers[name]) for name in self._shared}
+
+    def _start_job(self, job: Job) -> Step | None:
+        return batch_steps(job, self._pipelines[job.pipeline], self._sink, self._delivery)
+
+    def _submit(self, name: str, batch: list[Message]) -> None:
+        self._delivery.enqueue(Job.close(name, batch, self._delivery.tracker))
+
+    def _drop_buffered(self) -> None:
+        for batcher in self._batchers.values():
+            batcher.flush()
+
+    # -- shutdown ------------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        for name, batcher in self._batchers.items():
+            rest = batcher.flush()
+            if rest:
+                self._submit(name, rest)
+        deadline = time.monotonic() + self.config.shutdown_timeout_s
+        delivery = self._delivery
+        while self._threads.pending() and time.monotonic() < deadline:
+            self._threads.check()
+            delivery.serve(0.01)
+            delivery.commit()
+        self._threads.check()  # a stage that failed while draining emptied the queues
+        unfinished = self._threads.pending()
+        if unfinished:
+            self._abort.set()  # an unreachable feature store gives up now
+        delivery.finish(deadline, at_least_s=1.0)
+        commit_before_leaving(self._delivery, deadline, self._serve_rebalance_paused)
+        if unfinished or len(self._committer):
+            raise SinkError(
+                f"stopped with {len(self._committer)} batches unfinished after "
+                f"{self.config.shutdown_timeout_s:.0f}s; their records stay uncommitted and "
+                "will be consumed again"
+            )
+
+    def _serve_rebalance_paused(self) -> None:
+        """Serve a rebalance inside ``consume``, all paused; what it fetches stays uncommitted."""
+        self._source.pause(self.assigned)
+        self._source.consume(self._max_messages, 0.1)
+
+    def _close(self) -> None:
+        self._abort.set()
+        if not self._threads.close(5.0):
+            log.warning("the processing thread did not finish")
+        for part in self._background:  # after the stages: a shadow scores their last batches
+            if not part.stop(5.0):
+                log.warning("%s did not finish", type(part).__name__)
+        if self._wedged:
+            log.error("leaving the Kafka clients unclosed: a call of theirs is stuck")
+            return
+        try:
+            self._source.close()
+        except Exception:  # close must not hide the error that brought us here
+            log.exception("closing the consumer failed")
+        self._delivery.close(min(5.0, self.config.shutdown_timeout_s))
+
+
+def _group_by_pipeline(messages: list[Message], route: dict[str, str]) -> dict[str, list[Message]]:
+    groups: dict[str, list[Message]] = {}
+    for msg in messages:
+        groups.setdefault(route[position(msg)[0]], []).append(msg)
+    return groups

@@ -1,0 +1,91 @@
+"""A pipeline's serving parts, built from its config: the model, loaded, checked against
+the config and warmed up; the feature lookups, connected and probed; the batch hooks,
+imported.
+
+The worker, ``streamfer replay`` and ``streamfer check`` build them with ``open_parts``,
+so a config that passes ``check`` starts the same engine and store a worker would, and a
+model or Redis that cannot serve fails before anything joins a group or is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from worker.config.settings import ModelSpec, PipelineConfig, RedisSettings
+from worker.features.lookups import RedisLookups
+from worker.inference.engine import OnnxEngine, warm_up_sizes
+from worker.ops.metrics import Metrics
+from worker.pipeline.feeds import FeedPlan
+from worker.pipeline.hooks import BatchHooks, load_hooks
+
+__all__ = ["LoadedModel", "Parts", "load_model", "open_parts"]
+
+
+class Parts(NamedTuple):
+    engine: OnnxEngine
+    store: RedisLookups
+    hooks: BatchHooks
+
+
+class LoadedModel(NamedTuple):
+    engine: OnnxEngine
+    plan: FeedPlan
+
+
+def load_model(
+    config: PipelineConfig,
+    spec: ModelSpec,
+    *,
+    warm_up: Iterable[int] | None = None,
+    metrics: Metrics | None = None,
+) -> LoadedModel:
+    """The engine of ``spec``, checked against ``config``'s inputs (its feed plan) and
+    run once per ``warm_up`` batch size (default: every ``warm_up_sizes`` bucket). What
+    a worker does at start-up and ``worker.models.reloader`` does with each new version, on
+    the calling thread: it blocks while the model loads and warms, using CPU (or the
+    device) beside the batches being served. Raises ``ModelMismatchError`` or
+    ``EngineError`` as ``open_parts`` says."""
+    buckets = warm_up_sizes(config.batch.max_batch_size)
+    oom = metrics.device_oom_retries.labels(config.name).inc if metrics is not None else None
+    engine = OnnxEngine(spec, batch_sizes=buckets, on_device_oom=oom)
+    plan = FeedPlan.build(config.model_copy(update={"model": spec}), engine.inputs)
+    engine.warm_up(buckets if warm_up is None else warm_up, engine.example(plan.widths()))
+    return LoadedModel(engine, plan)
+
+
+def open_parts(
+    config: PipelineConfig,
+    redis: RedisSettings,
+    *,
+    model: ModelSpec | None = None,
+    warm_up: Iterable[int] | None = None,
+    metrics: Metrics | None = None,
+) -> Parts:
+    """The engine of ``model`` (default: the pipeline's), checked against the config's
+    inputs and run once per ``warm_up`` batch size (default: every size a worker hands
+    it, see ``warm_up_sizes``, which are also the buckets a GPU pads batches to, and
+    TensorRT builds its engine for, here: ``load_model``); then the lookups, each probed
+    with the command a batch sends; then the hooks. The caller closes the store; it is
+    closed here when its probe fails. With ``metrics``, the engine's provider is
+    exported and its out-of-memory retries counted.
+
+    Blocks while the model loads and runs and for one Redis round trip per lookup.
+    Raises ``ModelMismatchError`` (the config does not fit the model's inputs),
+    ``ConfigError`` (a hook does not import), ``EngineError`` (the model file is missing
+    or not the pinned one, or the model cannot load, run or be published),
+    ``FeatureStoreConfigError`` (Redis refuses how it is used) or ``FeatureStoreError``
+    (Redis is unreachable).
+    """
+    spec = config.model if model is None else model
+    hooks = load_hooks(config.hooks, f"pipelines.{config.name}")
+    engine, plan = load_model(config, spec, warm_up=warm_up, metrics=metrics)
+    if metrics is not None:
+        metrics.inference_provider.labels(config.name, engine.provider, spec.providers[0]).set(1)
+    store = RedisLookups.connect(redis, config, plan.stored_text())
+    try:
+        store.probe()
+    except BaseException:
+        store.close()
+        raise
+    return Parts(engine, store, hooks)

@@ -1,0 +1,306 @@
+"""Hot reload: a new model version served without a restart, or refused and counted.
+
+One background thread (``Reloader``) looks at each pipeline's model source
+(``ModelWatch``): the highest version of a directory of versions
+(``worker.config.model_versions``), or the model file itself. It looks every ``reload_poll_s``
+where ``model.watch`` is on (the default for a directory), and at every pipeline
+whenever it is asked to (SIGHUP, or ``POST /reload`` on the metrics endpoint).
+
+A candidate is taken only once it has stopped changing (``SETTLE_S``: its size, mtime
+and inode the same for that long, or its mtime that old), so a file still being written
+is not loaded; unchanged content (the same SHA-256 and version) is not loaded again.
+Then it is loaded, checked and warmed exactly as at start-up (``worker.models.parts.load_model``:
+a pinned ``sha256`` refuses a changed file, the config must fit its inputs, every batch
+bucket runs once), on this thread, beside the batches being served: it costs CPU (or
+device memory: two sessions exist while it warms) but never holds a batch up. It must
+feed like the live model (the same inputs fed by the same features, the same result
+fields), because batches already enriched for the live model may run on it. Only then
+does ``ModelSlot.swap`` make it serve, from the next batch on. A candidate that fails
+any step is refused: logged once, counted, and not tried again until it changes; the
+live model keeps serving. ``streamfer_model_reloads_total{pipeline,result}`` counts both
+outcomes and ``streamfer_model_info`` follows the live model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from worker.config.model_versions import list_versions
+from worker.config.settings import ModelSpec, PipelineConfig
+from worker.inference.engine import file_sha256
+from worker.inference.slot import LiveModel, ModelIdentity, ModelSlot
+from worker.models.fit import ModelFit
+from worker.models.parts import LoadedModel, load_model
+from worker.ops.metrics import Metrics
+
+__all__ = ["SETTLE_S", "Fingerprint", "Look", "ModelWatch", "Reloader", "show_model"]
+
+log = logging.getLogger(__name__)
+
+SETTLE_S = 1.0
+"""How long a candidate file must have stayed the same before it is loaded."""
+_TRIGGER_ROUNDS = 10
+"""A triggered check waits for a settling file this many times ``SETTLE_S`` at most."""
+_REFUSED_KEPT = 64
+
+Load = Callable[[PipelineConfig, ModelSpec], LoadedModel]
+Labels = tuple[str, str, str, str, str]
+"""``streamfer_model_info``'s labels: pipeline, name, version, sha256, provider."""
+
+
+class Look(Enum):
+    """What one look at a model source found."""
+
+    IDLE = "idle"
+    """Nothing new: the live model, one refused already, or no model there."""
+    SETTLING = "settling"
+    """A candidate that changed too recently (or while it loaded)."""
+    LOADED = "loaded"
+    REFUSED = "refused"
+
+
+@dataclass(frozen=True, slots=True)
+class Fingerprint:
+    """A candidate as ``stat`` sees it: cheap to take at every poll."""
+
+    version: str
+    path: Path
+    inode: int
+    size: int
+    mtime_ns: int
+
+
+def fingerprint(version: str, path: Path) -> Fingerprint | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return Fingerprint(version, path, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def show_model(
+    metrics: Metrics, pipeline: str, model: ModelIdentity, provider: str, *, hide: Labels | None
+) -> Labels:
+    """Set ``streamfer_model_info`` for ``model`` (taking ``hide``'s series away)."""
+    labels: Labels = (pipeline, model.name, model.version, model.sha256, provider)
+    if hide is not None and hide != labels:
+        with contextlib.suppress(KeyError):
+            metrics.model_info.remove(*hide)
+    metrics.model_info.labels(*labels).set(1)
+    return labels
+
+
+class ModelWatch:
+    """One pipeline's model source and what was last seen of it. ``look`` is called by
+    one thread at a time (the reloader's); ``serving`` is the model the pipeline started
+    with and its feed plan, which every new version must match."""
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        slot: ModelSlot,
+        serving: LoadedModel,
+        metrics: Metrics,
+        *,
+        shown: Labels,
+        load: Load | None = None,
+        settle_s: float = SETTLE_S,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self._config = config
+        self._slot = slot
+        self._fit = ModelFit.of(serving)
+        self._metrics = metrics
+        self._load: Load = load or (lambda cfg, spec: load_model(cfg, spec, metrics=metrics))
+        self._settle_s = settle_s
+        self._clock = clock
+        self._wall = wall
+        self._shown = shown
+        self._loaded = metrics.model_reloads.labels(config.name, "loaded")
+        self._refused_count = metrics.model_reloads.labels(config.name, "refused")
+        self._live: Fingerprint | None = None
+        self._pending: tuple[Fingerprint, float] | None = None
+        self._refused: dict[Fingerprint, None] = {}
+        self._missing_logged = False
+
+    @property
+    def name(self) -> str:
+        return self._config.name
+
+    @property
+    def polls(self) -> bool:
+        return bool(self._config.model.watch)
+
+    @property
+    def poll_s(self) -> float:
+        return self._config.model.reload_poll_s
+
+    def look(self) -> Look:
+        """Look at the source once; load, check, warm and swap in a settled candidate.
+        Blocks while a candidate loads; never raises for a bad candidate."""
+        candidate = self._candidate()
+        found = fingerprint(*candidate) if candidate is not None else None
+        if found is None:
+            if not self._missing_logged:
+                self._missing_logged = True
+                where = self._config.model.version_dir or self._config.model.path
+                log.warning(
+                    "pipeline %s: no model at %s now; the live one keeps serving",
+                    self.name,
+                    where,
+                )
+            return Look.IDLE
+        self._missing_logged = False
+        if found == self._live or found in self._refused:
+            return Look.IDLE
+        now = self._clock()
+        if self._pending is None or self._pending[0] != found:
+            self._pending = (found, now)
+        since = self._pending[1]
+        quiet = now - since >= self._settle_s
+        old = self._wall() - found.mtime_ns / 1e9 >= self._settle_s
+        if not (quiet or old):
+            return Look.SETTLING
+        self._pending = None
+        return self._try(found)
+
+    def _candidate(self) -> tuple[str, Path] | None:
+        spec = self._config.model
+        if spec.version_dir is None:
+            return spec.version, spec.path
+        versions = list_versions(spec.version_dir)
+        return (versions[-1].name, versions[-1].path) if versions else None
+
+    def _try(self, found: Fingerprint) -> Look:
+        live = self._slot.for_batch().identity
+        try:
+            sha = file_sha256(found.path)
+        except OSError:
+            return Look.SETTLING  # gone again: look at what is there next time
+        if sha == live.sha256 and found.version == live.version:
+            self._live = found  # what is serving already
+            return Look.IDLE
+        spec = self._config.model.model_copy(update={"path": found.path, "version": found.version})
+        started = time.perf_counter()
+        try:
+            loaded = self._load(self._config, spec)
+            self._fit.check(ModelFit.of(loaded), "the live model's")
+        except Exception as exc:  # onnxruntime raises its own untyped errors too
+            return self._refuse(found, live, exc)
+        if fingerprint(found.version, found.path) != found:
+            return Look.SETTLING  # changed while it loaded: not this one
+        engine = loaded.engine
+        model = ModelIdentity(spec.name, found.version, engine.model_hash)
+        self._slot.swap(LiveModel(engine, model))
+        self._live = found
+        self._shown = show_model(
+            self._metrics, self.name, model, engine.providers[0], hide=self._shown
+        )
+        providers = self._metrics.inference_provider
+        providers.labels(self.name, engine.provider, spec.providers[0]).set(1)
+        self._loaded.inc()
+        log.info(
+            "pipeline %s: model %s version %s (sha256 %s) loaded, checked and warmed in "
+            "%.0f ms; it serves from the next batch on, after version %s (sha256 %s)",
+            self.name,
+            model.name,
+            model.version,
+            model.sha256[:12],
+            1000 * (time.perf_counter() - started),
+            live.version,
+            live.sha256[:12],
+        )
+        return Look.LOADED
+
+    def _refuse(self, found: Fingerprint, live: ModelIdentity, exc: Exception) -> Look:
+        self._refused[found] = None
+        while len(self._refused) > _REFUSED_KEPT:
+            del self._refused[next(iter(self._refused))]
+        self._refused_count.inc()
+        log.error(
+            "pipeline %s: model version %s at %s refused (%s); version %s keeps serving, "
+            "and this file is not tried again until it changes",
+            self.name,
+            found.version,
+            found.path,
+            str(exc).strip().splitlines()[0][:500] if str(exc).strip() else type(exc).__name__,
+            live.version,
+        )
+        return Look.REFUSED
+
+
+class Reloader:
+    """Runs every ``ModelWatch`` on one daemon thread: each polling one at its interval,
+    all of them when ``requests`` is set (SIGHUP, ``POST /reload``: setting the event is
+    all a signal handler does)."""
+
+    def __init__(
+        self,
+        watches: Sequence[ModelWatch],
+        *,
+        requests: threading.Event | None = None,
+        settle_s: float = SETTLE_S,
+    ) -> None:
+        self._watches = list(watches)
+        self._requests = requests or threading.Event()
+        self._settle_s = settle_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="streamfer-reload", daemon=True)
+
+    def request(self) -> None:
+        """Look at every pipeline's model now (from any thread, or a signal handler)."""
+        self._requests.set()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float) -> bool:
+        """Stop looking; True when the thread ended within ``timeout`` (a load that is
+        under way finishes first, then is not swapped in)."""
+        self._stop.set()
+        self._requests.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def check_now(self) -> dict[str, Look]:
+        """What a request does, on the calling thread: every pipeline looked at, a
+        settling candidate waited for (up to ``_TRIGGER_ROUNDS`` x ``settle_s``)."""
+        looks = {w.name: w.look() for w in self._watches}
+        for _ in range(_TRIGGER_ROUNDS):
+            settling = [w for w in self._watches if looks[w.name] is Look.SETTLING]
+            if not settling or self._stop.wait(self._settle_s):
+                break
+            looks.update({w.name: w.look() for w in settling})
+        return looks
+
+    def _run(self) -> None:
+        polling = [w for w in self._watches if w.polls]
+        due = {w.name: time.monotonic() + w.poll_s for w in polling}
+        while not self._stop.is_set():
+            now = time.monotonic()
+            wait = max(0.0, min(due.values()) - now) if due else None
+            asked = self._requests.wait(wait)
+            if self._stop.is_set():
+                return
+            try:
+                if asked:
+                    self._requests.clear()
+                    log.info("reload requested: looking at every pipeline's model")
+                    self.check_now()
+                else:
+                    now = time.monotonic()
+                    for w in polling:
+                        if due[w.name] <= now:
+                            w.look()
+                            due[w.name] = time.monotonic() + w.poll_s
+            except Exception:  # a fault here must never stop the serving
+                log.exception("model reload check failed; the live models keep serving")

@@ -1,0 +1,2 @@
+"""Running the worker in production: metrics, merged metrics, health, logs and the
+process supervisor."""

@@ -1,0 +1,123 @@
+"""A batch's rows through a model: the hooks around it, bisection when it fails, and the
+two ways only part of a batch reaches a model (rows the output cache lacks, a canary's
+share).
+
+``ModelCalls.run`` calls the hooks and the engine once for the whole batch; an
+EngineError makes it try again on halves until the failing rows are isolated, so the
+other rows still publish. ``uncached`` runs only the rows neither cache tier holds, each
+distinct input once; ``split`` runs a canary's rows on its engine and the others on the
+pipeline's, and joins their outputs back in row order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from worker.cache.output_cache import CachedRows, OutputCache
+from worker.errors import EngineError
+from worker.inference.engine import InferenceEngine, Outputs
+from worker.pipeline.feeds import Feeds
+from worker.pipeline.hooks import BatchHooks
+
+__all__ = ["ModelCalls"]
+
+Failed = dict[int, str]
+"""Row -> why the model refused it."""
+
+
+class ModelCalls:
+    """Runs one pipeline's batches (and parts of them) through an engine and its hooks."""
+
+    def __init__(self, hooks: BatchHooks) -> None:
+        self._hooks = hooks
+
+    def run(
+        self, engine: InferenceEngine, feeds: Feeds, requests: list[dict[str, Any]]
+    ) -> tuple[Outputs, Failed]:
+        """Run the hooks and the model; on failure bisect so only the failing rows are
+        refused."""
+        hooks = self._hooks
+        try:
+            if not hooks.active:
+                return engine.infer(feeds), {}
+            return hooks.after(requests, engine.infer(hooks.before(requests, feeds))), {}
+        except EngineError as exc:
+            n = len(next(iter(feeds.values())))
+            if n == 1:
+                return {}, {0: str(exc)}
+            half = n // 2
+            left, left_failed = self.run(
+                engine, {k: v[:half] for k, v in feeds.items()}, requests[:half]
+            )
+            right, right_failed = self.run(
+                engine, {k: v[half:] for k, v in feeds.items()}, requests[half:]
+            )
+            failed = dict(left_failed)
+            failed.update({half + i: why for i, why in right_failed.items()})
+            halves = ((np.arange(half), left), (np.arange(half, n), right))
+            return _scatter(halves, n), failed
+
+    def uncached(
+        self, cache: OutputCache, rows: CachedRows, feeds: Feeds, engine: InferenceEngine
+    ) -> Failed:
+        """Run the model on the rows the cache does not hold, in one call (bisected on
+        failure like any batch); the cache encodes and keeps what it computes."""
+        run = cache.to_run(rows, feeds, engine)
+        outputs: Outputs = {}
+        failed: Failed = {}
+        if len(run):
+            whole = len(run) == len(rows.keys)
+            outputs, failed = self.run(
+                engine, feeds if whole else {k: v[run] for k, v in feeds.items()}, []
+            )
+        cache.settle(rows, outputs, failed)
+        return rows.failed
+
+    def split(
+        self,
+        engines: tuple[InferenceEngine, InferenceEngine],
+        feeds: Feeds,
+        requests: list[dict[str, Any]],
+        split: npt.NDArray[np.bool_],
+    ) -> tuple[Outputs, Failed]:
+        """Two engine calls: the rows ``split`` marks on the canary's engine, the others
+        on the pipeline's; their outputs (of the same fields and shapes: checked when the
+        canary loaded) joined back in row order."""
+        parts: list[tuple[npt.NDArray[np.intp], Outputs]] = []
+        failed: Failed = {}
+        for engine, rows in zip(
+            engines, (np.flatnonzero(~split), np.flatnonzero(split)), strict=True
+        ):
+            if not len(rows):
+                continue
+            part = {k: v[rows] for k, v in feeds.items()}
+            outputs, refused = self.run(
+                engine, part, [requests[r] for r in rows.tolist()] if requests else []
+            )
+            parts.append((rows, outputs))
+            failed.update({int(rows[i]): why for i, why in refused.items()})
+        return _scatter(parts, len(split)), failed
+
+
+def _scatter(parts: Sequence[tuple[npt.NDArray[np.intp], Outputs]], n: int) -> Outputs:
+    """Join the outputs of row subsets of one batch into the batch's row order; rows of a
+    part that failed as a whole hold placeholders."""
+    if len(parts) == 1 and len(parts[0][0]) == n:
+        return parts[0][1]
+    template = next((outputs for _rows, outputs in parts if outputs), None)
+    if template is None:
+        return {}
+    joined: Outputs = {}
+    for name, sample in template.items():
+        dtype = np.result_type(*(o[name].dtype for _r, o in parts if name in o))
+        fill = np.nan if dtype.kind == "f" else 0
+        out = np.full((n, *sample.shape[1:]), fill, dtype=dtype)
+        for rows, outputs in parts:
+            if name in outputs:
+                out[rows] = outputs[name]
+        joined[name] = out
+    return joined

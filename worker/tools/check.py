@@ -1,0 +1,168 @@
+"""``streamfer check``: prove a pipeline can serve before it joins a group.
+
+Loading the model and pinging Redis passed for models whose outputs could not be
+published, so the first live batch was the first failure. ``check_pipeline`` instead runs
+one batch through every stage a worker runs (decode, enrich with a real Redis round
+trip, infer, encode the results and dead letters) into a sink that keeps what it is
+handed instead of producing it. A request carrying every feature inline (strings a
+model's encoders accept, see ``OnnxEngine.example``) must come out as a result; one
+naming a probe entity in every lookup exercises the lookups (its result or dead letter
+is fine, a Redis refusal is not). Requests are written in the pipeline's own request
+shape. ``CheckedPipeline.signature`` says how each model input is fed, and that the
+canary and shadow models load and fit (``worker.models.candidates``).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from confluent_kafka import Message
+from prometheus_client import CollectorRegistry
+
+from worker.config.settings import PipelineConfig, RedisSettings
+from worker.core.tracker import DeliveryTracker
+from worker.errors import EngineError
+from worker.features.stores import PROBE_ENTITY
+from worker.kafka.limits import RecordLimits
+from worker.kafka.sink import Headers
+from worker.models.candidates import load_candidates
+from worker.models.parts import LoadedModel, open_parts
+from worker.ops.metrics import Metrics
+from worker.pipeline.steps import Pipeline
+
+__all__ = ["CheckedPipeline", "check_pipeline"]
+
+INLINE_ID = "streamfer-check-inline"
+LOOKUP_ID = "streamfer-check-lookup"
+
+
+@dataclass(slots=True)
+class KeepingSink:
+    """Takes records as ``Sink.send`` would and keeps them; nothing reaches Kafka."""
+
+    limit: RecordLimits = field(default_factory=RecordLimits.unread)
+    records: list[tuple[str, bytes, bytes | None]] = field(default_factory=list)
+
+    def send(
+        self,
+        tracker: DeliveryTracker,
+        topic: str,
+        value: bytes,
+        key: bytes | None,
+        headers: Headers | None,
+    ) -> bool:
+        tracker.sent += 1
+        tracker.acked += 1
+        self.records.append((topic, value, key))
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedPipeline:
+    """What one batch through the pipeline gave."""
+
+    model_hash: str
+    result_bytes: int
+    lookup_outcome: str
+    """``result``, or the dead-letter code of the request that named the probe entity."""
+    signature: list[str] = field(default_factory=list)
+    """The model's inputs, how each is fed, and its outputs: a line each."""
+
+
+def check_pipeline(cfg: PipelineConfig, redis: RedisSettings) -> CheckedPipeline:
+    """Run one batch through ``cfg``'s stages. Raises the ``StreamferError`` that would
+    stop a worker: ConfigError (FeatureStoreConfigError among them), FeatureStoreError,
+    or EngineError when the model loads but its outputs cannot be published."""
+    engine, store, hooks = open_parts(cfg, redis, warm_up=[1])  # outputs are publishable
+    try:
+        abort = threading.Event()
+        abort.set()  # no waiting: the first refusal is the answer
+        pipeline = Pipeline(
+            cfg,
+            store=store,
+            engine=engine,
+            metrics=Metrics(CollectorRegistry()).for_pipeline(cfg.name),
+            retry_feature_store_s=None,
+            abort=abort,
+            hooks=hooks,
+        )
+        plan = pipeline.plan
+        candidates = load_candidates(cfg, LoadedModel(engine, plan), warm_up=[1])
+        example = engine.example(plan.widths())(1)
+        values: dict[str, Any] = {}
+        for feed in plan.inputs:
+            row = example[feed.name][0]
+            cells = [row] if feed.rank == 1 else list(row)
+            for name, cell in zip(feed.columns, cells, strict=True):
+                values[name] = cell if isinstance(cell, str) else float(cell)
+        request = cfg.request
+        if request.features_array is not None:
+            inline_features: Any = [
+                values.get(n, request.default_value) for n in request.features_array
+            ]
+        else:
+            inline_features = values
+        inline: dict[str, Any] = {}
+        _put(inline, request.id, INLINE_ID)
+        _put(inline, request.features, inline_features)
+        lookup: dict[str, Any] = {}
+        _put(lookup, request.id, LOOKUP_ID)
+        for lk in cfg.lookups:
+            _put(lookup, cfg.entity_path(lk.name), PROBE_ENTITY)
+        if plan.request_only:
+            only = {n: values[n] for n in plan.request_only}
+            carried: Any = (
+                [only.get(n, values.get(n, 0.0)) for n in request.features_array]
+                if request.features_array is not None
+                else only
+            )
+            _put(lookup, request.features, carried)
+        topic = cfg.request_topics[0]
+        batch = [
+            Message(topic=topic, partition=0, offset=i, key=b"check", value=orjson.dumps(doc))
+            for i, doc in enumerate((inline, lookup))
+        ]
+        sink = KeepingSink()
+        pipeline.handle(batch, sink)  # type: ignore[arg-type]
+    finally:
+        store.close()
+    signature = [f"input {line}" for line in plan.describe()]
+    signature += [
+        f"output {name} <- {out} {engine.output_types[out]}" for name, out in engine.outputs.items()
+    ]
+    signature.append(f"provider {engine.provider} (requested {', '.join(engine.requested)})")
+    if candidates.canary is not None and cfg.canary is not None:
+        model = candidates.canary.identity
+        signature.append(
+            f"canary {model.tag} ({model.sha256[:12]}) fits; scores {cfg.canary.percent:g}% of keys"
+        )
+    if candidates.shadow is not None and cfg.shadow is not None:
+        model = candidates.shadow.identity
+        signature.append(
+            f"shadow {model.tag} ({model.sha256[:12]}) fits; results to {cfg.shadow.topic}"
+        )
+    outcomes = {}
+    for out_topic, value, _ in sink.records:
+        doc = orjson.loads(value)
+        if out_topic == cfg.result_topic:
+            outcomes[doc["id"]] = ("result", len(value))
+        else:
+            outcomes[doc["request_id"]] = (f"dead letter {doc['code']}: {doc['reason']}", 0)
+    inline_outcome, result_bytes = outcomes.get(INLINE_ID, ("nothing", 0))
+    if inline_outcome != "result":
+        raise EngineError(
+            f"pipeline {cfg.name}: a request with every feature inline gave {inline_outcome}"
+        )
+    return CheckedPipeline(engine.model_hash, result_bytes, outcomes[LOOKUP_ID][0], signature)
+
+
+def _put(doc: dict[str, Any], path: str, value: Any) -> None:
+    """Set ``value`` at a dotted path, making the objects on the way."""
+    *parents, last = path.split(".")
+    node = doc
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[last] = value
