@@ -1,0 +1,146 @@
+"""The layer order of ``worker``: every import (lazy ones too) runs down, never up or
+sideways, so the tree shows the architecture and ``docs/architecture.md`` stays true.
+
+Read from the source with ``ast``, not by importing: a lazy import inside a function
+counts as much as one at the top of a module.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "worker"
+
+LAYERS: list[set[str]] = [
+    {"errors"},
+    {"core"},
+    {"config"},
+    {"kafka", "inference", "features", "ops"},
+    {"cache"},
+    {"pipeline"},
+    {"models"},
+    {"delivery"},
+    {"loop"},
+    {"compose"},
+    {"tools"},
+    {"replay"},
+    {"cli"},
+    {"__init__", "__main__"},
+]
+"""Lowest first. A unit may import its own unit and any unit of a lower layer; units of
+one layer never import each other."""
+
+RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
+
+TOP_LEVEL = {"__init__", "__main__", "errors", "cli", "compose"}
+"""The modules ``worker/`` holds directly; everything else lives in a subpackage."""
+
+
+def unit_of(module: str) -> str:
+    """``worker.kafka.sink`` -> ``kafka``; ``worker.cli`` -> ``cli``; ``worker`` -> ``__init__``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported(path: Path, name: str | None = None) -> set[str]:
+    """Every ``worker`` module or package that ``path`` (module ``name``) imports,
+    anywhere in its code."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = (name or module_name(path)).split(".")
+    if path.name != "__init__.py":
+        package.pop()
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package[: len(package) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)
+    return {m for m in found if m == "worker" or m.startswith("worker.")}
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_unit_has_a_layer() -> None:
+    units = {unit_of(module_name(p)) for p in MODULES}
+    assert units == set(RANK), units ^ set(RANK)
+
+
+def test_worker_holds_only_the_package_face_and_the_entry_points_directly() -> None:
+    direct = {p.stem for p in PACKAGE.glob("*.py")}
+    assert direct == TOP_LEVEL
+
+
+def is_module(target: str) -> bool:
+    """A module or package of ``worker``, not a name imported from one."""
+    path = PACKAGE.parent / target.replace(".", "/")
+    return path.is_dir() or path.with_suffix(".py").exists()
+
+
+def wrong_way(name: str, targets: set[str]) -> list[str]:
+    """The imports of module ``name`` that run up the layers or sideways."""
+    own = unit_of(name)
+    return sorted(
+        t for t in targets if is_module(t) and unit_of(t) != own and RANK[unit_of(t)] >= RANK[own]
+    )
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: module_name(p))
+def test_imports_run_down_the_layers(path: Path) -> None:
+    name = module_name(path)
+    upward = wrong_way(name, imported(path))
+    assert not upward, f"{name} ({unit_of(name)}) imports upward or sideways: {upward}"
+
+
+def test_no_import_cycle_between_modules() -> None:
+    names = {module_name(p): p for p in MODULES}
+    graph = {
+        name: {t for t in imported(path) if t in names and t != name}
+        for name, path in names.items()
+    }
+    done: set[str] = set()
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        if node in stack:
+            cycle = [*stack[stack.index(node) :], node]
+            raise AssertionError(f"import cycle: {' -> '.join(cycle)}")
+        if node in done:
+            return
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            visit(nxt)
+        stack.pop()
+        done.add(node)
+
+    for name in sorted(graph):
+        visit(name)
+
+
+def test_the_check_sees_lazy_relative_and_sideways_imports(tmp_path: Path) -> None:
+    module = tmp_path / "probe.py"
+    module.write_text(
+        "from . import sink\n"
+        "from worker.core.job import Job\n"
+        "def f():\n"
+        "    from worker.loop.worker import Worker\n"
+        "    import worker.ops.metrics\n"
+    )
+    found = imported(module, "worker.kafka.probe")
+    assert wrong_way("worker.kafka.probe", found) == ["worker.loop.worker", "worker.ops.metrics"]
+    assert "worker.kafka.sink" in found
