@@ -25,7 +25,7 @@ import redis
 
 from benchmarks.session import load_session
 from streamfer_dev.harness import percentile
-from worker.config.settings import FeatureSpec, ModelSpec, PipelineConfig
+from worker.config import FeatureSpec, ModelSpec, PipelineConfig
 from worker.core.types import DecodedRequests
 from worker.features.lookups import OneStore
 from worker.features.stores import RedisHashStore, RedisPackedStore

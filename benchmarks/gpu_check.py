@@ -199,7 +199,7 @@ def _gpu_session(path: Path, providers: list[Any], wanted: str) -> tuple[Any, st
 
 
 def _trt_options(path: Path, cache: Path, fp16: bool = True) -> list[Any]:
-    from worker.config.settings import ModelSpec, TensorrtOptions
+    from worker.config import ModelSpec, TensorrtOptions
     from worker.inference.engine import warm_up_sizes
     from worker.inference.providers import input_shapes, provider_options
 
@@ -282,7 +282,7 @@ def ort_rows(report: Report, model: Path, fp16: Path | None, x: Array, budget_s:
 
 
 def _engine(path: Path, providers: list[str], cache: Path | None = None, **model: Any) -> Any:
-    from worker.config.settings import ModelSpec, TensorrtOptions
+    from worker.config import ModelSpec, TensorrtOptions
     from worker.inference.engine import OnnxEngine, warm_up_sizes
 
     trt = TensorrtOptions(fp16=True, engine_cache_dir=cache, timing_cache_dir=cache)

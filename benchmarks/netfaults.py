@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from streamfer_dev.toxiproxy import Toxic
-from worker.config.settings import KafkaSettings
+from worker.config import KafkaSettings
 from worker.kafka.call_watch import CALL_TIMEOUT_S, STALL_MARGIN_S
 
 __all__ = [

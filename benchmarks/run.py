@@ -43,7 +43,7 @@ from benchmarks.pyspy import Profiler, top_frames
 from benchmarks.report import format_table, latency_targets, ratios
 from streamfer_dev.modelgen import seed_entities
 from streamfer_dev.stack import local_kafka, local_redis
-from worker.config.settings import FeatureSpec
+from worker.config import FeatureSpec
 from worker.kafka.topics import ensure_topics
 
 __all__ = ["ALL_CONTENDERS", "Options", "main", "run_benchmark"]

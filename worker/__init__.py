@@ -20,7 +20,7 @@ def __getattr__(name: str) -> object:
 
         return Worker
     if name in ("WorkerConfig", "load_config"):
-        from worker.config import settings as config
+        from worker import config as config
 
         return getattr(config, name)
     raise AttributeError(name)

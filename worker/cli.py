@@ -29,7 +29,7 @@ from worker.core.version import __version__
 from worker.errors import CallStalled, ConfigError, StreamferError
 
 if TYPE_CHECKING:
-    from worker.config.settings import WorkerConfig
+    from worker.config import WorkerConfig
 
 __all__ = ["main"]
 
@@ -318,7 +318,7 @@ def _cmd_model_optimize(args: argparse.Namespace) -> int:
 
 
 def _cmd_features_load(args: argparse.Namespace) -> int:
-    from worker.config.settings import load_config
+    from worker.config import load_config
     from worker.features.redis_io import redis_client
     from worker.tools.feature_loader import load_features
 
@@ -357,7 +357,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry
 
     from worker.compose import build_worker
-    from worker.config.settings import load_config
+    from worker.config import load_config
     from worker.ops.health import HealthServer, HealthState
     from worker.ops.logs import setup_logging
     from worker.ops.supervisor import (
@@ -507,7 +507,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     line), 2 when the config, a model or the feature store cannot serve."""
     import orjson
 
-    from worker.config.settings import load_config, redacted
+    from worker.config import load_config, redacted
     from worker.tools.check import check_pipeline
     from worker.tools.kafka_check import CheckLine, check_kafka
 
@@ -589,7 +589,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from worker.config.settings import load_config
+    from worker.config import load_config
     from worker.ops.logs import setup_logging
     from worker.replay import ReplayOptions, run_replay
     from worker.tools.offsets import parse_partitions, parse_time
@@ -647,7 +647,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_offsets(args: argparse.Namespace) -> int:
-    from worker.config.settings import load_config
+    from worker.config import load_config
     from worker.tools.offsets import (
         ResetTarget,
         parse_partitions,

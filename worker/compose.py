@@ -16,7 +16,7 @@ from confluent_kafka import Consumer
 from prometheus_client import CollectorRegistry
 
 from worker.cache.output_cache import open_cache
-from worker.config.settings import PipelineConfig, WorkerConfig
+from worker.config import PipelineConfig, WorkerConfig
 from worker.features.lookups import RedisLookups
 from worker.inference.engine import OnnxEngine
 from worker.inference.slot import ModelSlot

@@ -2,7 +2,7 @@
 
 The Python-only checks always run: YAML and JSON parse, the compose file against the
 compose-spec JSON Schema (vendored in ``schemas/``), the worker configuration each
-deployment builds validated by ``worker.config.settings``, and every metric and label that the
+deployment builds validated by ``worker.config``, and every metric and label that the
 alerts and the dashboard query is one the worker exports (``worker.ops.metrics``).
 
 Checks that need a binary (``helm``, ``promtool``) use it from PATH or ``.tools/bin`` and
@@ -35,7 +35,7 @@ import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
 from tests.deploy.dockerfiles import CPU, DOCKERFILES, GPU, gpu_dist, instructions, stages
-from worker.config.settings import WorkerConfig, parse_config
+from worker.config import WorkerConfig, parse_config
 from worker.ops.metrics import METRIC_NAMES, Metrics
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import Consumer
 
 from tests.conftest import Topics
-from worker.config.settings import KafkaSettings
+from worker.config import KafkaSettings
 from worker.kafka.group_coverage import GroupCoverage, GroupView, unowned
 from worker.kafka.group_reads import ChildGroupReader, child_settings
 from worker.kafka.source import Source

@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry
 
 from streamfer_dev.modelgen import DemoModel
 from tests.unit.conftest import MemoryStore
-from worker.config.settings import BatchPolicy, FeatureSpec, ModelSpec, PipelineConfig, WorkerConfig
+from worker.config import BatchPolicy, FeatureSpec, ModelSpec, PipelineConfig, WorkerConfig
 from worker.core.tracker import DeliveryTracker
 from worker.core.types import PartitionKey
 from worker.inference.engine import OnnxEngine

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from worker.config.settings import FeatureSpec, ModelSpec, PipelineConfig
+from worker.config import FeatureSpec, ModelSpec, PipelineConfig
 
 Rows = npt.NDArray[np.float64]
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from worker.config.settings import BatchPolicy
+from worker.config import BatchPolicy
 from worker.loop.batcher import Batcher
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from benchmarks.lanes import Options, Stack, config_toml, format_report
 from streamfer_dev.modelgen import DemoModel
-from worker.config.settings import WorkerConfig
+from worker.config import WorkerConfig
 
 
 def stack(tmp_path: Path) -> Stack:

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from tests.unit.onnx_models import random_mlp, three_feature_pipeline
 from tests.unit.test_pipeline import FakeMessage, FakeSink, WrappedEngine
-from worker.config.settings import ModelSpec
+from worker.config import ModelSpec
 from worker.core.tracker import DeliveryTracker
 from worker.errors import EngineError
 from worker.inference.engine import Feeds, OnnxEngine, Outputs

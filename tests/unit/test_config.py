@@ -10,13 +10,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from worker.config.settings import (
-    BatchPolicy,
-    FeatureSpec,
-    WorkerConfig,
-    load_config,
-    parse_config,
-)
+from worker.config import BatchPolicy, FeatureSpec, WorkerConfig, load_config, parse_config
 from worker.errors import ConfigError
 
 VALID_TOML = """

@@ -18,7 +18,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from streamfer_dev.modelgen import DemoModel
-from worker.config.settings import ModelSpec
+from worker.config import ModelSpec
 from worker.errors import EngineError
 from worker.inference.engine import ENGINES, OnnxEngine, file_sha256, is_device_oom, warm_up_sizes
 

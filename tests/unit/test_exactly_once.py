@@ -21,7 +21,7 @@ from confluent_kafka import KafkaError, KafkaException, Message
 from streamfer_dev.modelgen import DemoModel
 from tests.unit import fakes
 from tests.unit.fakes import TOPIC, FakeConsumer, build_worker, turn_until
-from worker.config.settings import BatchPolicy, PipelineConfig
+from worker.config import BatchPolicy, PipelineConfig
 from worker.delivery.transaction_tries import FAILURES_IN_A_ROW
 from worker.errors import SinkError, SourceError
 from worker.kafka.limits import RecordLimits

@@ -18,7 +18,7 @@ import redis
 from prometheus_client import CollectorRegistry
 from redis._parsers import BaseParser
 
-from worker.config.settings import FeatureSpec, ModelSpec, PipelineConfig
+from worker.config import FeatureSpec, ModelSpec, PipelineConfig
 from worker.core.types import DecodedRequests
 from worker.errors import FeatureStoreConfigError, FeatureStoreError
 from worker.features.lookups import OneStore, RedisLookups

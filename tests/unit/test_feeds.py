@@ -11,7 +11,7 @@ import numpy as np
 import orjson
 import pytest
 
-from worker.config.settings import PipelineConfig
+from worker.config import PipelineConfig
 from worker.core.types import DecodedRequests
 from worker.errors import ModelMismatchError
 from worker.features.stores import Fetched

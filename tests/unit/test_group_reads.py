@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from worker.config.settings import KafkaSettings
+from worker.config import KafkaSettings
 from worker.kafka.group_reads import ChildGroupReader, child_settings
 
 # Answers every read with one view; with "die" in the settings, aborts on the second.

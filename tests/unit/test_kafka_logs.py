@@ -43,7 +43,7 @@ def test_repeats_differing_only_in_numbers_pass_once_per_window() -> None:
 def test_every_kafka_client_logs_through_the_filtered_logger(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from worker.config.settings import KafkaSettings
+    from worker.config import KafkaSettings
     from worker.kafka.admin import admin_client
     from worker.kafka.sink import producer_config
     from worker.kafka.source import consumer_config

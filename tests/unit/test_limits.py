@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from worker.config.settings import KafkaSettings
+from worker.config import KafkaSettings
 from worker.kafka import limits as limits_module
 from worker.kafka.limits import (
     DEFAULT_MESSAGE_MAX_BYTES,

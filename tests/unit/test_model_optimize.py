@@ -27,7 +27,7 @@ from tests.unit.onnx_models import (
     write_csv,
 )
 from worker.cli import main
-from worker.config.settings import ModelSpec
+from worker.config import ModelSpec
 from worker.inference.engine import OnnxEngine
 
 FAST = ["--speed-s", "0.1", "--json"]

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from tests.unit.onnx_models import random_mlp, three_feature_pipeline
 from tests.unit.test_pipeline import FakeMessage, FakeSink
-from worker.config.settings import ModelSpec, PipelineConfig
+from worker.config import ModelSpec, PipelineConfig
 from worker.core.tracker import DeliveryTracker
 from worker.inference.engine import OnnxEngine
 from worker.inference.slot import LiveModel, ModelIdentity, ModelSlot

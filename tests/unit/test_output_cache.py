@@ -27,7 +27,7 @@ from tests.unit.test_pipeline import (
 )
 from worker.cache.output_cache import OutputCache, open_cache
 from worker.cli import main
-from worker.config.settings import CacheSpec, FeatureSpec, ModelSpec, PipelineConfig, parse_config
+from worker.config import CacheSpec, FeatureSpec, ModelSpec, PipelineConfig, parse_config
 from worker.errors import ConfigError
 from worker.inference.engine import InferenceEngine, OnnxEngine
 from worker.ops.metrics import Metrics
@@ -116,7 +116,7 @@ class Harness:
 
 
 def _unused_redis() -> Any:
-    from worker.config.settings import RedisSettings
+    from worker.config import RedisSettings
 
     return RedisSettings()  # no redis_ttl_s: never connected
 

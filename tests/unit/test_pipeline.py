@@ -15,7 +15,7 @@ from confluent_kafka import Message
 from prometheus_client import CollectorRegistry
 
 from streamfer_dev.modelgen import DemoModel
-from worker.config.settings import FeatureSpec, HooksSpec, ModelSpec, PipelineConfig
+from worker.config import FeatureSpec, HooksSpec, ModelSpec, PipelineConfig
 from worker.core.tracker import DeliveryTracker
 from worker.errors import ConfigError, EngineError, FeatureStoreError, ModelMismatchError
 from worker.features.stores import RowStore

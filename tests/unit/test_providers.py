@@ -11,7 +11,7 @@ import onnxruntime
 import pytest
 
 from streamfer_dev.modelgen import DemoModel
-from worker.config.settings import CudaOptions, ModelSpec, TensorrtOptions
+from worker.config import CudaOptions, ModelSpec, TensorrtOptions
 from worker.inference.providers import (
     CPU,
     CUDA,

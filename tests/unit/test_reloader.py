@@ -18,7 +18,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.unit.onnx_models import random_mlp
-from worker.config.settings import PipelineConfig, parse_config
+from worker.config import PipelineConfig, parse_config
 from worker.inference.engine import file_sha256
 from worker.inference.slot import LiveModel, ModelIdentity, ModelSlot
 from worker.models.parts import load_model

@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
 from streamfer_dev.modelgen import DemoModel
-from worker.config.settings import BatchPolicy, FeatureSpec, ModelSpec, PipelineConfig
+from worker.config import BatchPolicy, FeatureSpec, ModelSpec, PipelineConfig
 from worker.errors import ConfigError, SinkError
 from worker.inference.engine import OnnxEngine
 from worker.ops.metrics import Metrics

@@ -19,7 +19,7 @@ import pytest
 from pydantic import SecretStr
 from redis.connection import parse_url
 
-from worker.config.settings import (
+from worker.config import (
     LIBRDKAFKA_SECRET_OPTIONS,
     FeatureSpec,
     RedisSettings,
@@ -257,7 +257,7 @@ def test_connection_refused_does_not_echo_the_password(where: str) -> None:
 # --- check --print-config -----------------------------------------------------------
 
 # Named here from librdkafka's CONFIGURATION.md rather than read from the constant, so
-# that dropping one from worker.config.settings fails this test.
+# that dropping one from worker.config fails this test.
 SECRET_PROPERTIES = [
     "sasl.password",
     "sasl.oauthbearer.config",

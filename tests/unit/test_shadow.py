@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from tests.unit.onnx_models import random_mlp, three_feature_pipeline
 from tests.unit.test_pipeline import FakeMessage, FakeSink
-from worker.config.settings import ModelSpec, PipelineConfig, ShadowSpec
+from worker.config import ModelSpec, PipelineConfig, ShadowSpec
 from worker.core.tracker import DeliveryTracker
 from worker.errors import EngineError
 from worker.inference.engine import Feeds, OnnxEngine, Outputs

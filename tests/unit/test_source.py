@@ -13,7 +13,7 @@ from typing import Any, cast
 import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from worker.config.settings import KafkaSettings
+from worker.config import KafkaSettings
 from worker.core.types import PartitionKey
 from worker.errors import SourceError
 from worker.kafka.source import Source, consumer_config

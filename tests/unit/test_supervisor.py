@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from worker.config.settings import parse_config
+from worker.config import parse_config
 from worker.errors import ConfigError
 from worker.ops.supervisor import (
     PROCESS_INDEX_ENV,

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from streamfer_dev.modelgen import DemoModel
 from tests.unit.fakes import FakeConsumer, FakeSink, GatedStore, requests, turn_until
-from worker.config.settings import WorkerConfig
+from worker.config import WorkerConfig
 from worker.inference.engine import OnnxEngine
 from worker.kafka.sink import Sink
 from worker.loop.worker import Worker

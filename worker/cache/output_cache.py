@@ -39,7 +39,7 @@ import orjson
 from worker.cache.keys import model_namespace, row_keys
 from worker.cache.memory import MemoryTier
 from worker.cache.redis_tier import RedisCacheTier
-from worker.config.settings import PipelineConfig, RedisSettings
+from worker.config import PipelineConfig, RedisSettings
 from worker.features.redis_io import redis_client
 from worker.inference.engine import InferenceEngine, Outputs
 from worker.inference.rows import finite_rows, row_outputs

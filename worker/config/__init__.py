@@ -1,2 +1,64 @@
-"""The worker's configuration: the typed schema, loading it with environment overrides,
-redaction, and what the file system resolves (model versions)."""
+"""The worker's configuration: the typed schema (``schema``), loading it with environment
+overrides (``loading``), redaction (``redaction``), Redis URL checks (``redis_url``), and
+what the file system resolves (``resolution``, ``model_versions``) kept out of the schema.
+
+Every value is validated at start-up; a bad one raises ``ConfigError`` whose message names
+the field. Secrets are ``SecretStr`` and never print, and no error message quotes one.
+"""
+
+from worker.config.loading import ENV_PREFIX, load_config, parse_config
+from worker.config.redaction import LIBRDKAFKA_SECRET_OPTIONS, redacted
+from worker.config.redis_url import redis_url_problem
+from worker.config.schema import (
+    PRIORITY_NAMES,
+    BatchPolicy,
+    CacheSpec,
+    CanarySpec,
+    CandidateSpec,
+    CudaOptions,
+    FeatureSpec,
+    HooksSpec,
+    KafkaSettings,
+    LookupSpec,
+    MetricsSettings,
+    MissingPolicy,
+    ModelSpec,
+    PipelineConfig,
+    Priority,
+    RedisSettings,
+    RequestMapping,
+    ShadowSpec,
+    TensorrtOptions,
+    WorkerConfig,
+    is_loopback,
+)
+
+__all__ = [
+    "ENV_PREFIX",
+    "LIBRDKAFKA_SECRET_OPTIONS",
+    "PRIORITY_NAMES",
+    "BatchPolicy",
+    "CacheSpec",
+    "CanarySpec",
+    "CandidateSpec",
+    "CudaOptions",
+    "FeatureSpec",
+    "HooksSpec",
+    "KafkaSettings",
+    "LookupSpec",
+    "MetricsSettings",
+    "MissingPolicy",
+    "ModelSpec",
+    "PipelineConfig",
+    "Priority",
+    "RedisSettings",
+    "RequestMapping",
+    "ShadowSpec",
+    "TensorrtOptions",
+    "WorkerConfig",
+    "is_loopback",
+    "load_config",
+    "parse_config",
+    "redacted",
+    "redis_url_problem",
+]

@@ -38,7 +38,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from worker.config.settings import KafkaSettings
+from worker.config import KafkaSettings
 from worker.core.job import Job
 from worker.core.tracker import DeliveryTracker
 from worker.core.types import PartitionKey

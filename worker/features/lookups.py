@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from worker.config.settings import PipelineConfig, RedisSettings
+from worker.config import PipelineConfig, RedisSettings
 from worker.features.redis_io import RedisClient, redis_client
 from worker.features.stores import (
     FeatureStore,

@@ -20,7 +20,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from worker.config.settings import FeatureSpec, RedisSettings
+from worker.config import FeatureSpec, RedisSettings
 from worker.errors import FeatureStoreConfigError, FeatureStoreError
 
 __all__ = [

@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 import redis
 
-from worker.config.settings import FeatureSpec, RedisSettings
+from worker.config import FeatureSpec, RedisSettings
 from worker.errors import FeatureStoreError
 from worker.features.redis_io import (
     Command,

@@ -36,7 +36,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from worker.config.settings import ModelSpec
+from worker.config import ModelSpec
 from worker.errors import EngineError
 from worker.inference.buckets import Buckets, PaddedFeeds, rows_of
 from worker.inference.device_io import BoundRunner, OutputSpec, host_buffers

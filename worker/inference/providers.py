@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker.config.settings import ModelSpec
+from worker.config import ModelSpec
 
 __all__ = [
     "CPU",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from worker.config.settings import ModelSpec
+from worker.config import ModelSpec
 from worker.inference.engine import InferenceEngine
 
 __all__ = ["LiveModel", "ModelIdentity", "ModelSlot"]

@@ -15,7 +15,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
-from worker.config.settings import KafkaSettings
+from worker.config import KafkaSettings
 from worker.kafka.client_logs import KAFKA_LOG
 
 __all__ = ["COORDINATOR_SETTLING", "COORDINATOR_WAIT_S", "admin_client", "coordinator_settling"]

@@ -23,7 +23,7 @@ from typing import IO, Any
 
 from confluent_kafka.admin import AdminClient
 
-from worker.config.settings import KafkaSettings
+from worker.config import KafkaSettings
 from worker.kafka.group_coverage import AdminGroupReader, GroupView
 
 __all__ = ["ChildGroupReader", "child_settings", "main"]

@@ -25,7 +25,7 @@ from typing import Any
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import ConfigResource  # type: ignore[attr-defined]
 
-from worker.config.settings import KafkaSettings
+from worker.config import KafkaSettings
 from worker.kafka.admin import admin_client
 
 __all__ = [

@@ -16,7 +16,7 @@ from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from worker.config.settings import KafkaSettings
+from worker.config import KafkaSettings
 from worker.core.types import PartitionKey
 from worker.errors import SourceError
 from worker.kafka.client_logs import KAFKA_LOG

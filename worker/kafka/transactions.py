@@ -19,7 +19,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
-from worker.config.settings import KafkaSettings, WorkerConfig
+from worker.config import KafkaSettings, WorkerConfig
 from worker.errors import ConfigError
 from worker.kafka.admin import admin_client
 from worker.kafka.call_watch import CallWatch

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Hashable, Sequence
 from typing import Generic, TypeVar
 
-from worker.config.settings import BatchPolicy
+from worker.config import BatchPolicy
 from worker.core.clock import Clock, monotonic_clock
 
 __all__ = ["Batcher"]

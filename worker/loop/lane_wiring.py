@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 
-from worker.config.settings import WorkerConfig
+from worker.config import WorkerConfig
 from worker.core.job import Job
 from worker.delivery.committer import Committer
 from worker.loop.pausing import Share

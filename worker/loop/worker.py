@@ -52,7 +52,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from worker.config.settings import WorkerConfig
+from worker.config import WorkerConfig
 from worker.core.clock import Clock, monotonic_clock
 from worker.core.job import Job
 from worker.core.tracker import DeliveryTracker

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from worker.config.settings import CandidateSpec, PipelineConfig
+from worker.config import CandidateSpec, PipelineConfig
 from worker.errors import EngineError, ModelMismatchError
 from worker.inference.slot import LiveModel
 from worker.models.fit import ModelFit

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from worker.config.settings import ModelSpec, PipelineConfig, RedisSettings
+from worker.config import ModelSpec, PipelineConfig, RedisSettings
 from worker.features.lookups import RedisLookups
 from worker.inference.engine import OnnxEngine, warm_up_sizes
 from worker.ops.metrics import Metrics

@@ -42,7 +42,7 @@ from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from worker.config.settings import WorkerConfig
+from worker.config import WorkerConfig
 from worker.errors import ConfigError
 
 __all__ = [

@@ -18,7 +18,7 @@ from typing import cast
 import orjson
 from confluent_kafka import Message
 
-from worker.config.settings import PipelineConfig
+from worker.config import PipelineConfig
 from worker.core.tracker import DeliveryTracker
 from worker.core.types import Refusal
 from worker.core.version import __version__

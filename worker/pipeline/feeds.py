@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from worker.config.settings import LookupSpec, MissingPolicy, PipelineConfig
+from worker.config import LookupSpec, MissingPolicy, PipelineConfig
 from worker.core.types import DecodedRequests
 from worker.errors import FeatureStoreError, ModelMismatchError
 from worker.features.stores import Fetched

@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from worker.config.settings import HooksSpec
+from worker.config import HooksSpec
 from worker.errors import ConfigError, EngineError
 
 __all__ = ["BatchHooks", "PostprocessHook", "PrepareHook", "load_hooks"]

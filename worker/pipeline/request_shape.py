@@ -13,7 +13,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from worker.config.settings import PipelineConfig
+from worker.config import PipelineConfig
 
 __all__ = ["FeatureKind", "RequestShape"]
 

@@ -38,7 +38,7 @@ import numpy.typing as npt
 import orjson
 from confluent_kafka import Message
 
-from worker.config.settings import PipelineConfig
+from worker.config import PipelineConfig
 from worker.core.tracker import DeliveryTracker
 from worker.inference.engine import Outputs
 from worker.inference.slot import ModelIdentity, ModelSlot

@@ -28,7 +28,7 @@ import orjson
 from confluent_kafka import Message
 
 from worker.cache.output_cache import CachedRows, OutputCache
-from worker.config.settings import PipelineConfig
+from worker.config import PipelineConfig
 from worker.core.job import next_offsets
 from worker.core.tracker import DeliveryTracker
 from worker.core.types import DecodedRequests, PartitionKey, Refusal, StageTimings

@@ -23,7 +23,7 @@ import orjson
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
-from worker.config.settings import KafkaSettings, PipelineConfig, WorkerConfig
+from worker.config import KafkaSettings, PipelineConfig, WorkerConfig
 from worker.core.types import PartitionKey
 from worker.errors import ConfigError, SourceError, StreamferError
 from worker.kafka.admin import admin_client

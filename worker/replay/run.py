@@ -24,7 +24,7 @@ from typing import Protocol, cast
 from confluent_kafka import KafkaException, Message, Producer, TopicPartition
 from prometheus_client import CollectorRegistry
 
-from worker.config.settings import BatchPolicy
+from worker.config import BatchPolicy
 from worker.core.clock import Clock, monotonic_clock
 from worker.core.job import Job
 from worker.core.tracker import DeliveryTracker

@@ -22,7 +22,7 @@ import orjson
 from confluent_kafka import Message
 from prometheus_client import CollectorRegistry
 
-from worker.config.settings import PipelineConfig, RedisSettings
+from worker.config import PipelineConfig, RedisSettings
 from worker.core.tracker import DeliveryTracker
 from worker.errors import EngineError
 from worker.features.stores import PROBE_ENTITY

@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 import redis
 
-from worker.config.settings import FeatureSpec
+from worker.config import FeatureSpec
 from worker.core.clock import Clock, monotonic_clock
 from worker.errors import ConfigError, FeatureStoreError
 from worker.features.redis_io import RedisClient

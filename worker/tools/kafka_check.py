@@ -20,7 +20,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from worker.config.settings import WorkerConfig
+from worker.config import WorkerConfig
 from worker.kafka.admin import admin_client, coordinator_settling
 from worker.kafka.sink import producer_config
 from worker.kafka.transactions import transactional_id

@@ -38,7 +38,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from worker.config.settings import ModelSpec
+from worker.config import ModelSpec
 from worker.errors import ConfigError
 from worker.inference.engine import Feeds, OnnxEngine
 from worker.tools.model_compare import SPEED_BATCH, Comparison, compare_models

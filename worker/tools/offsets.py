@@ -32,7 +32,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from worker.config.settings import KafkaSettings, WorkerConfig
+from worker.config import KafkaSettings, WorkerConfig
 from worker.core.types import PartitionKey
 from worker.errors import CommitError, ConfigError, SourceError
 from worker.kafka.admin import COORDINATOR_WAIT_S, admin_client, coordinator_settling

@@ -1,23 +1,16 @@
-"""Typed, frozen configuration, loaded once from one TOML file plus environment overrides.
+"""The configuration schema: typed, frozen settings, every value validated with a message
+that names its field (``pipelines[0].batch.max_batch_size``) and what is allowed.
 
-Every value is validated at start-up; a bad one raises ``ConfigError`` whose message
-names the field (``pipelines[0].batch.max_batch_size``) and what is allowed. Environment
-variables ``STREAMFER_<SECTION>__<FIELD>`` override the file, with ``__`` between levels
-and list indices as numbers (``STREAMFER_PIPELINES__0__BATCH__MAX_WAIT_MS=5``). Secrets
-are ``SecretStr`` and never print, and no error message quotes one: a Redis URL that
-redis-py would misread (a password with an unencoded ``/``, ``?`` or ``#`` ends its host
-part early, and redis-py's own errors then quote the password) is refused here, at load.
+Only the shape and the rules live here; reading the file and the environment
+(``worker.config.loading``) and what the file system resolves
+(``worker.config.resolution``) are kept out, so the schema has no side effects.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
-import tempfile
-import tomllib
-import urllib.parse
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -31,11 +24,10 @@ from pydantic import (
     model_validator,
 )
 
-from worker.config.model_versions import resolve_version
+from worker.config.redis_url import redis_url_problem
 from worker.errors import ConfigError
 
 __all__ = [
-    "LIBRDKAFKA_SECRET_OPTIONS",
     "PRIORITY_NAMES",
     "BatchPolicy",
     "CacheSpec",
@@ -47,6 +39,7 @@ __all__ = [
     "KafkaSettings",
     "LookupSpec",
     "MetricsSettings",
+    "MissingPolicy",
     "ModelSpec",
     "PipelineConfig",
     "Priority",
@@ -56,13 +49,8 @@ __all__ = [
     "TensorrtOptions",
     "WorkerConfig",
     "is_loopback",
-    "load_config",
-    "parse_config",
-    "redacted",
-    "redis_url_problem",
 ]
 
-ENV_PREFIX = "STREAMFER_"
 
 LibrdkafkaValue = str | int | float | bool
 Provider = Literal["CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"]
@@ -695,320 +683,3 @@ class WorkerConfig(_Frozen):
                 return p
         names = [p.name for p in self.pipelines]
         raise ConfigError(f"no pipeline {name!r}; the config has {names}")
-
-
-def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> WorkerConfig:
-    """Read a TOML file, apply ``STREAMFER_`` overrides, validate. Raises ``ConfigError``."""
-    path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"config file {path} cannot be read: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    return parse_config(raw, environ=environ, base_dir=path.parent, source=str(path))
-
-
-def parse_config(
-    raw: dict[str, Any],
-    *,
-    environ: Mapping[str, str] | None = None,
-    base_dir: Path | None = None,
-    source: str = "config",
-) -> WorkerConfig:
-    """Validate a config mapping; relative model paths resolve against ``base_dir``."""
-    data = _apply_env(raw, os.environ if environ is None else environ)
-    try:
-        cfg = WorkerConfig.model_validate(data)
-    except ValidationError as exc:
-        # Raised outside this block, so that not even the suppressed context of the
-        # ConfigError holds the ValidationError, whose text quotes the input values.
-        problems = _describe(exc)
-    else:
-        problems = ""
-    if problems:
-        raise ConfigError(f"{source}: invalid configuration\n{problems}") from None
-    base = base_dir or Path.cwd()
-    cfg = _read_secret_files(_resolve_and_check_models(cfg, base, source), base, source)
-    cfg.redis.checked_url(source)
-    return cfg
-
-
-# Secrets and names are taken as written: a password "1e3" must not become 1000.0.
-_VERBATIM_FIELDS = frozenset(
-    {
-        "url",
-        "password",
-        "username",
-        "sasl_password",
-        "sasl_username",
-        "group_id",
-        "group_instance_id",
-        "bootstrap_servers",
-        "name",
-        "version",
-    }
-)
-
-
-def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
-    data: dict[str, Any] = _deep_copy(raw)
-    for name in sorted(environ):
-        if not name.startswith(ENV_PREFIX):
-            continue
-        parts = [p.lower() for p in name[len(ENV_PREFIX) :].split("__") if p]
-        if not parts or parts[0] not in WorkerConfig.model_fields:
-            continue  # STREAMFER_CONFIG, STREAMFER_CACHE and the like are not overrides
-        text = environ[name]
-        value = text if parts[-1] in _VERBATIM_FIELDS else _parse_env_value(text)
-        _set_path(data, parts, value, name)
-    return data
-
-
-def _set_path(data: dict[str, Any], parts: list[str], value: Any, env_name: str) -> None:
-    node: Any = data
-    for i, part in enumerate(parts):
-        last = i == len(parts) - 1
-        if isinstance(node, list):
-            if not part.isdigit() or int(part) >= len(node):
-                raise ConfigError(f"{env_name}: no list item {part!r} to override")
-            if last:
-                node[int(part)] = value
-            else:
-                node = node[int(part)]
-        elif isinstance(node, dict):
-            if last:
-                node[part] = value
-            else:
-                node = node.setdefault(part, {})
-        else:
-            raise ConfigError(f"{env_name}: cannot descend into a {type(node).__name__}")
-
-
-def _parse_env_value(text: str) -> Any:
-    """Read a value as TOML (numbers, booleans, arrays); anything else is a string."""
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
-
-
-def _deep_copy(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _deep_copy(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_deep_copy(v) for v in value]
-    return value
-
-
-def _describe(exc: ValidationError) -> str:
-    lines = []
-    for err in exc.errors():
-        where = ""
-        for part in err["loc"]:
-            where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
-        lines.append(f"  {where or '<root>'}: {err['msg']}")
-    return "\n".join(lines)
-
-
-LIBRDKAFKA_SECRET_OPTIONS = frozenset(
-    {
-        "sasl.password",
-        "sasl.oauthbearer.config",
-        "sasl.oauthbearer.client.secret",
-        "sasl.oauthbearer.client.credentials.client.secret",
-        "sasl.oauthbearer.assertion.private.key.passphrase",
-        "sasl.oauthbearer.assertion.private.key.pem",
-        "sasl.oauthbearer.extensions",
-        "sasl.kerberos.kinit.cmd",
-        "ssl.key.password",
-        "ssl.key.pem",
-        "ssl_key",
-        "ssl.keystore.password",
-        "ssl_engine_callback_data",
-    }
-)
-"""librdkafka properties (its CONFIGURATION.md) whose values are or may hold a secret:
-passwords, private keys, OAuth client secrets, and free-form ones that carry them
-(``sasl.oauthbearer.config`` holds ``clientSecret=...``; extensions and the kinit
-command line may too)."""
-
-# A name with one of these words is masked too: an option librdkafka adds later, or a
-# plug-in's, is more likely a secret than not when its name says so.
-_SECRET_WORDS = ("password", "passphrase", "secret", "token", "credential", "key")
-_MASK = "**********"
-
-
-def _is_secret_option(name: str) -> bool:
-    lowered = name.lower()
-    return lowered in LIBRDKAFKA_SECRET_OPTIONS or any(w in lowered for w in _SECRET_WORDS)
-
-
-def redacted(cfg: WorkerConfig) -> dict[str, Any]:
-    """The config as plain data for logs and ``check --print-config``: ``SecretStr``
-    fields (the Redis URL and passwords, SASL password) and every librdkafka option that
-    can carry a secret, in ``options``, ``consumer_options`` and ``producer_options``,
-    are masked."""
-    data: dict[str, Any] = cfg.model_dump(mode="json")
-    kafka = data["kafka"]
-    for section in ("options", "consumer_options", "producer_options"):
-        for name in kafka[section]:
-            if _is_secret_option(name):
-                kafka[section][name] = _MASK
-    return data
-
-
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
-
-
-def redis_url_problem(url: str) -> str | None:
-    """Why redis-py would not read ``url`` as written, or None when it would.
-
-    redis-py splits a URL with ``urllib.parse``: a ``/``, ``?`` or ``#`` in an unencoded
-    password ends the host part there, so the rest of the password becomes the path,
-    query or fragment and its start the port (a ValueError that quotes it) or the host (a
-    connection error that names it). Since credentials always end with ``@``, an ``@``
-    after the host part means that happened. The answer never quotes the URL, and no
-    exception raised while parsing is kept (their messages quote it too).
-    """
-    if not url.startswith(_REDIS_SCHEMES):
-        return "it must start with redis://, rediss:// or unix://"
-    if not url.isprintable():  # urllib drops tabs and line breaks: a different password
-        return "it holds a tab, a line break or another control character"
-    if "#" in url:
-        return "it holds a '#', which ends the part of a URL that redis-py reads"
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        parts = None
-    if parts is None:
-        return "its host part has unbalanced brackets or characters that are not allowed"
-    if "@" in parts.path or "@" in parts.query:
-        return (
-            "an '@' follows the host part, so a '/' or '?' in the user name or password "
-            "ended the host part early"
-        )
-    try:
-        port = parts.port
-    except ValueError:
-        port = -1
-    if port is not None and not 0 < port < 65536:
-        return "its port is not a number from 1 to 65535"
-    database = parts.path.replace("/", "")  # as redis-py reads it
-    if parts.scheme != "unix" and database and not (database.isascii() and database.isdigit()):
-        return "the path after the host must be a database number, such as /0"
-    return None
-
-
-def _read_secret_files(cfg: WorkerConfig, base_dir: Path, source: str) -> WorkerConfig:
-    def read(path: Path, field: str) -> SecretStr:
-        full = path if path.is_absolute() else base_dir / path
-        try:
-            return SecretStr(full.read_text().strip())
-        except OSError as exc:
-            raise ConfigError(f"{source}: {field}: cannot read secret file {full}: {exc}") from None
-
-    kafka, rds = cfg.kafka, cfg.redis
-    if kafka.sasl_password_file is not None:
-        kafka = kafka.model_copy(
-            update={"sasl_password": read(kafka.sasl_password_file, "kafka.sasl_password_file")}
-        )
-    updates: dict[str, Any] = {}
-    if rds.url_file is not None:
-        updates["url"] = read(rds.url_file, "redis.url_file")
-    if rds.password_file is not None:
-        updates["password"] = read(rds.password_file, "redis.password_file")
-    return cfg.model_copy(update={"kafka": kafka, "redis": rds.model_copy(update=updates)})
-
-
-def _resolve_and_check_models(cfg: WorkerConfig, base_dir: Path, source: str) -> WorkerConfig:
-    pipelines = []
-    for i, p in enumerate(cfg.pipelines):
-        update = _model_source(p.model, base_dir, f"{source}: pipelines[{i}].model")
-        trt = p.model.tensorrt
-        dirs = {
-            name: folder if folder.is_absolute() else base_dir / folder
-            for name in ("engine_cache_dir", "timing_cache_dir")
-            if (folder := getattr(trt, name)) is not None
-        }
-        if dirs:
-            update["tensorrt"] = trt.model_copy(update=dirs)
-        if "TensorrtExecutionProvider" in p.model.providers:
-            for name, folder in dirs.items():
-                problem = _unwritable(folder)
-                if problem is not None:
-                    raise ConfigError(
-                        f"{source}: pipelines[{i}].model.tensorrt.{name}: {folder} {problem}"
-                    )
-        model = p.model.model_copy(update=update)
-        candidates = {
-            role: _candidate_source(spec, base_dir, f"{source}: pipelines[{i}].{role}")
-            for role, spec in (("canary", p.canary), ("shadow", p.shadow))
-            if spec is not None
-        }
-        pipelines.append(p.model_copy(update={"model": model, **candidates}))
-    return cfg.model_copy(update={"pipelines": pipelines})
-
-
-def _model_source(model: ModelSpec, base_dir: Path, where: str) -> dict[str, Any]:
-    """``path``, ``version``, ``version_dir`` and ``watch`` as the worker serves them: a
-    file, or a directory of versions resolved to its highest (or pinned) one. Raises
-    ConfigError naming the field."""
-    if model.version_dir is not None:
-        raise ConfigError(
-            f"{where}.version_dir: is set by streamfer; give the directory of versions as "
-            "model.path"
-        )
-    path = model.path if model.path.is_absolute() else base_dir / model.path
-    if path.is_dir():
-        pinned = model.version if "version" in model.model_fields_set else None
-        field = f"{where}.version" if pinned is not None else f"{where}.path"
-        chosen = resolve_version(path, pinned, field=field)
-        return {
-            "path": chosen.path,
-            "version": chosen.name,
-            "version_dir": None if pinned is not None else path,
-            "watch": True if model.watch is None else model.watch,
-        }
-    if not path.is_file():
-        raise ConfigError(f"{where}.path: model file not found: {path}")
-    return {"path": path, "watch": bool(model.watch)}
-
-
-def _candidate_source(spec: CandidateSpec, base_dir: Path, where: str) -> CandidateSpec:
-    """``model`` as a file and ``version`` set: a directory of versions resolves to its
-    highest (or pinned) one; a file needs ``version``. Raises ConfigError naming the
-    field."""
-    path = spec.model if spec.model.is_absolute() else base_dir / spec.model
-    if path.is_dir():
-        field = f"{where}.version" if spec.version is not None else f"{where}.model"
-        chosen = resolve_version(path, spec.version, field=field)
-        return spec.model_copy(update={"model": chosen.path, "version": chosen.name})
-    if not path.is_file():
-        raise ConfigError(f"{where}.model: model file not found: {path}")
-    if spec.version is None:
-        raise ConfigError(
-            f"{where}.version: name the version of {path.name} (its results carry it), or "
-            "give model as a directory of versions"
-        )
-    return spec.model_copy(update={"model": path})
-
-
-def _unwritable(folder: Path) -> str | None:
-    """Why TensorRT could not keep its cache files in ``folder`` (made when missing), or
-    None when it can."""
-    if folder.exists() and not folder.is_dir():
-        return "is not a directory"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        return f"cannot be created: {exc.strerror or exc}"
-    try:  # a real write: os.access says yes to root on a read-only mount
-        fd, probe = tempfile.mkstemp(prefix=".streamfer-probe-", dir=folder)
-    except OSError as exc:
-        return f"is not writable: {exc.strerror or exc}"
-    os.close(fd)
-    os.unlink(probe)
-    return None

@@ -1,0 +1,132 @@
+"""What the file system resolves in a loaded configuration: secret files read, model
+paths made absolute, directories of versions resolved, TensorRT cache folders made and
+probed. Side effects the schema itself never has."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pydantic import (
+    SecretStr,
+)
+
+from worker.config.model_versions import resolve_version
+from worker.config.schema import CandidateSpec, ModelSpec, WorkerConfig
+from worker.errors import ConfigError
+
+__all__ = ["read_secret_files", "resolve_and_check_models"]
+
+
+def read_secret_files(cfg: WorkerConfig, base_dir: Path, source: str) -> WorkerConfig:
+    def read(path: Path, field: str) -> SecretStr:
+        full = path if path.is_absolute() else base_dir / path
+        try:
+            return SecretStr(full.read_text().strip())
+        except OSError as exc:
+            raise ConfigError(f"{source}: {field}: cannot read secret file {full}: {exc}") from None
+
+    kafka, rds = cfg.kafka, cfg.redis
+    if kafka.sasl_password_file is not None:
+        kafka = kafka.model_copy(
+            update={"sasl_password": read(kafka.sasl_password_file, "kafka.sasl_password_file")}
+        )
+    updates: dict[str, Any] = {}
+    if rds.url_file is not None:
+        updates["url"] = read(rds.url_file, "redis.url_file")
+    if rds.password_file is not None:
+        updates["password"] = read(rds.password_file, "redis.password_file")
+    return cfg.model_copy(update={"kafka": kafka, "redis": rds.model_copy(update=updates)})
+
+
+def resolve_and_check_models(cfg: WorkerConfig, base_dir: Path, source: str) -> WorkerConfig:
+    pipelines = []
+    for i, p in enumerate(cfg.pipelines):
+        update = _model_source(p.model, base_dir, f"{source}: pipelines[{i}].model")
+        trt = p.model.tensorrt
+        dirs = {
+            name: folder if folder.is_absolute() else base_dir / folder
+            for name in ("engine_cache_dir", "timing_cache_dir")
+            if (folder := getattr(trt, name)) is not None
+        }
+        if dirs:
+            update["tensorrt"] = trt.model_copy(update=dirs)
+        if "TensorrtExecutionProvider" in p.model.providers:
+            for name, folder in dirs.items():
+                problem = _unwritable(folder)
+                if problem is not None:
+                    raise ConfigError(
+                        f"{source}: pipelines[{i}].model.tensorrt.{name}: {folder} {problem}"
+                    )
+        model = p.model.model_copy(update=update)
+        candidates = {
+            role: _candidate_source(spec, base_dir, f"{source}: pipelines[{i}].{role}")
+            for role, spec in (("canary", p.canary), ("shadow", p.shadow))
+            if spec is not None
+        }
+        pipelines.append(p.model_copy(update={"model": model, **candidates}))
+    return cfg.model_copy(update={"pipelines": pipelines})
+
+
+def _model_source(model: ModelSpec, base_dir: Path, where: str) -> dict[str, Any]:
+    """``path``, ``version``, ``version_dir`` and ``watch`` as the worker serves them: a
+    file, or a directory of versions resolved to its highest (or pinned) one. Raises
+    ConfigError naming the field."""
+    if model.version_dir is not None:
+        raise ConfigError(
+            f"{where}.version_dir: is set by streamfer; give the directory of versions as "
+            "model.path"
+        )
+    path = model.path if model.path.is_absolute() else base_dir / model.path
+    if path.is_dir():
+        pinned = model.version if "version" in model.model_fields_set else None
+        field = f"{where}.version" if pinned is not None else f"{where}.path"
+        chosen = resolve_version(path, pinned, field=field)
+        return {
+            "path": chosen.path,
+            "version": chosen.name,
+            "version_dir": None if pinned is not None else path,
+            "watch": True if model.watch is None else model.watch,
+        }
+    if not path.is_file():
+        raise ConfigError(f"{where}.path: model file not found: {path}")
+    return {"path": path, "watch": bool(model.watch)}
+
+
+def _candidate_source(spec: CandidateSpec, base_dir: Path, where: str) -> CandidateSpec:
+    """``model`` as a file and ``version`` set: a directory of versions resolves to its
+    highest (or pinned) one; a file needs ``version``. Raises ConfigError naming the
+    field."""
+    path = spec.model if spec.model.is_absolute() else base_dir / spec.model
+    if path.is_dir():
+        field = f"{where}.version" if spec.version is not None else f"{where}.model"
+        chosen = resolve_version(path, spec.version, field=field)
+        return spec.model_copy(update={"model": chosen.path, "version": chosen.name})
+    if not path.is_file():
+        raise ConfigError(f"{where}.model: model file not found: {path}")
+    if spec.version is None:
+        raise ConfigError(
+            f"{where}.version: name the version of {path.name} (its results carry it), or "
+            "give model as a directory of versions"
+        )
+    return spec.model_copy(update={"model": path})
+
+
+def _unwritable(folder: Path) -> str | None:
+    """Why TensorRT could not keep its cache files in ``folder`` (made when missing), or
+    None when it can."""
+    if folder.exists() and not folder.is_dir():
+        return "is not a directory"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"cannot be created: {exc.strerror or exc}"
+    try:  # a real write: os.access says yes to root on a read-only mount
+        fd, probe = tempfile.mkstemp(prefix=".streamfer-probe-", dir=folder)
+    except OSError as exc:
+        return f"is not writable: {exc.strerror or exc}"
+    os.close(fd)
+    os.unlink(probe)
+    return None
