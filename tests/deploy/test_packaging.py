@@ -123,8 +123,8 @@ def test_the_runtime_imports_no_dev_package() -> None:
     code = (
         "import sys\n"
         + "".join(f"import {m}\n" for m in modules)
-        + "from worker.cli import _parser\n"
-        + "_parser()\n"
+        + "from worker.cli.main import build_parser\n"
+        + "build_parser()\n"
         + "bad = sorted({m.split('.')[0] for m in sys.modules} & set(sys.argv[1:]))\n"
         + "assert not bad, bad\n"
     )

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.cli import _parser, main
+from worker.cli import main
+from worker.cli.main import build_parser
 
 COMMANDS = [
     ["run"],
@@ -24,7 +25,7 @@ def test_streamfer_config_supplies_the_config(
     command: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("STREAMFER_CONFIG", "/etc/streamfer/worker.toml")
-    args = _parser().parse_args(command)
+    args = build_parser().parse_args(command)
     assert args.config == Path("/etc/streamfer/worker.toml")
 
 
@@ -33,7 +34,7 @@ def test_config_on_the_command_line_wins(
     command: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("STREAMFER_CONFIG", "/etc/streamfer/worker.toml")
-    args = _parser().parse_args([*command, "--config", "here.toml"])
+    args = build_parser().parse_args([*command, "--config", "here.toml"])
     assert args.config == Path("here.toml")
 
 
@@ -43,7 +44,7 @@ def test_without_either_the_command_names_what_is_missing(
 ) -> None:
     monkeypatch.delenv("STREAMFER_CONFIG", raising=False)
     with pytest.raises(SystemExit) as exc:
-        _parser().parse_args(command)
+        build_parser().parse_args(command)
     assert exc.value.code == 2
     assert "--config" in capsys.readouterr().err
 
@@ -74,5 +75,5 @@ def test_the_flag_wins_over_the_environment_and_help_names_both(
     assert main(["run", "--config", "absent.toml", "--processes", "2"]) == 2
     assert "config file not found" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        _parser().parse_args(["run", "--help"])
+        build_parser().parse_args(["run", "--help"])
     assert "[env: STREAMFER_PROCESSES]" in " ".join(capsys.readouterr().out.split())

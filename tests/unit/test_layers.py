@@ -35,8 +35,9 @@ one layer never import each other."""
 
 RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
 
-TOP_LEVEL = {"__init__", "__main__", "errors", "cli", "compose"}
-"""The modules ``worker/`` holds directly; everything else lives in a subpackage."""
+TOP_LEVEL = {"__init__", "__main__", "errors", "compose"}
+"""The modules ``worker/`` holds directly (besides the ``cli`` package); everything else
+lives in a subpackage."""
 
 
 def unit_of(module: str) -> str:

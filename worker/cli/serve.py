@@ -1,0 +1,171 @@
+"""``streamfer run``: one worker, or a supervisor of ``--processes N``, until a signal."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+from typing import TYPE_CHECKING, NoReturn
+
+from worker.core.version import __version__
+from worker.errors import CallStalled, ConfigError, StreamferError
+
+if TYPE_CHECKING:
+    from worker.config import WorkerConfig
+
+from worker.cli.signals import install_reload_signal, install_signal_handlers
+
+__all__ = ["cmd_run"]
+
+log = logging.getLogger("streamfer")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from prometheus_client import CollectorRegistry
+
+    from worker.compose import build_worker
+    from worker.config import load_config
+    from worker.ops.health import HealthServer, HealthState
+    from worker.ops.logs import setup_logging
+    from worker.ops.supervisor import (
+        PROCESSES_ENV,
+        follow_supervisor,
+        parse_processes,
+        supervised_index,
+    )
+
+    given = args.processes is not None
+    try:
+        processes = parse_processes(args.processes if given else os.environ.get(PROCESSES_ENV, "1"))
+    except ConfigError as exc:
+        where = "--processes" if given else f"{PROCESSES_ENV} (the default of --processes)"
+        print(f"streamfer: {where}: {exc}", file=sys.stderr)
+        return 2
+    index = supervised_index(os.environ)
+    if index is not None and not follow_supervisor(os.environ):
+        print("streamfer: the supervisor that started this worker is gone", file=sys.stderr)
+        return 1
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"streamfer: {exc}", file=sys.stderr)
+        return 2
+    if processes > 1 and index is None:
+        return _run_supervisor(args, config, processes)
+    reload_requests = threading.Event()
+    install_reload_signal(reload_requests.set)
+    setup_logging(
+        config.log_format, getattr(logging, config.log_level.upper()), process_index=index
+    )
+    # Probes answer from the start: /readyz says why not ready while models load and
+    # until a broker answers.
+    registry = CollectorRegistry()
+    health = HealthState(liveness_timeout_s=config.liveness_timeout_s)
+    if config.metrics.port is not None:
+        reload = reload_requests.set if config.metrics.reload_endpoint else None
+        server = HealthServer(
+            health, registry, config.metrics.host, config.metrics.port, reload=reload
+        ).start()
+        log.info(
+            "metrics, /healthz and /readyz%s on http://%s:%d",
+            " (and POST /reload)" if reload is not None else "",
+            config.metrics.host,
+            server.port,
+        )
+    try:
+        worker = build_worker(config, registry, health, reload_requests)
+    except CallStalled as exc:
+        _exit_stalled("cannot start", exc)
+    except StreamferError as exc:
+        log.error("cannot start: %s", exc)
+        return 2 if isinstance(exc, ConfigError) else 1
+    install_signal_handlers(worker.stop, repeat_exits=index is None)
+    log.info(
+        "streamfer %s: group %s, pipelines %s",
+        __version__,
+        config.kafka.group_id,
+        [p.name for p in config.pipelines],
+    )
+    try:
+        worker.run(burst_idle_s=args.burst_idle_s)
+    except CallStalled as exc:
+        _exit_stalled("worker stopped", exc)
+    except StreamferError as exc:
+        log.error("worker stopped: %s", exc)
+        return 1
+    log.info("stopped cleanly")
+    return 0
+
+
+def _exit_stalled(what: str, exc: CallStalled) -> NoReturn:
+    """End the process now, exit code 1: a Kafka client is stuck inside a call, and the
+    interpreter's clean exit would wait on it for good (closing the client joins the
+    stuck call). Nothing is lost: the stuck transaction never commits, and the restarted
+    worker (supervisor, Kubernetes) starts from the committed offsets."""
+    log.error("%s: %s; exiting without closing the Kafka clients", what, exc)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def _run_supervisor(args: argparse.Namespace, config: WorkerConfig, processes: int) -> int:
+    """``run --processes N``: N workers of the group under one supervisor, whose merged
+    /metrics, /healthz and /readyz take the configured address."""
+    from prometheus_client import CollectorRegistry
+
+    from worker.ops.health import HttpEndpoint, reload_response
+    from worker.ops.logs import setup_logging
+    from worker.ops.metrics_merge import MergedEndpoints
+    from worker.ops.supervisor import Supervisor, plan_for
+
+    setup_logging(config.log_format, getattr(logging, config.log_level.upper()))
+    registry = CollectorRegistry()
+    plan = plan_for(
+        config, args.config, processes, burst_idle_s=args.burst_idle_s, environ=os.environ
+    )
+    supervisor = Supervisor(plan, registry)
+    install_signal_handlers(supervisor.signalled, repeat_exits=False)
+    install_reload_signal(supervisor.request_reload)
+    merged: MergedEndpoints | None = None
+    server: HttpEndpoint | None = None
+    if config.metrics.port is not None:
+        merged = MergedEndpoints(
+            supervisor.children,
+            registry,
+            stopping=lambda: supervisor.stopping,
+            threads=min(64, 2 * processes),
+        )
+        post = (
+            reload_response(supervisor.request_reload) if config.metrics.reload_endpoint else None
+        )
+        try:
+            server = HttpEndpoint(
+                merged.respond, config.metrics.host, config.metrics.port, post=post
+            )
+        except OSError as exc:
+            where = f"{config.metrics.host}:{config.metrics.port}"
+            log.error("cannot serve metrics on %s (metrics.host, metrics.port): %s", where, exc)
+            return 1
+        server.start()
+        log.info(
+            "supervisor: metrics, /healthz and /readyz of %d processes on http://%s:%d",
+            processes,
+            config.metrics.host,
+            server.port,
+        )
+    log.info(
+        "streamfer %s: supervising %d worker processes of group %s",
+        __version__,
+        processes,
+        config.kafka.group_id,
+    )
+    try:
+        return supervisor.run()
+    finally:
+        if server is not None:
+            server.stop()
+        if merged is not None:
+            merged.close()
