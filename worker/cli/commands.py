@@ -7,14 +7,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import TYPE_CHECKING
-
-from worker.errors import ConfigError, StreamferError
-
-if TYPE_CHECKING:
-    pass
 
 from worker.cli.signals import install_signal_handlers
+from worker.errors import ConfigError, StreamferError
 
 __all__ = [
     "cmd_check",
@@ -24,10 +19,7 @@ __all__ = [
     "cmd_model_optimize",
     "cmd_offsets",
     "cmd_replay",
-    "failed",
 ]
-
-log = logging.getLogger("streamfer")
 
 
 def cmd_model_inspect(args: argparse.Namespace) -> int:
@@ -38,7 +30,7 @@ def cmd_model_inspect(args: argparse.Namespace) -> int:
     try:
         info = inspect_model(args.file)
     except StreamferError as exc:
-        return failed("streamfer model inspect", exc)
+        return _failed("streamfer model inspect", exc)
     print(orjson.dumps(info.as_dict()).decode() if args.json else info.text())
     return 0
 
@@ -59,7 +51,7 @@ def cmd_model_optimize(args: argparse.Namespace) -> int:
     try:
         outcome = optimize_model(args.file, options)
     except StreamferError as exc:
-        return failed("streamfer model optimize", exc)
+        return _failed("streamfer model optimize", exc)
     print(orjson.dumps(outcome.as_dict()).decode() if args.json else outcome.text())
     if outcome.refused:
         print(f"streamfer model optimize: {outcome.refused}", file=sys.stderr)
@@ -95,7 +87,7 @@ def cmd_features_load(args: argparse.Namespace) -> int:
         )
         client.close()
     except StreamferError as exc:
-        return failed("streamfer", exc)
+        return _failed("streamfer", exc)
     print(
         f"loaded {report.rows} entities ({report.layout}) in {report.seconds:.2f}s, "
         f"{report.rows_per_s:,.0f} rows/s"
@@ -244,7 +236,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             as_json=args.json,
         )
     except StreamferError as exc:
-        return failed("streamfer replay", exc)
+        return _failed("streamfer replay", exc)
 
 
 def cmd_offsets(args: argparse.Namespace) -> int:
@@ -277,10 +269,10 @@ def cmd_offsets(args: argparse.Namespace) -> int:
             out=sys.stdout,
         )
     except StreamferError as exc:
-        return failed("streamfer offsets", exc)
+        return _failed("streamfer offsets", exc)
 
 
-def failed(command: str, exc: StreamferError) -> int:
+def _failed(command: str, exc: StreamferError) -> int:
     """Say what went wrong; exit 2 for bad configuration or arguments, 1 otherwise."""
     print(f"{command}: {exc}", file=sys.stderr)
     return 2 if isinstance(exc, ConfigError) else 1

@@ -3,16 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-from worker.core.version import __version__
-
-if TYPE_CHECKING:
-    pass
 
 from worker.cli.commands import (
     cmd_check,
@@ -24,10 +17,9 @@ from worker.cli.commands import (
     cmd_replay,
 )
 from worker.cli.serve import cmd_run
+from worker.core.version import __version__
 
 __all__ = ["build_parser", "main"]
-
-log = logging.getLogger("streamfer")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,13 +9,12 @@ import sys
 import threading
 from typing import TYPE_CHECKING, NoReturn
 
+from worker.cli.signals import install_reload_signal, install_signal_handlers
 from worker.core.version import __version__
 from worker.errors import CallStalled, ConfigError, StreamferError
 
 if TYPE_CHECKING:
     from worker.config import WorkerConfig
-
-from worker.cli.signals import install_reload_signal, install_signal_handlers
 
 __all__ = ["cmd_run"]
 

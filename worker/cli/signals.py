@@ -8,11 +8,6 @@ import os
 import signal
 from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    pass
-
 
 __all__ = ["install_reload_signal", "install_signal_handlers"]
 
