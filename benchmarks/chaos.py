@@ -154,7 +154,9 @@ class Fleet:
     """Static membership: a replacement takes the killed worker's group.instance.id (and
     so its transactional.id), as a StatefulSet pod restart would."""
     env: dict[str, str] = field(default_factory=dict)
-    """Extra environment of every worker (fault injection)."""
+    """Extra environment of every worker."""
+    entry: tuple[str, ...] = ("-m", "worker")
+    """What runs each worker's ``streamfer`` (fault injection wraps it)."""
     workers: list[WorkerProcess] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
     started: int = 0
@@ -169,7 +171,7 @@ class Fleet:
         env = {"STREAMFER_KAFKA__GROUP_INSTANCE_ID": f"slot-{this_slot}"} if self.static else {}
         env.update(self.env)
         log_path = self.logs / f"worker-{self.started}.log"
-        w = WorkerProcess(self.config, log_path, env=env).start()
+        w = WorkerProcess(self.config, log_path, env=env, entry=self.entry).start()
         _LIVE.append(w)
         return w, this_slot
 
@@ -651,11 +653,11 @@ ABORT_EVERY = 4
 
 def abort_scenario(env: Env, records: int) -> dict[str, Any]:
     """Exactly-once with every ABORT_EVERY-th transaction aborted on the broker (fault
-    injection, STREAMFER_FAULT_ABORT_EVERY), 3 workers: each abort rewinds, and
+    injection, ``streamfer_dev.injected_aborts``), 3 workers: each abort rewinds, and
     read_committed readers must still see every request answered once."""
     run = Run(env, "abort-exactly-once", records, exactly_once=True, static=False)
     fleet = run.fleet()
-    fleet.env["STREAMFER_FAULT_ABORT_EVERY"] = str(ABORT_EVERY)
+    fleet.entry = ("-m", "streamfer_dev.injected_aborts", str(ABORT_EVERY))
     requests, good, _ = run.requests()
     run.start_workers(fleet, 3)
     stream = run.stream(requests, rate=records / 15.0)

@@ -154,6 +154,8 @@ class WorkerProcess:
     env: dict[str, str] | None = None
     process: subprocess.Popen[bytes] | None = None
     args: tuple[str, ...] = ()
+    entry: tuple[str, ...] = ("-m", "worker")
+    """What runs ``streamfer``: the fault harness puts a wrapper of its own here."""
 
     def start(self) -> WorkerProcess:
         # The config file is the whole truth for these workers: no STREAMFER_ overrides
@@ -164,8 +166,7 @@ class WorkerProcess:
             self.process = subprocess.Popen(
                 [
                     sys.executable,
-                    "-m",
-                    "worker",
+                    *self.entry,
                     "run",
                     "--config",
                     str(self.config_path),

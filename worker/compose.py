@@ -1,22 +1,28 @@
 """The composition root: the real parts of a worker, built from its config.
 
 Every model is loaded and warmed and Redis checked before the group is joined, so a
-worker that cannot serve never takes partitions. ``Worker`` itself takes its parts as
-keyword arguments, so tests hand in fakes instead.
+worker that cannot serve never takes partitions. ``build_worker`` builds the clients and
+pipelines; ``wire_worker`` builds the loop's parts around them, each once and after the
+parts it needs, so nothing is wired late. Tests call ``wire_worker`` with fakes.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-import os
 import threading
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, Message
 from prometheus_client import CollectorRegistry
 
 from worker.cache.output_cache import open_cache
 from worker.config import PipelineConfig, WorkerConfig
+from worker.core.clock import Clock, monotonic_clock
+from worker.delivery.committer import Committer
+from worker.delivery.exactly_once import RewindGate, Transactional
+from worker.delivery.mode import AtLeastOnce, Delivery, ReportPolling, Stages
 from worker.features.lookups import RedisLookups
 from worker.inference.engine import OnnxEngine
 from worker.inference.slot import ModelSlot
@@ -25,10 +31,15 @@ from worker.kafka.group_coverage import GroupCoverage
 from worker.kafka.group_reads import ChildGroupReader, child_settings
 from worker.kafka.limits import RecordLimits
 from worker.kafka.sink import Sink
-from worker.kafka.source import consumer_config
+from worker.kafka.source import Source, consumer_config
 from worker.kafka.transactions import transactional_producer, verify_isolation
-from worker.loop.pausing import share_fetch_options
-from worker.loop.worker import Background, Worker
+from worker.loop.batcher import Batcher
+from worker.loop.consumer_events import ConsumerEvents, RetiredBatches
+from worker.loop.lane_wiring import bind_lane_gauges, lane_threads, pipeline_shares
+from worker.loop.membership import Membership
+from worker.loop.pausing import PausingManager, share_fetch_options
+from worker.loop.stages import BatchSteps
+from worker.loop.worker import Background, LoopParts, Worker
 from worker.models.candidates import load_candidates
 from worker.models.parts import LoadedModel, open_parts
 from worker.models.reloader import ModelWatch, Reloader, show_model
@@ -40,7 +51,7 @@ from worker.pipeline.hooks import BatchHooks
 from worker.pipeline.shadow import ShadowRunner
 from worker.pipeline.steps import Pipeline
 
-__all__ = ["build_worker"]
+__all__ = ["build_worker", "wire_worker"]
 
 log = logging.getLogger(__name__)
 
@@ -114,12 +125,12 @@ def build_worker(
     else:
         sink = Sink.from_settings(config.kafka, limits)
     sink.warm_up(outputs)
-    built: list[Worker] = []
+    events = ConsumerEvents(health, metrics)
     consumer_settings = consumer_config(
         config.kafka,
-        on_commit=lambda e, p: built[0].on_commit(e, p),
-        on_error=lambda e: built[0].on_error(e),
-        on_stats=lambda s: built[0].on_stats(s),
+        on_commit=events.on_commit,
+        on_error=events.on_error,
+        on_stats=events.on_stats,
         statistics_interval_ms=config.statistics_interval_ms,
         read_committed=config.delivery == "exactly-once",
     )
@@ -128,22 +139,115 @@ def build_worker(
         consumer_settings.update(share_fetch_options(given))
     consumer = Consumer(consumer_settings)
     rejoin = _watch_coverage(config, metrics, background)
-    worker = Worker(
-        config=config,
+    return wire_worker(
+        config,
         consumer=consumer,
+        events=events,
         sink=sink,
         pipelines=pipelines,
         metrics=metrics,
         health=health,
         abort=abort,
         background=background,
-        transaction_calls=calls,
+        calls=calls,
         rejoin=rejoin,
-        # the fault harness's injected aborts (benchmarks/chaos.py), never set otherwise
-        fault_abort_every=int(os.environ.get("STREAMFER_FAULT_ABORT_EVERY", "0")),
     )
-    built.append(worker)
-    return worker
+
+
+def wire_worker(
+    config: WorkerConfig,
+    *,
+    consumer: Consumer,
+    events: ConsumerEvents,
+    sink: Sink,
+    pipelines: Sequence[Pipeline],
+    metrics: Metrics,
+    health: HealthState,
+    abort: threading.Event | None = None,
+    background: Sequence[Background] = (),
+    calls: CallWatch | None = None,
+    rejoin: threading.Event | None = None,
+    clock: Clock = monotonic_clock,
+) -> Worker:
+    """The ``Worker`` around ``consumer`` (made with ``events``' callbacks) and ``sink``:
+    its batchers, committer, source, processing threads, pausing, delivery mode and
+    membership, in that order, each handed what it needs. ``calls`` runs exactly-once's
+    transactional calls (a ``CallWatch`` reporting stalls to ``health`` by default)."""
+    by_name = {p.name: p for p in pipelines}
+    batchers: dict[str, Batcher[Message]] = {
+        p.name: Batcher(p.config.batch, clock) for p in pipelines
+    }
+    exactly_once = config.delivery == "exactly-once"
+    committer = Committer(
+        consumer,
+        answers=events.on_commit,
+        transactional=exactly_once,
+        on_done=RetiredBatches({p.name: p.metrics for p in pipelines}),
+        on_rejected=metrics.commit_failures.inc,
+    )
+    source = Source(
+        consumer,
+        [t for p in pipelines for t in p.config.request_topics],
+        pin_latest=config.kafka.auto_offset_reset == "latest",
+        rejoin=rejoin,
+    )
+    gate = RewindGate() if exactly_once else ReportPolling(sink)
+    rank = {p.name: p.config.rank for p in pipelines}
+    threads = lane_threads(BatchSteps(by_name, sink, gate), rank, config, metrics)
+    shares = pipeline_shares(config, pipelines)
+    pausing = PausingManager(
+        source,
+        config.in_flight_bound,
+        metrics.paused_partitions.set,
+        shares=shares,
+        on_share=lambda name, held: metrics.in_flight_share_held.labels(name).set(held),
+    )
+    shared = [share.pipeline for share in shares]
+    bind_lane_gauges(metrics, pipelines, committer, shared)
+    stages = Stages(sink, threads, committer, by_name, metrics)
+    delivery: Delivery = AtLeastOnce(stages)
+    if isinstance(gate, RewindGate):
+        delivery = Transactional(
+            stages,
+            source,
+            config.kafka,
+            interval_s=config.transaction_interval_ms / 1000.0,
+            timeout_s=config.shutdown_timeout_s,
+            owned=events.owned,
+            drop_buffered=functools.partial(_flush_all, batchers),
+            gate=gate,
+            calls=calls or CallWatch(on_stall=health.call_stalled),
+        )
+    membership = Membership(
+        owned=events.owned,
+        delivery=delivery,
+        batchers=batchers,
+        threads=threads,
+        pausing=pausing,
+        lag=events.lag,
+        metrics=metrics,
+        health=health,
+        revoke_timeout_s=config.revoke_timeout_s,
+        clock=clock,
+    )
+    metrics.ready.set_function(lambda: 0.0 if health.not_ready_reasons() else 1.0)
+    parts = LoopParts(
+        source, batchers, committer, threads, pausing, membership, delivery, events, shared
+    )
+    return Worker(
+        config=config,
+        parts=parts,
+        health=health,
+        abort=abort or threading.Event(),
+        background=background,
+        clock=clock,
+    )
+
+
+def _flush_all(batchers: Mapping[str, Batcher[Message]]) -> None:
+    """Empty every open batch: an exactly-once rewind fetches their records again."""
+    for batcher in batchers.values():
+        batcher.flush()
 
 
 def _watch_coverage(

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, TopicPartition
 
 from tests.conftest import Topics
 from worker.config import KafkaSettings
@@ -59,6 +59,22 @@ def member_a(kafka_bootstrap: str) -> Iterator[Callable[[Topics, int], subproces
             proc.stdout.close()
 
 
+class Owned:
+    """Keeps ``partitions`` to what the group assigned this member."""
+
+    def __init__(self, partitions: set[int]) -> None:
+        self.partitions = partitions
+
+    def on_assign(self, parts: list[TopicPartition]) -> None:
+        self.partitions.update(p.partition for p in parts)
+
+    def on_revoke(self, parts: list[TopicPartition]) -> None:
+        self.partitions.difference_update(p.partition for p in parts)
+
+    def on_lost(self, parts: list[TopicPartition]) -> None:
+        self.partitions.difference_update(p.partition for p in parts)
+
+
 def wait_for(what: Callable[[], bool], serve: Callable[[], Any], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -96,15 +112,8 @@ def test_partitions_orphaned_by_a_static_replacement_are_served_again(
         }
     )
     rejoin = threading.Event()
-    source = Source(
-        consumer,
-        [topics.requests],
-        on_assign=lambda parts: owned.update(p.partition for p in parts),
-        on_revoke=lambda parts: owned.difference_update(p.partition for p in parts),
-        on_lost=lambda parts: owned.difference_update(p.partition for p in parts),
-        rejoin=rejoin,
-    )
-    source.subscribe()
+    source = Source(consumer, [topics.requests], rejoin=rejoin)
+    source.subscribe(Owned(owned))
 
     def serve() -> None:
         source.consume(10, 0.2)
@@ -154,15 +163,8 @@ def test_a_covered_group_is_left_alone(
     )
     rejoin = threading.Event()
     owned: set[int] = set()
-    source = Source(
-        consumer,
-        [topics.requests],
-        on_assign=lambda parts: owned.update(p.partition for p in parts),
-        on_revoke=lambda parts: owned.difference_update(p.partition for p in parts),
-        on_lost=lambda parts: None,
-        rejoin=rejoin,
-    )
-    source.subscribe()
+    source = Source(consumer, [topics.requests], rejoin=rejoin)
+    source.subscribe(Owned(owned))
     try:
         assert wait_for(lambda: owned == {0, 1}, lambda: source.consume(10, 0.2), 30)
         coverage = GroupCoverage(reader, member="b", rejoin=rejoin, interval_s=0)

@@ -30,13 +30,17 @@ from prometheus_client import CollectorRegistry
 
 from streamfer_dev.modelgen import DemoModel
 from tests.unit.conftest import MemoryStore
+from worker.compose import wire_worker
 from worker.config import BatchPolicy, FeatureSpec, ModelSpec, PipelineConfig, WorkerConfig
 from worker.core.tracker import DeliveryTracker
 from worker.core.types import PartitionKey
 from worker.inference.engine import OnnxEngine
+from worker.kafka.call_watch import CallWatch
 from worker.kafka.limits import RecordLimits
 from worker.kafka.sink import Headers, Sink
+from worker.loop.consumer_events import ConsumerEvents
 from worker.loop.worker import Worker
+from worker.ops.health import HealthState
 from worker.ops.metrics import Metrics
 from worker.pipeline.steps import Pipeline
 
@@ -61,6 +65,8 @@ class FakeConsumer:
     callbacks: dict[str, Any] = field(default_factory=dict)
     refusals: list[KafkaError] = field(default_factory=list)
     """Errors the next synchronous commits raise, one each, as during a rebalance."""
+    on_commit: Callable[[KafkaError | None, list[TopicPartition]], None] | None = None
+    """librdkafka's ``on_commit`` from the consumer's configuration."""
 
     # -- the test's hands --------------------------------------------------------------
 
@@ -93,14 +99,15 @@ class FakeConsumer:
         self.callbacks["on_lost"](self, [TopicPartition(t, p) for t, p in keys])
         self.owned -= set(keys)
 
-    def answer(self, worker: Worker, err: KafkaError | None) -> None:
+    def answer(self, err: KafkaError | None) -> None:
         """Answer every asynchronous commit so far, as the broker would."""
         answers, self.async_commits = self.async_commits, []
         for offsets in answers:
             if err is None:
                 for tp in offsets:
                     self.group_offsets[(tp.topic, tp.partition)] = tp.offset
-            worker.on_commit(err, offsets)
+            if self.on_commit is not None:
+                self.on_commit(err, offsets)
 
     # -- confluent_kafka.Consumer ------------------------------------------------------
 
@@ -440,16 +447,36 @@ def build_worker(
         if exactly_once
         else FakeSink(limit=known)
     )
-    worker = Worker(
-        config=config,
-        consumer=cast(Consumer, consumer),
-        sink=cast(Sink, sink),
-        pipelines=[pipeline],
-        metrics=metrics,
-        transaction_calls=transaction_calls,
-    )
-    worker._source.subscribe()
+    worker = fake_worker(config, consumer, sink, [pipeline], metrics, calls=transaction_calls)
     return worker, consumer, sink, store
+
+
+def fake_worker(
+    config: WorkerConfig,
+    consumer: FakeConsumer,
+    sink: Any,
+    pipelines: Sequence[Pipeline],
+    metrics: Metrics,
+    calls: CallWatch | None = None,
+) -> Worker:
+    """A worker wired as ``build_worker`` wires one, around the fakes; subscribed, as
+    ``Worker.run`` would, so tests can drive ``run_once``."""
+    health = HealthState(liveness_timeout_s=config.liveness_timeout_s)
+    health.models_loaded = True
+    events = ConsumerEvents(health, metrics)
+    consumer.on_commit = events.on_commit
+    worker = wire_worker(
+        config,
+        consumer=cast(Consumer, consumer),
+        events=events,
+        sink=cast(Sink, sink),
+        pipelines=pipelines,
+        metrics=metrics,
+        health=health,
+        calls=calls,
+    )
+    worker._source.subscribe(worker._membership)
+    return worker
 
 
 def turn_until(worker: Worker, done: Callable[[], bool], timeout: float = 10.0) -> None:

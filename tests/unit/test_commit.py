@@ -11,7 +11,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from worker.core.job import Job
 from worker.core.tracker import DeliveryTracker
 from worker.core.types import PartitionKey
-from worker.delivery.committer import STALLED_COMMIT_S, Committer
+from worker.delivery.committer import STALLED_COMMIT_S, CommitAnswers, Committer
 from worker.errors import CommitError, SinkError
 
 
@@ -617,3 +617,36 @@ def test_a_partition_refused_in_a_synchronous_answer_is_logged_by_name(
     assert "req[3]@453" in warning and "req[2]" not in warning
     assert ILLEGAL_GENERATION.str() in warning
     assert not committer.confirmed_all()
+
+
+def test_answers_from_on_commit_are_settled_before_the_committer_next_looks(
+    consumer: FakeConsumer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """librdkafka hands answers to the queue inside ``consume``; the committer takes them,
+    in order, before it reports or changes anything, as if it had been called back."""
+    answers = CommitAnswers()
+    rejected: list[int] = []
+    committer = Committer(consumer, answers=answers, on_rejected=lambda: rejected.append(1))
+    committer.track(job(sent(0), {("req", 0): 10}, {("req", 0): 30}))
+    committer.commit_ready()
+    answers(REBALANCING, _answer({("req", 0): 10}))
+    assert len(answers) == 1, "nothing is settled inside the callback"
+    assert committer.records == 30, "the rejection counts at the next look"
+    assert not answers
+    assert rejected == [1]
+    assert "commit of 1 partitions rejected" in caplog.text
+    committer.commit_ready()  # the retry
+    assert consumer.commits[-1] == ([("req", 0, 10)], True)
+    answers(None, _answer({("req", 0): 10}))
+    assert committer.confirmed_all()
+    assert committer.records == 0
+    assert rejected == [1]
+
+
+def test_an_empty_answer_queue_handed_in_is_the_one_used(consumer: FakeConsumer) -> None:
+    answers = CommitAnswers()  # empty, so falsy: it must not be taken for "none given"
+    committer = Committer(consumer, answers=answers)
+    committer.track(job(sent(0), {("req", 0): 10}, {("req", 0): 30}))
+    committer.commit_ready()
+    answers(REBALANCING, _answer({("req", 0): 10}))
+    assert committer.records == 30

@@ -275,7 +275,7 @@ def test_a_batch_abandoned_mid_publish_never_reaches_a_later_transaction(
     transaction begins before it is out of the stages, so none of its records commits
     beside its re-consumed copies, and the loop keeps polling meanwhile."""
     worker, producer = abandon_mid_publish(classifier, shutdown_timeout_s=0.3)
-    consumer = cast(FakeConsumer, worker._consumer)
+    consumer = cast(FakeConsumer, worker._source.consumer)
     polled: list[object] = []
     consumer.events.append(lambda c: polled.append(producer.open))
     worker.run_once()
@@ -293,7 +293,7 @@ def test_a_clean_stop_waits_for_an_abandoned_batch_then_commits_what_it_held(
     worker.stop()
     worker.run()  # drains: the held batches begin once the abandoned one is done
     assert producer.sources() == [(1, i) for i in range(4)]
-    assert cast(FakeConsumer, worker._consumer).group_offsets[P1] == 4
+    assert cast(FakeConsumer, worker._source.consumer).group_offsets[P1] == 4
 
 
 def test_held_batches_count_toward_a_pipelines_share(

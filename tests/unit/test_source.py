@@ -68,14 +68,30 @@ class QueueConsumer:
         self.seeks.append((partition.partition, partition.offset))
 
 
+@dataclass
+class Listener:
+    """Records the rebalances a ``Source`` tells it of."""
+
+    assigned: list[list[TopicPartition]] = field(default_factory=list)
+    revoked: list[list[TopicPartition]] = field(default_factory=list)
+    lost: list[list[TopicPartition]] = field(default_factory=list)
+
+    def on_assign(self, partitions: list[TopicPartition]) -> None:
+        self.assigned.append(partitions)
+
+    def on_revoke(self, partitions: list[TopicPartition]) -> None:
+        self.revoked.append(partitions)
+
+    def on_lost(self, partitions: list[TopicPartition]) -> None:
+        self.lost.append(partitions)
+
+
 def source(
     records: list[Record], revoked: list[list[TopicPartition]] | None = None
 ) -> tuple[Source, QueueConsumer]:
     consumer = QueueConsumer(records)
-    noop: Any = lambda _parts: None  # noqa: E731
-    on_revoke: Any = revoked.append if revoked is not None else noop
-    src = Source(cast(Consumer, consumer), ["t"], on_assign=noop, on_revoke=on_revoke, on_lost=noop)
-    src.subscribe()
+    src = Source(cast(Consumer, consumer), ["t"])
+    src.subscribe(Listener(revoked=revoked if revoked is not None else []))
     return src, consumer
 
 
@@ -190,15 +206,7 @@ class GroupOffsets:
 
 
 def pinning(consumer: GroupOffsets) -> Source:
-    noop: Any = lambda _parts: None  # noqa: E731
-    return Source(
-        cast(Consumer, consumer),
-        ["t"],
-        on_assign=noop,
-        on_revoke=noop,
-        on_lost=noop,
-        pin_latest=True,
-    )
+    return Source(cast(Consumer, consumer), ["t"], pin_latest=True)
 
 
 def assigned(*partitions: int) -> list[TopicPartition]:
@@ -263,11 +271,8 @@ def test_a_rejoin_asked_for_leaves_and_subscribes_again_before_the_next_fetch() 
     original = consumer.subscribe
     consumer.subscribe = lambda topics, **cb: (calls.append("subscribe"), original(topics, **cb))  # type: ignore[method-assign,assignment]
     rejoin = threading.Event()
-    noop: Any = lambda _parts: None  # noqa: E731
-    src = Source(
-        cast(Consumer, consumer), ["t"], on_assign=noop, on_revoke=noop, on_lost=noop, rejoin=rejoin
-    )
-    src.subscribe()
+    src = Source(cast(Consumer, consumer), ["t"], rejoin=rejoin)
+    src.subscribe(Listener())
     src.consume(1, 0)
     assert calls == ["subscribe"]
     rejoin.set()

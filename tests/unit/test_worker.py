@@ -25,7 +25,7 @@ def test_a_batch_is_published_then_committed(classifier: DemoModel) -> None:
     turn_until(worker, lambda: len(sink.sent) == 10)
     turn_until(worker, lambda: any(o[0].offset == 10 for o in consumer.async_commits))
     assert [orjson.loads(v)["id"] for _, v in sink.sent] == [f"r0-{i}" for i in range(10)]
-    consumer.answer(worker, None)
+    consumer.answer(None)
     assert worker._delivery.records_in_flight() == 0
 
 
@@ -60,7 +60,7 @@ def test_the_kept_partition_resumes_when_a_revoke_commits_its_rejected_offsets(
     turn_until(worker, lambda: consumer.paused == {p2, p3})
     consumer.produce(3, 4)  # more work waits on the kept partition
     consumer.events += [
-        lambda c: c.answer(worker, ILLEGAL_GENERATION),
+        lambda c: c.answer(ILLEGAL_GENERATION),
         lambda c: c.revoke(p2),
     ]
     worker.run_once()
@@ -77,11 +77,11 @@ def test_a_partition_paused_revoked_and_assigned_again_is_fetched(classifier: De
     consumer.produce(0, 4)
     turn_until(worker, lambda: len(sink.sent) == 4)
     turn_until(worker, lambda: not len(worker._committer))
-    consumer.answer(worker, ILLEGAL_GENERATION)
+    consumer.answer(ILLEGAL_GENERATION)
     turn_until(worker, lambda: consumer.paused == {p0, p1})
     consumer.revoke(p1)  # its pause stays with the partition, as in librdkafka
     turn_until(worker, lambda: len(consumer.async_commits) > 0)  # p0's retry
-    consumer.answer(worker, None)
+    consumer.answer(None)
     turn_until(worker, lambda: p0 not in consumer.paused)  # the worker is not paused now
     assert consumer.paused == {p1}
     consumer.produce(1, 3)
@@ -101,7 +101,7 @@ def test_a_revoke_commits_again_what_an_unanswered_commit_covered(classifier: De
     consumer.revoke(p0)
     assert (TOPIC, 0, 4) in consumer.sync_commits[-1]
     assert consumer.group_offsets[p0] == 4
-    consumer.answer(worker, ILLEGAL_GENERATION)  # the old commit's answer, late
+    consumer.answer(ILLEGAL_GENERATION)  # the old commit's answer, late
     assert worker._delivery.records_in_flight() == 0
     assert worker._delivery.settled()
 

@@ -6,17 +6,22 @@ ones, and every request of both is answered once, in order, and committed to the
 from __future__ import annotations
 
 import time
-from typing import Any, cast
+from typing import Any
 
 import orjson
-from confluent_kafka import Consumer
 from prometheus_client import CollectorRegistry
 
 from streamfer_dev.modelgen import DemoModel
-from tests.unit.fakes import FakeConsumer, FakeSink, GatedStore, requests, turn_until
+from tests.unit.fakes import (
+    FakeConsumer,
+    FakeSink,
+    GatedStore,
+    fake_worker,
+    requests,
+    turn_until,
+)
 from worker.config import WorkerConfig
 from worker.inference.engine import OnnxEngine
-from worker.kafka.sink import Sink
 from worker.loop.worker import Worker
 from worker.ops.metrics import Metrics
 from worker.pipeline.steps import Pipeline
@@ -73,14 +78,7 @@ def two_pipeline_worker(
         for p in config.pipelines
     ]
     consumer, sink = FakeConsumer(), FakeSink()
-    worker = Worker(
-        config=config,
-        consumer=cast(Consumer, consumer),
-        sink=cast(Sink, sink),
-        pipelines=pipelines,
-        metrics=metrics,
-    )
-    worker._source.subscribe()
+    worker = fake_worker(config, consumer, sink, pipelines, metrics)
     return worker, consumer, sink, stores, metrics
 
 
@@ -94,7 +92,7 @@ def settle(worker: Worker, consumer: FakeConsumer, ends: dict[tuple[str, int], i
     while any(consumer.group_offsets.get(k, 0) != end for k, end in ends.items()):
         assert time.monotonic() < deadline, (consumer.group_offsets, ends)
         worker.run_once()
-        consumer.answer(worker, None)
+        consumer.answer(None)
 
 
 def test_a_bulk_pipeline_at_its_share_pauses_only_its_partitions(classifier: DemoModel) -> None:

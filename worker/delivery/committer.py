@@ -7,7 +7,9 @@ Pipelines read disjoint topics, so that is every earlier batch of its partitions
 a pipeline whose batches went to the model first (``worker.loop.lanes``) never waits for
 another's to commit. An offset that would move a partition backwards is
 refused. Asynchronous commits that the broker rejects (a rebalance was in progress, say)
-come back through ``settle`` and are sent again with the next commit. A synchronous
+come back through ``settle`` and are sent again with the next commit. librdkafka hands
+those answers to ``CommitAnswers`` inside ``consume``; the committer settles them before
+it next reads or changes its state, so it acts on every answer in the order they came. A synchronous
 commit is answered only by what ``commit()`` returns (confluent-kafka never passes it to
 ``on_commit``), and a commit that raises was never made: both are taken the same way, so
 a record stays counted only while a retry or an unanswered commit can release it. A failed
@@ -30,7 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol, overload
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
@@ -39,7 +41,7 @@ from worker.core.tracker import DeliveryTracker
 from worker.core.types import PartitionKey
 from worker.errors import CommitError, SinkError
 
-__all__ = ["Committer", "OffsetConsumer"]
+__all__ = ["CommitAnswers", "Committer", "OffsetConsumer"]
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +51,41 @@ class OffsetConsumer(Protocol):
 
     def store_offsets(self, *, offsets: list[TopicPartition]) -> None: ...
 
+    @overload
     def commit(
-        self, *, offsets: list[TopicPartition], asynchronous: bool
-    ) -> list[TopicPartition] | None: ...
+        self, *, offsets: list[TopicPartition], asynchronous: Literal[True] = ...
+    ) -> None: ...
+
+    @overload
+    def commit(
+        self, *, offsets: list[TopicPartition], asynchronous: Literal[False]
+    ) -> list[TopicPartition]: ...
 
 
 STALLED_COMMIT_S = 0.5
 """An asynchronous commit unanswered this long counts its records as in flight; answers
 take milliseconds otherwise."""
+
+
+class CommitAnswers:
+    """The broker's answers to asynchronous commits, as librdkafka's ``on_commit`` hands
+    them over (loop thread, inside ``consume``). The consumer needs the callback before it
+    exists and the committer needs the consumer: this queue is what both are given."""
+
+    def __init__(self) -> None:
+        self._answers: deque[tuple[KafkaError | None, list[TopicPartition]]] = deque()
+
+    def __call__(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        self._answers.append((err, partitions))
+
+    def __len__(self) -> int:
+        return len(self._answers)
+
+    def take(self) -> list[tuple[KafkaError | None, list[TopicPartition]]]:
+        """Every answer since the last call, oldest first."""
+        answers = list(self._answers)
+        self._answers.clear()
+        return answers
 
 
 @dataclass(slots=True)
@@ -87,13 +116,19 @@ class Committer:
         self,
         consumer: OffsetConsumer,
         *,
+        answers: CommitAnswers | None = None,
         transactional: bool = False,
         on_done: Callable[[DeliveryTracker], None] | None = None,
+        on_rejected: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """With ``transactional`` the offsets went into each batch's transaction, so done
-        batches are only retired here; ``on_done`` sees every retired batch."""
+        """``answers`` is where ``consumer`` puts the broker's answers to asynchronous
+        commits. With ``transactional`` the offsets went into each batch's transaction,
+        so done batches are only retired here; ``on_done`` sees every retired batch, and
+        ``on_rejected`` every asynchronous commit the broker rejected in part."""
         self._consumer = consumer
+        self._answers = answers if answers is not None else CommitAnswers()
+        self._on_rejected = on_rejected
         self._transactional = transactional
         self._on_done = on_done
         self._clock = clock
@@ -114,6 +149,7 @@ class Committer:
     @property
     def records(self) -> int:
         """Records a crash now would have consumed again: see the module docstring."""
+        self._settle_answers()
         awaiting = self._awaiting
         if not awaiting:
             return self._records
@@ -140,6 +176,7 @@ class Committer:
     def commit_ready(self, *, asynchronous: bool = True) -> int:
         """Commit every pipeline's leading batches whose deliveries succeeded. Raises
         SinkError."""
+        self._settle_answers()
         merged: dict[PartitionKey, int] = {}
         released: dict[PartitionKey, int] = {}
         done = 0
@@ -194,6 +231,7 @@ class Committer:
 
     def confirmed_all(self) -> bool:
         """Whether the broker confirmed every offset this worker committed."""
+        self._settle_answers()
         confirmed = self._confirmed
         return not self._retry and all(
             offset <= confirmed.get(key, -1) for key, offset in self._committed.items()
@@ -201,6 +239,7 @@ class Committer:
 
     def clear(self) -> int:
         """Forget every batch in flight (a rewind to the committed offsets follows)."""
+        self._settle_answers()
         dropped = self._jobs
         self._queues.clear()
         self._jobs = 0
@@ -211,6 +250,21 @@ class Committer:
         self._confirmed.clear()
         self._records = 0
         return dropped
+
+    def _settle_answers(self) -> None:
+        """Settle the answers ``consume`` brought since the last look; a rejection is sent
+        again with the next commit."""
+        if not self._answers:
+            return
+        for err, partitions in self._answers.take():
+            failed = self.settle(err, partitions)
+            if failed:
+                reason = err.str() if err is not None else str(failed[0].error)
+                log.warning(
+                    "commit of %d partitions rejected (%s); will retry", len(failed), reason
+                )
+                if self._on_rejected is not None:
+                    self._on_rejected()
 
     def settle(
         self, err: KafkaError | None, partitions: list[TopicPartition]
@@ -308,7 +362,11 @@ class Committer:
         entry = _Unsettled(sending, {k: counts[k] for k in sending if counts.get(k)}, self._clock())
         try:
             self._consumer.store_offsets(offsets=forward)
-            answer = self._consumer.commit(offsets=forward, asynchronous=asynchronous)
+            answer = (
+                self._consumer.commit(offsets=forward, asynchronous=True)
+                if asynchronous
+                else self._consumer.commit(offsets=forward, asynchronous=False)
+            )
         except KafkaException as exc:
             # Nothing was committed: the offsets go out again with the next commit and
             # their records count as in flight until then.
@@ -329,6 +387,7 @@ class Committer:
 
     def forget(self, partitions: Collection[PartitionKey]) -> None:
         """Drop all state of partitions this worker no longer owns."""
+        self._settle_answers()
         keys = set(partitions)
         for pending in (job for queue in self._queues.values() for job in queue):
             for tp in keys.intersection(pending.offsets):
@@ -347,6 +406,7 @@ class Committer:
         self._rejected = [e for e in self._rejected if e.offsets]
 
     def committed(self) -> dict[PartitionKey, int]:
+        self._settle_answers()
         return dict(self._committed)
 
 

@@ -39,6 +39,8 @@ from confluent_kafka import (
 )
 
 from worker.config import KafkaSettings
+from worker.core.assignment import Assignment
+from worker.core.deadline import Deadline
 from worker.core.job import Job
 from worker.core.tracker import DeliveryTracker
 from worker.core.types import PartitionKey
@@ -47,7 +49,7 @@ from worker.delivery.transaction_tries import TransactionTries
 from worker.errors import SinkError, SourceError
 from worker.kafka.call_watch import CallWatch
 
-__all__ = ["GroupConsumer", "Transactional"]
+__all__ = ["GroupConsumer", "RewindGate", "Transactional"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,36 @@ class GroupConsumer(Protocol):
     ) -> list[TopicPartition]: ...
 
     def seek(self, partition: TopicPartition) -> None: ...
+
+
+class RewindGate:
+    """Exactly-once's gate (``BatchGate``): a batch enqueued before the latest rewind, or
+    any batch while a rewind is under way, is stale and never produced. The rewind's
+    thread is the loop thread; the processing threads only read."""
+
+    def __init__(self) -> None:
+        self._pending = threading.Event()
+        self.rewinds = 0
+        """Rewinds so far; a job enqueued before the latest one is never produced."""
+
+    def begin(self) -> None:
+        """A rewind starts: every batch in the stages is stale from now on."""
+        self._pending.set()
+
+    def rewound(self) -> None:
+        """The partitions are being sought back: what was enqueued before is stale for good."""
+        self.rewinds += 1
+
+    def end(self) -> None:
+        self._pending.clear()
+
+    def stale(self, job: Job) -> bool:
+        """A rewind is pending or came after the job was enqueued (a job still in a stage
+        when the rewind came)."""
+        return self._pending.is_set() or job.rewinds != self.rewinds
+
+    def acknowledge(self) -> None:
+        return None  # commit_transaction serves the reports, on the loop thread
 
 
 class _Transaction:
@@ -89,19 +121,16 @@ class Transactional:
         *,
         interval_s: float,
         timeout_s: float,
-        owned: Callable[[], set[PartitionKey]],
+        owned: Assignment,
         drop_buffered: Callable[[], None],
+        gate: RewindGate,
         calls: CallWatch | None = None,
-        abort_every: int = 0,
     ) -> None:
-        """``owned`` gives the partitions to rewind; ``drop_buffered`` empties the batchers
-        (their records are consumed again after the seek); ``calls`` runs the calls that
-        reach the broker (a ``CallWatch`` of its own by default). ``abort_every``: fault
-        injection for the fault harness, every n-th transaction is aborted on the broker
-        instead of committed."""
+        """``owned`` holds the partitions to rewind; ``drop_buffered`` empties the batchers
+        (their records are consumed again after the seek); ``gate`` tells the processing
+        threads which batches a rewind made stale; ``calls`` runs the calls that reach the
+        broker (a ``CallWatch`` of its own by default)."""
         self._calls = calls or CallWatch()
-        self._abort_every = abort_every
-        self._closed = 0
         self._stages = stages
         self._sink = stages.sink
         self._threads = stages.threads
@@ -113,9 +142,7 @@ class Transactional:
         self._owned = owned
         self._drop_buffered = drop_buffered
         self._txn = _Transaction()
-        self._rewind = threading.Event()
-        self._rewinds = 0
-        """Rewinds so far; a job enqueued before the latest one is never produced."""
+        self._gate = gate
         self._unusable: SinkError | None = None
         """Why the producer cannot begin a transaction: the worker stops."""
         self._tries = TransactionTries({n: p.refusal_of for n, p in stages.pipelines.items()})
@@ -129,7 +156,7 @@ class Transactional:
 
     def enqueue(self, job: Job) -> None:
         txn = self._txn
-        job.rewinds = self._rewinds
+        job.rewinds = self._gate.rewinds
         if txn.closing or (not txn.jobs and (txn.held or self._abandoned_running())):
             txn.held.append(job)  # it joins the next transaction
             return
@@ -149,14 +176,6 @@ class Transactional:
         held = sum(len(job.batch) for job in self._txn.held if job.pipeline == pipeline)
         return self.committer.records_of(pipeline) + held
 
-    def stale(self, job: Job) -> bool:
-        """A rewind is pending or came after the job was enqueued (a job still in a stage
-        when the rewind came)."""
-        return self._rewind.is_set() or job.rewinds != self._rewinds
-
-    def acknowledge(self) -> None:
-        return None  # commit_transaction serves the reports, on the loop thread
-
     def serve(self, timeout: float) -> None:
         if timeout:
             time.sleep(timeout)  # commit_transaction serves the delivery reports
@@ -170,7 +189,7 @@ class Transactional:
     def settled(self) -> bool:
         return True  # a batch's offsets commit with its transaction, or not at all
 
-    def finish(self, deadline: float, *, at_least_s: float) -> None:
+    def finish(self, deadline: Deadline, *, at_least_s: float) -> None:
         self._advance(deadline=deadline)
         self._advance(deadline=deadline)  # the batches held while it closed
 
@@ -195,7 +214,7 @@ class Transactional:
 
     # -- the transaction ---------------------------------------------------------------
 
-    def _advance(self, *, deadline: float | None = None) -> None:
+    def _advance(self, *, deadline: Deadline | None = None) -> None:
         """Commit the open transaction once its batches are all produced and nothing else
         is waiting, or after ``interval_s`` (new batches are then held for the next one).
         With ``deadline``, close it now, waiting for its batches until then."""
@@ -215,16 +234,13 @@ class Transactional:
         if not all(job.tracker.sealed for job in txn.jobs):
             if deadline is None:
                 return
-            while not all(job.tracker.sealed for job in txn.jobs):
+            if not deadline.wait(lambda: all(job.tracker.sealed for job in txn.jobs), self._look):
                 self._threads.check()
-                if time.monotonic() > deadline:
-                    raise SinkError("batches of the open transaction did not finish in time")
-                time.sleep(0.005)
+                raise SinkError("batches of the open transaction did not finish in time")
         producer = self._sink.producer
         offsets: dict[PartitionKey, int] = {}
         for job in txn.jobs:
             offsets.update(job.offsets)
-        self._closed += 1
         try:
             failed = next((job.tracker.errors[0] for job in txn.jobs if job.tracker.errors), "")
             if failed:
@@ -237,8 +253,6 @@ class Transactional:
                     lambda t: producer.send_offsets_to_transaction(parts, metadata, t),
                 )
             )
-            if self._abort_every and self._closed % self._abort_every == 0:
-                raise KafkaException(_abortable("injected abort (STREAMFER_FAULT_ABORT_EVERY)"))
             _retrying(lambda: self._calls.run("commit_transaction", producer.commit_transaction))
             self._stages.metrics.commits.inc()
             self._tries.committed(offsets)
@@ -271,22 +285,28 @@ class Transactional:
     def _abandoned_running(self) -> bool:
         """Whether a batch from before the latest rewind is still in a stage: one that was
         producing then may still be, and must not reach a transaction begun now."""
-        rewinds = self._rewinds
+        rewinds = self._gate.rewinds
         return any(job.rewinds != rewinds for job in self._threads.unfinished())
 
-    def _begin_held(self, deadline: float | None) -> None:
+    def _begin_held(self, deadline: Deadline | None) -> None:
         """Begin the next transaction with the batches held behind abandoned ones, once
         those are out of the stages (with ``deadline``: waiting for them until then)."""
         if not self._txn.held:
             return
-        while self._abandoned_running():
+        if self._abandoned_running():
             self._threads.check()
-            if deadline is None or time.monotonic() > deadline:
+            if deadline is None or not deadline.wait(
+                lambda: not self._abandoned_running(), self._look
+            ):
                 return
-            time.sleep(0.005)
         held, self._txn.held = self._txn.held, []
         for job in held:
             self.enqueue(job)
+
+    def _look(self) -> None:
+        """Between two looks at the stages: raise what stopped them, else wait a little."""
+        self._threads.check()
+        time.sleep(0.005)
 
     def _touches(self, partitions: set[PartitionKey]) -> bool:
         txn = self._txn
@@ -313,7 +333,7 @@ class Transactional:
         offsets. Raises SinkError when the producer cannot abort."""
         txn = self._txn
         log.warning("%s: aborting %d batches and rewinding", why, len(txn.jobs))
-        self._rewind.set()
+        self._gate.begin()
         if txn.jobs:
             try:
                 # What is still queued goes out first: a transaction whose records have not
@@ -331,14 +351,14 @@ class Transactional:
     def _rewind_to_committed(self) -> None:
         """Drop all work in flight and restart from the committed offsets. A batch still
         running in a stage is not waited for: ``enqueue`` holds the next transaction."""
-        self._rewinds += 1
+        self._gate.rewound()
         dropped = len(self._threads.discard_queued())
         self._drop_buffered()
         self.committer.clear()
-        owned = self._owned()
+        owned = self._owned.partitions
         self._seek_to_committed(owned)
         self._txn.reset()
-        self._rewind.clear()
+        self._gate.end()
         log.warning(
             "rewound %d partitions to their committed offsets (%d queued batches dropped)",
             len(owned),

@@ -6,8 +6,9 @@ abort, rewind and seek. ``AtLeastOnce`` here commits a batch's offsets once ever
 result and dead letter of it and of every earlier batch is acknowledged, and
 dead-letters the records the broker refuses for themselves on the way;
 ``worker.delivery.exactly_once.Transactional`` puts results, dead letters and offsets in one
-Kafka transaction. Every method runs on the loop thread, except ``stale``, which the
-processing threads ask.
+Kafka transaction. Every method of a ``Delivery`` runs on the loop thread; what the
+processing threads ask of the mode is its ``BatchGate``, made before the threads and the
+mode, which both are given.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Protocol
 
 from confluent_kafka import Message
 
+from worker.core.deadline import Deadline
 from worker.core.job import Job
 from worker.core.tracker import DeliveryTracker
 from worker.core.types import PartitionKey, Refusal
@@ -31,9 +33,11 @@ from worker.ops.metrics import Metrics, PipelineMetrics
 
 __all__ = [
     "AtLeastOnce",
+    "BatchGate",
     "BatchThreads",
     "DeliveringPipeline",
     "Delivery",
+    "ReportPolling",
     "Stages",
     "commit_before_leaving",
 ]
@@ -63,6 +67,32 @@ class BatchThreads(Protocol):
     def check(self) -> None:
         """Raise what a processing thread stopped with."""
         ...
+
+
+class BatchGate(Protocol):
+    """What the processing threads ask of the delivery mode as a batch goes through them."""
+
+    def stale(self, job: Job) -> bool:
+        """Whether ``job`` must not be produced (a rewind came after it)."""
+        ...
+
+    def acknowledge(self) -> None:
+        """Serve delivery reports from a processing thread, when the mode allows it."""
+        ...
+
+
+class ReportPolling:
+    """At-least-once's gate: no batch is ever stale, and the publish thread serves the
+    reports of earlier batches (they only count; refused records wait for the loop)."""
+
+    def __init__(self, sink: Sink) -> None:
+        self._sink = sink
+
+    def stale(self, job: Job) -> bool:
+        return False
+
+    def acknowledge(self) -> None:
+        self._sink.poll(0)
 
 
 class DeliveringPipeline(Protocol):
@@ -96,7 +126,7 @@ class Stages:
 
 
 class Delivery(Protocol):
-    """The delivery mode the worker's loop drives (loop thread, except ``stale``)."""
+    """The delivery mode the worker's loop drives (loop thread)."""
 
     def tracker(self, pipeline: str, oldest_ts_ms: int) -> DeliveryTracker:
         """The tracker of a new batch."""
@@ -114,14 +144,6 @@ class Delivery(Protocol):
         """``records_in_flight`` of one pipeline's batches: its share of the bound."""
         ...
 
-    def stale(self, job: Job) -> bool:
-        """Whether ``job`` must not be produced (a rewind came after it)."""
-        ...
-
-    def acknowledge(self) -> None:
-        """Serve delivery reports from a processing thread, when the mode allows it."""
-        ...
-
     def serve(self, timeout: float) -> None:
         """Serve delivery reports, waiting up to ``timeout`` (loop thread)."""
         ...
@@ -135,7 +157,7 @@ class Delivery(Protocol):
         """Whether every commit made so far is confirmed by the broker."""
         ...
 
-    def finish(self, deadline: float, *, at_least_s: float) -> None:
+    def finish(self, deadline: Deadline, *, at_least_s: float) -> None:
         """Make everything produced so far durable (a revoke, a drain), by ``deadline``."""
         ...
 
@@ -202,12 +224,6 @@ class AtLeastOnce:
     def records_of(self, pipeline: str) -> int:
         return self.committer.records_of(pipeline)
 
-    def stale(self, job: Job) -> bool:
-        return False
-
-    def acknowledge(self) -> None:
-        self._sink.poll(0)  # the reports only count; refused records wait for serve()
-
     def serve(self, timeout: float) -> None:
         self._sink.poll(timeout)
         if self._undeliverable:
@@ -219,15 +235,19 @@ class AtLeastOnce:
     def settled(self) -> bool:
         return self.committer.confirmed_all()
 
-    def finish(self, deadline: float, *, at_least_s: float) -> None:
+    def finish(self, deadline: Deadline, *, at_least_s: float) -> None:
         """Wait for every outstanding delivery, dead-lettering what the broker refuses on
         the way (those dead letters are deliveries too)."""
-        self._sink.flush(max(at_least_s, deadline - time.monotonic()))
-        while self._undeliverable and time.monotonic() < deadline:
+        sink = self._sink
+        sink.flush(max(at_least_s, deadline.remaining()))
+
+        def dead_letter() -> None:
             self._dead_letter_undelivered()
             if self._undeliverable:
                 time.sleep(0.005)  # a batch still being published: its thread seals it soon
-            self._sink.flush(max(at_least_s, deadline - time.monotonic()))
+            sink.flush(max(at_least_s, deadline.remaining()))
+
+        deadline.wait(lambda: not self._undeliverable, dead_letter)
 
     def revoked(self, partitions: set[PartitionKey]) -> None:
         self.committer.forget(partitions)
@@ -266,12 +286,12 @@ class AtLeastOnce:
 
 
 def commit_before_leaving(
-    delivery: Delivery, deadline: float, serve_rebalance: Callable[[], None]
+    delivery: Delivery, deadline: Deadline, serve_rebalance: Callable[[], None]
 ) -> None:
     """The last commit of a clean stop. The broker refuses it while the group
     rebalances (another member joins or leaves at the same moment, as when two are
     scaled in together); then ``serve_rebalance`` (every partition paused so nothing new
-    is fetched) and commit again until the shutdown ``deadline`` (monotonic): a clean
+    is fetched) and commit again until the shutdown ``deadline``: a clean
     stop repeats nothing."""
     while True:
         try:
@@ -281,7 +301,7 @@ def commit_before_leaving(
             refusal = "the broker refused some partitions"
         except CommitError as exc:
             refusal = str(exc)
-        if time.monotonic() >= deadline:
+        if deadline.passed():
             raise CommitError(
                 f"the last commit was refused until the shutdown deadline ({refusal}); "
                 "the next owners repeat what it covered"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
@@ -22,7 +22,7 @@ from worker.errors import SourceError
 from worker.kafka.client_logs import KAFKA_LOG
 
 __all__ = [
-    "RebalanceHandler",
+    "RebalanceListener",
     "Source",
     "consumer_config",
     "end_of_partition",
@@ -31,7 +31,18 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-RebalanceHandler = Callable[[list[TopicPartition]], None]
+_Handler = Callable[[list[TopicPartition]], None]
+
+
+class RebalanceListener(Protocol):
+    """What the group's rebalances are told to (``worker.loop.membership.Membership``);
+    each runs inside ``consume``, on the thread that consumes."""
+
+    def on_assign(self, partitions: list[TopicPartition]) -> None: ...
+
+    def on_revoke(self, partitions: list[TopicPartition]) -> None: ...
+
+    def on_lost(self, partitions: list[TopicPartition]) -> None: ...
 
 
 def position(msg: Message) -> tuple[str, int, int]:
@@ -157,9 +168,6 @@ class Source:
         consumer: Consumer,
         topics: Sequence[str],
         *,
-        on_assign: RebalanceHandler,
-        on_revoke: RebalanceHandler,
-        on_lost: RebalanceHandler,
         pin_latest: bool = False,
         rejoin: threading.Event | None = None,
     ) -> None:
@@ -171,27 +179,30 @@ class Source:
         self._rejoin = rejoin
         self.consumer = consumer
         self._topics = list(topics)
-        self._on_assign = on_assign
-        self._on_revoke = on_revoke
-        self._on_lost = on_lost
+        self._listener: RebalanceListener | None = None
         self._consume = consumer.consume
         self._poll = consumer.poll
         self._moved: set[PartitionKey] = set()
         """Partitions revoked, lost or sought since ``consume_first`` took its first
         record."""
 
-    def subscribe(self) -> None:
+    def subscribe(self, listener: RebalanceListener) -> None:
+        """Join the group; every rebalance from now on is told to ``listener``."""
+        self._listener = listener
+        self._subscribe(listener)
+
+    def _subscribe(self, listener: RebalanceListener) -> None:
         self.consumer.subscribe(
             self._topics,
-            on_assign=lambda _c, parts: self._assign(parts),
-            on_revoke=lambda _c, parts: self._revoke(self._on_revoke, parts),
-            on_lost=lambda _c, parts: self._revoke(self._on_lost, parts),
+            on_assign=lambda _c, parts: self._assign(listener, parts),
+            on_revoke=lambda _c, parts: self._revoke(listener.on_revoke, parts),
+            on_lost=lambda _c, parts: self._revoke(listener.on_lost, parts),
         )
 
-    def _assign(self, partitions: list[TopicPartition]) -> None:
+    def _assign(self, listener: RebalanceListener, partitions: list[TopicPartition]) -> None:
         if self._pin_latest and partitions:
             self.pin_starts(partitions)
-        self._on_assign(partitions)
+        listener.on_assign(partitions)
 
     def pin_starts(self, partitions: list[TopicPartition], timeout: float = 10.0) -> None:
         """Commit the log end as the start of each partition the group has no committed
@@ -287,7 +298,7 @@ class Source:
         except KafkaException as exc:
             log.warning("could not check committed offsets: %s", exc)
 
-    def _revoke(self, handler: RebalanceHandler, partitions: list[TopicPartition]) -> None:
+    def _revoke(self, handler: _Handler, partitions: list[TopicPartition]) -> None:
         self._moved.update((tp.topic, tp.partition) for tp in partitions)
         handler(partitions)
 
@@ -295,12 +306,12 @@ class Source:
         """Unsubscribe and subscribe again: a LeaveGroup and a fresh join, which makes
         the coordinator rebalance (subscribing again alone does nothing). What this
         member owns is revoked through ``on_revoke`` inside the next fetch."""
-        rejoin = self._rejoin
-        if rejoin is not None and rejoin.is_set():
+        rejoin, listener = self._rejoin, self._listener
+        if rejoin is not None and rejoin.is_set() and listener is not None:
             rejoin.clear()
             log.info("leaving the group and joining again")
             self.consumer.unsubscribe()
-            self.subscribe()
+            self._subscribe(listener)
 
     def consume(self, max_messages: int, timeout: float) -> list[Message]:
         """Up to ``max_messages`` records; blocks at most ``timeout`` seconds."""

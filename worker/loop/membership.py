@@ -12,13 +12,14 @@ dropped without a commit, since another member may own them already.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from typing import cast
 
 from confluent_kafka import Message, TopicPartition
 
+from worker.core.assignment import Assignment
 from worker.core.clock import Clock
+from worker.core.deadline import Deadline
 from worker.core.types import PartitionKey
 from worker.delivery.mode import Delivery
 from worker.errors import CommitError, SinkError
@@ -43,12 +44,14 @@ def _partition_of(msg: Message) -> PartitionKey:
 
 
 class Membership:
-    """Owned partitions and the rebalance callbacks; ``delivery`` is set once the
-    delivery mode exists (it asks this for the owned partitions in turn)."""
+    """The rebalance callbacks (a ``RebalanceListener``): they keep ``owned`` true, and
+    finish, commit or drop the work of the partitions that leave."""
 
     def __init__(
         self,
         *,
+        owned: Assignment,
+        delivery: Delivery,
         batchers: Mapping[str, Batcher[Message]],
         threads: StageThreads,
         pausing: PausingManager,
@@ -66,9 +69,8 @@ class Membership:
         self._health = health
         self._revoke_timeout_s = revoke_timeout_s
         self._clock = clock
-        self.delivery: Delivery | None = None
-        self.assigned: set[PartitionKey] = set()
-        self.assigned_at = 0.0
+        self._owned = owned
+        self._delivery = delivery
         self.commit_on_revoke = True
         """False once the worker failed: it leaves without waiting or committing."""
         self._unchecked: set[PartitionKey] = set()
@@ -76,32 +78,33 @@ class Membership:
     def take_unchecked(self) -> set[PartitionKey]:
         """Partitions assigned since the last call and still owned: their retention is
         checked outside the callback."""
-        keys, self._unchecked = self._unchecked & self.assigned, set()
+        keys, self._unchecked = self._unchecked & self._owned.partitions, set()
         return keys
 
     def on_assign(self, partitions: list[TopicPartition]) -> None:
-        keys = _keys(partitions)
-        self.assigned |= keys
+        keys, owned = _keys(partitions), self._owned
+        owned.partitions |= keys
         self._pausing.assigned(keys)
         self._unchecked |= keys
-        self.assigned_at = self._clock()
+        owned.since = self._clock()
         self._health.joined = True
         self._health.broker(True)
         self._metrics.rebalances.labels("assign").inc()
-        self._metrics.assigned_partitions.set(len(self.assigned))
+        self._metrics.assigned_partitions.set(len(owned.partitions))
         log.info(
-            "assigned %s; owning %d partitions", describe_partitions(partitions), len(self.assigned)
+            "assigned %s; owning %d partitions",
+            describe_partitions(partitions),
+            len(owned.partitions),
         )
 
     def on_revoke(self, partitions: list[TopicPartition]) -> None:
         keys = _keys(partitions)
-        delivery, threads = self._delivery(), self._threads
+        delivery, threads = self._delivery, self._threads
         self._metrics.rebalances.labels("revoke").inc()
         dropped = sum(b.drop(keys, _partition_of) for b in self._batchers.values())
         if self.commit_on_revoke:
-            deadline = time.monotonic() + self._revoke_timeout_s
-            while threads.busy_with(keys) and time.monotonic() < deadline:
-                delivery.serve(0.01)
+            deadline = Deadline.after(self._revoke_timeout_s)
+            deadline.wait(lambda: not threads.busy_with(keys), lambda: delivery.serve(0.01))
             if threads.busy_with(keys):
                 log.warning(
                     "revoke: batches of %s still running after %.0fs; the next owner "
@@ -127,17 +130,14 @@ class Membership:
         self._metrics.rebalances.labels("lost").inc()
         dropped = sum(b.drop(keys, _partition_of) for b in self._batchers.values())
         self._forget(keys)
-        self._delivery().lost(keys)
+        self._delivery.lost(keys)
         log.warning(
             "lost %s (dropped %d buffered records)", describe_partitions(partitions), dropped
         )
 
-    def _delivery(self) -> Delivery:
-        assert self.delivery is not None, "a rebalance before the delivery mode was set"
-        return self.delivery
-
     def _forget(self, keys: set[PartitionKey]) -> None:
-        self.assigned -= keys
+        owned = self._owned.partitions
+        owned -= keys
         self._pausing.forget(keys)
         self._lag.forget(keys)
-        self._metrics.assigned_partitions.set(len(self.assigned))
+        self._metrics.assigned_partitions.set(len(owned))

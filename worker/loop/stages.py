@@ -3,39 +3,50 @@
 Decode and enrich on the first thread, infer on the second, publish on the third, each
 a step that returns the next. A batch a rewind made stale (exactly-once) is skipped at
 the first and at the last step: nothing of it is produced, and its tracker fails so it
-is never committed.
+is never committed. The delivery mode's ``BatchGate`` says which batches are stale.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from worker.core.job import Job
-from worker.delivery.mode import Delivery
+from worker.delivery.mode import BatchGate
 from worker.kafka.sink import Sink
 from worker.loop.threads import Step
 from worker.pipeline.steps import Pipeline
 
-__all__ = ["batch_steps"]
+__all__ = ["BatchSteps"]
 
 
-def batch_steps(job: Job, pipeline: Pipeline, sink: Sink, delivery: Delivery) -> Step | None:
-    """Run the first stage of ``job`` and return the rest (``StageThreads`` calls it)."""
-    if delivery.stale(job):
-        _skip(job)
-        return None
-    prepared = pipeline.prepare(job.batch)
+class BatchSteps:
+    """The first stage of a job, which returns the rest (``StageThreads``' start)."""
 
-    def infer() -> Step | None:
-        pipeline.infer(prepared)
-        return publish
+    def __init__(self, pipelines: Mapping[str, Pipeline], sink: Sink, gate: BatchGate) -> None:
+        self._pipelines = pipelines
+        self._sink = sink
+        self._gate = gate
 
-    def publish() -> None:
-        if delivery.stale(job):
+    def __call__(self, job: Job) -> Step | None:
+        gate, sink = self._gate, self._sink
+        if gate.stale(job):
             _skip(job)
-        else:
-            pipeline.publish(prepared, sink, job.tracker)
-            delivery.acknowledge()  # earlier batches' reports, off the loop thread
+            return None
+        pipeline = self._pipelines[job.pipeline]
+        prepared = pipeline.prepare(job.batch)
 
-    return infer
+        def infer() -> Step | None:
+            pipeline.infer(prepared)
+            return publish
+
+        def publish() -> None:
+            if gate.stale(job):
+                _skip(job)
+            else:
+                pipeline.publish(prepared, sink, job.tracker)
+                gate.acknowledge()  # earlier batches' reports, off the loop thread
+
+        return infer
 
 
 def _skip(job: Job) -> None:

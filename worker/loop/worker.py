@@ -1,7 +1,7 @@
 """The worker: one consumer-group member running one or more pipelines.
 
-The constructor takes the consumer, producer, pipelines and metrics as keyword
-arguments (``worker.compose.build_worker`` builds the real ones), so tests hand in fakes.
+The constructor takes its parts ready-made (``LoopParts``): ``worker.compose.wire_worker``
+builds them around the real clients, or around fakes in tests.
 
 Four threads. The loop thread owns the consumer: it consumes, routes records to each
 pipeline's batcher, hands closed batches to the processing threads, serves delivery
@@ -42,48 +42,31 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
-from typing import Protocol, cast
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
-from confluent_kafka import (
-    Consumer,
-    KafkaError,
-    Message,
-    TopicPartition,
-)
+from confluent_kafka import Message
 
 from worker.config import WorkerConfig
 from worker.core.clock import Clock, monotonic_clock
+from worker.core.deadline import Deadline
 from worker.core.job import Job
-from worker.core.tracker import DeliveryTracker
 from worker.core.types import PartitionKey
-from worker.delivery.committer import Committer, OffsetConsumer
-from worker.delivery.exactly_once import Transactional
-from worker.delivery.mode import AtLeastOnce, Delivery, Stages, commit_before_leaving
+from worker.delivery.committer import Committer
+from worker.delivery.mode import Delivery, commit_before_leaving
 from worker.errors import CallStalled, SinkError
-from worker.kafka.call_watch import CallWatch
-from worker.kafka.client_logs import KAFKA_LOG
-from worker.kafka.lag import LagStats
-from worker.kafka.sink import Sink
 from worker.kafka.source import Source, position
 from worker.loop.batcher import Batcher
-from worker.loop.lane_wiring import bind_lane_gauges, lane_threads, pipeline_shares
+from worker.loop.consumer_events import ConsumerEvents
 from worker.loop.membership import Membership
 from worker.loop.pausing import PausingManager
-from worker.loop.stages import batch_steps
-from worker.loop.threads import Step
+from worker.loop.threads import StageThreads
 from worker.ops.health import HealthState
-from worker.ops.metrics import Metrics
-from worker.pipeline.steps import Pipeline
 
-__all__ = ["Background", "Worker"]
+__all__ = ["Background", "LoopParts", "Worker"]
 
 log = logging.getLogger(__name__)
-
-_BROKERS_UNUSABLE = frozenset(
-    {KafkaError._ALL_BROKERS_DOWN, KafkaError._AUTHENTICATION, KafkaError._SSL}
-)
-"""Client errors after which no broker can be used until something changes."""
 
 _IDLE_CHECK_S = 0.005
 """Adaptive batching: how often the loop looks for an idle model while records wait."""
@@ -98,6 +81,24 @@ class Background(Protocol):
     def stop(self, timeout: float) -> bool: ...
 
 
+@dataclass(frozen=True, slots=True)
+class LoopParts:
+    """What the loop thread drives, each part built once, after the parts it needs, by
+    the composition root (``worker.compose.wire_worker``)."""
+
+    source: Source
+    batchers: Mapping[str, Batcher[Message]]
+    """Each pipeline's open batch, by pipeline name."""
+    committer: Committer
+    threads: StageThreads
+    pausing: PausingManager
+    membership: Membership
+    delivery: Delivery
+    events: ConsumerEvents
+    shared: Sequence[str]
+    """Pipelines with a share of the bound: their records are counted each turn."""
+
+
 class Worker:
     """Runs pipelines for one member of the consumer group. Not thread-safe except ``stop``."""
 
@@ -105,95 +106,38 @@ class Worker:
         self,
         *,
         config: WorkerConfig,
-        consumer: Consumer,
-        sink: Sink,
-        pipelines: Sequence[Pipeline],
-        metrics: Metrics,
-        health: HealthState | None = None,
-        abort: threading.Event | None = None,
-        clock: Clock = monotonic_clock,
-        fault_abort_every: int = 0,
+        parts: LoopParts,
+        health: HealthState,
+        abort: threading.Event,
         background: Sequence[Background] = (),
-        transaction_calls: CallWatch | None = None,
-        rejoin: threading.Event | None = None,
+        clock: Clock = monotonic_clock,
     ) -> None:
+        """``abort`` is shared with the pipelines: set when the worker fails or closes, so
+        a batch waiting for the feature store gives up at once. ``background`` runs on
+        threads of its own while ``run`` runs (the model reloader, shadow models, the
+        group coverage check)."""
         self.config = config
-        self.metrics = metrics
-        self.health = health or HealthState(liveness_timeout_s=config.liveness_timeout_s)
-        self.health.models_loaded = True
-        self.health.turned()  # liveness counts from here, however long the models took
-        health = self.health
-        metrics.ready.set_function(lambda: 0.0 if health.not_ready_reasons() else 1.0)
-        self._abort = abort or threading.Event()
+        self.health = health
+        self._abort = abort
         self._background = list(background)
-        """Threads of their own while ``run`` runs: the model reloader, shadow models."""
-        self._consumer = consumer
-        self._sink = sink
-        self._pipelines = {p.name: p for p in pipelines}
-        self._route = {t: p.name for p in pipelines for t in p.config.request_topics}
-        self._batchers: dict[str, Batcher[Message]] = {
-            p.name: Batcher(p.config.batch, clock) for p in pipelines
-        }
+        self._source = parts.source
+        self._batchers = parts.batchers
+        self._committer = parts.committer
+        self._threads = parts.threads
+        self._pausing = parts.pausing
+        self._membership = parts.membership
+        self._delivery = parts.delivery
+        self._owned = parts.events.owned
+        self._lag = parts.events.lag
+        self._shared = list(parts.shared)
+        pipelines = config.pipelines
+        self._route = {t: p.name for p in pipelines for t in p.request_topics}
+        self._rank = {p.name: p.rank for p in pipelines}
         self._clock = clock
-        self._committer = Committer(
-            cast(OffsetConsumer, consumer),
-            transactional=config.delivery == "exactly-once",
-            on_done=self._observe_done,
-        )
-        self._source = Source(
-            consumer,
-            list(self._route),
-            on_assign=lambda parts: self._membership.on_assign(parts),
-            on_revoke=lambda parts: self._membership.on_revoke(parts),
-            on_lost=lambda parts: self._membership.on_lost(parts),
-            pin_latest=config.kafka.auto_offset_reset == "latest",
-            rejoin=rejoin,
-        )
-        self._rank = {p.name: p.config.rank for p in pipelines}
-        self._threads = lane_threads(self._start_job, self._rank, config, metrics)
-        shares = pipeline_shares(config, pipelines)
-        self._shared = [share.pipeline for share in shares]
-        """Pipelines with a share of the bound: their records are counted each turn."""
-        self._pausing = PausingManager(
-            self._source,
-            config.in_flight_bound,
-            metrics.paused_partitions.set,
-            shares=shares,
-            on_share=lambda name, held: metrics.in_flight_share_held.labels(name).set(held),
-        )
-        bind_lane_gauges(metrics, pipelines, self._committer, self._shared)
-        self._lag = LagStats(metrics.consumer_lag, metrics.seconds_to_drain)
-        self._membership = Membership(
-            batchers=self._batchers,
-            threads=self._threads,
-            pausing=self._pausing,
-            lag=self._lag,
-            metrics=metrics,
-            health=self.health,
-            revoke_timeout_s=config.revoke_timeout_s,
-            clock=clock,
-        )
-        stages = Stages(sink, self._threads, self._committer, self._pipelines, metrics)
-        self._delivery: Delivery = (
-            Transactional(
-                stages,
-                self._source,
-                config.kafka,
-                interval_s=config.transaction_interval_ms / 1000.0,
-                timeout_s=config.shutdown_timeout_s,
-                owned=lambda: self._membership.assigned,
-                drop_buffered=self._drop_buffered,
-                calls=transaction_calls or CallWatch(on_stall=self.health.call_stalled),
-                abort_every=fault_abort_every,
-            )
-            if config.delivery == "exactly-once"
-            else AtLeastOnce(stages)
-        )
-        self._membership.delivery = self._delivery
         self._stop = threading.Event()
         self._wedged = False  # a client call outlived its timeout: leave the clients unclosed
         self._single = next(iter(self._batchers)) if len(self._batchers) == 1 else None
-        self._max_messages = max(p.config.batch.max_batch_size for p in pipelines)
+        self._max_messages = max(p.batch.max_batch_size for p in pipelines)
         self._poll_s = config.poll_timeout_ms / 1000.0
         self._adaptive = all(b.adaptive for b in self._batchers.values())
         self._fetch_started = clock()
@@ -202,29 +146,7 @@ class Worker:
 
     @property
     def assigned(self) -> set[PartitionKey]:
-        return self._membership.assigned
-
-    # -- callbacks from librdkafka (loop thread) ------------------------------------------
-
-    def on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
-        """Result of an asynchronous commit; rejected offsets are committed again."""
-        failed = self._committer.settle(err, partitions)
-        if failed:
-            reason = err.str() if err is not None else str(failed[0].error)
-            log.warning("commit of %d partitions rejected (%s); will retry", len(failed), reason)
-            self.metrics.commit_failures.inc()
-
-    def on_error(self, err: KafkaError) -> None:
-        if err.code() in _BROKERS_UNUSABLE:
-            self.health.broker(False, err.str())
-        KAFKA_LOG.error("kafka: %s", err.str())
-
-    def on_stats(self, raw: str) -> None:
-        """librdkafka statistics: consumer lag per owned partition and seconds to drain."""
-        if self._lag.update(raw, self.assigned):
-            self.health.broker(True)
-        elif self.health.broker_ok:
-            self.health.broker(False, "no broker is up in librdkafka's statistics")
+        return self._owned.partitions
 
     # -- control -------------------------------------------------------------------------
 
@@ -239,7 +161,7 @@ class Worker:
         Raises the ``StreamferError`` that stopped it; uncommitted work is then consumed
         again by whoever owns the partitions next.
         """
-        self._source.subscribe()
+        self._source.subscribe(self._membership)
         for part in self._background:
             part.start()
         try:
@@ -340,18 +262,8 @@ class Worker:
             bool(self.assigned)
             and not len(self._committer)
             and all(len(b) == 0 for b in self._batchers.values())
-            and self._clock() - max(self._active_at, self._membership.assigned_at) >= seconds
+            and self._clock() - max(self._active_at, self._owned.since) >= seconds
         )
-
-    def _observe_done(self, tracker: DeliveryTracker) -> None:
-        pipeline = self._pipelines.get(tracker.pipeline)
-        if pipeline is None:
-            return
-        m = pipeline.metrics
-        if tracker.sealed_at:
-            m.publish_seconds.observe(max(0.0, time.monotonic() - tracker.sealed_at))
-        if tracker.oldest_ts_ms:
-            m.end_to_end_seconds.observe(max(0.0, time.time() - tracker.oldest_ts_ms / 1000.0))
 
     def _apply_backpressure(self) -> None:
         """Bound the records in flight to ``max_in_flight_batches`` full batches' worth.
@@ -371,14 +283,18 @@ class Worker:
         while another pipeline's partitions are being fetched (up to the consumer's
         ``fetch.wait.max.ms`` when those are quiet), which the batch it resumes at covers.
         """
-        delivery, pausing = self._delivery, self._pausing
+        delivery, pausing, threads = self._delivery, self._pausing, self._threads
         if pausing.full(delivery.records_in_flight()) and not pausing.bound_reached:
-            grace = min(1.0, self.config.kafka.max_poll_interval_ms / 4000.0)
-            deadline = self._clock() + grace
-            while pausing.full(delivery.records_in_flight()) and self._clock() < deadline:
-                self._threads.check()
+
+            def serve() -> None:
+                threads.check()
                 delivery.serve(0.002)
                 delivery.commit()
+
+            grace = min(1.0, self.config.kafka.max_poll_interval_ms / 4000.0)
+            Deadline.after(grace, self._clock).wait(
+                lambda: not pausing.full(delivery.records_in_flight()), serve
+            )
         pausing.update(
             delivery.records_in_flight(),
             self.assigned,
@@ -392,15 +308,8 @@ class Worker:
         delivery, batchers = self._delivery, self._batchers
         return {name: delivery.records_of(name) + len(batchers[name]) for name in self._shared}
 
-    def _start_job(self, job: Job) -> Step | None:
-        return batch_steps(job, self._pipelines[job.pipeline], self._sink, self._delivery)
-
     def _submit(self, name: str, batch: list[Message]) -> None:
         self._delivery.enqueue(Job.close(name, batch, self._delivery.tracker))
-
-    def _drop_buffered(self) -> None:
-        for batcher in self._batchers.values():
-            batcher.flush()
 
     # -- shutdown ------------------------------------------------------------------------
 
@@ -409,12 +318,15 @@ class Worker:
             rest = batcher.flush()
             if rest:
                 self._submit(name, rest)
-        deadline = time.monotonic() + self.config.shutdown_timeout_s
-        delivery = self._delivery
-        while self._threads.pending() and time.monotonic() < deadline:
-            self._threads.check()
+        deadline = Deadline.after(self.config.shutdown_timeout_s)
+        delivery, threads = self._delivery, self._threads
+
+        def serve() -> None:
+            threads.check()
             delivery.serve(0.01)
             delivery.commit()
+
+        deadline.wait(lambda: not threads.pending(), serve)
         self._threads.check()  # a stage that failed while draining emptied the queues
         unfinished = self._threads.pending()
         if unfinished:

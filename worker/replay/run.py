@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from collections import deque
 from typing import Protocol, cast
 
@@ -26,17 +25,18 @@ from prometheus_client import CollectorRegistry
 
 from worker.config import BatchPolicy
 from worker.core.clock import Clock, monotonic_clock
+from worker.core.deadline import Deadline
 from worker.core.job import Job
 from worker.core.tracker import DeliveryTracker
 from worker.core.types import PartitionKey
 from worker.delivery.committer import Committer, OffsetConsumer
-from worker.delivery.mode import AtLeastOnce, Stages
+from worker.delivery.mode import AtLeastOnce, ReportPolling, Stages
 from worker.errors import SinkError, StreamferError
 from worker.kafka.sink import Headers, Sink
 from worker.kafka.source import end_of_partition
 from worker.loop.batcher import Batcher
-from worker.loop.stages import batch_steps
-from worker.loop.threads import StageThreads, Step
+from worker.loop.stages import BatchSteps
+from worker.loop.threads import StageThreads
 from worker.ops.metrics import Metrics
 from worker.pipeline.steps import Pipeline
 from worker.replay.pace import Progress, RateLimiter
@@ -136,7 +136,8 @@ class Replay:
         self._abort = abort or threading.Event()
         self._clock = clock
         self._committer = Committer(consumer, on_done=self._retired)
-        self._threads = StageThreads(self._steps, name="replay")
+        steps = BatchSteps({pipeline.name: pipeline}, sink, ReportPolling(sink))
+        self._threads = StageThreads(steps, name="replay")
         stages = Stages(
             sink,
             self._threads,
@@ -247,9 +248,6 @@ class Replay:
         self.finished.add(key)
         self._consumer.pause([TopicPartition(key[0], key[1])])
 
-    def _steps(self, job: Job) -> Step | None:
-        return batch_steps(job, self._pipeline, self._sink, self._delivery)
-
     def _submit(self, batch: list[Message]) -> None:
         job = Job.close(self._pipeline.name, batch, self._delivery.tracker)
         self._open[id(job.tracker)] = len(batch)
@@ -280,11 +278,14 @@ class Replay:
         rest = batcher.flush()
         if rest:
             self._submit(rest)
-        deadline = time.monotonic() + self._shutdown_s
+        deadline = Deadline.after(self._shutdown_s)
         threads, delivery = self._threads, self._delivery
-        while threads.pending() and time.monotonic() < deadline:
+
+        def serve() -> None:
             threads.check()
             delivery.serve(0.01)
+
+        deadline.wait(lambda: not threads.pending(), serve)
         threads.check()
         delivery.finish(deadline, at_least_s=1.0)
         self._checkpoint()

@@ -1,0 +1,68 @@
+"""What librdkafka's consumer callbacks report: commit answers, client errors, statistics.
+
+librdkafka takes these callbacks in the consumer's configuration, before the consumer
+exists, so what they write is made first: ``ConsumerEvents`` holds the owned partitions,
+the lag statistics and the queue of commit answers that the rest of the loop is then
+built around. Every callback runs on the loop thread, inside ``consume``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from confluent_kafka import KafkaError
+
+from worker.core.assignment import Assignment
+from worker.core.tracker import DeliveryTracker
+from worker.delivery.committer import CommitAnswers
+from worker.kafka.client_logs import KAFKA_LOG
+from worker.kafka.lag import LagStats
+from worker.ops.health import HealthState
+from worker.ops.metrics import Metrics, PipelineMetrics
+
+__all__ = ["ConsumerEvents", "RetiredBatches"]
+
+_BROKERS_UNUSABLE = frozenset(
+    {KafkaError._ALL_BROKERS_DOWN, KafkaError._AUTHENTICATION, KafkaError._SSL}
+)
+"""Client errors after which no broker can be used until something changes."""
+
+
+class ConsumerEvents:
+    """The consumer's ``on_commit``, ``error_cb`` and ``stats_cb``, and what they write."""
+
+    def __init__(self, health: HealthState, metrics: Metrics) -> None:
+        self.owned = Assignment()
+        self.lag = LagStats(metrics.consumer_lag, metrics.seconds_to_drain)
+        self.on_commit = CommitAnswers()
+        """Settled by the committer the next time it looks (``Committer``)."""
+        self._health = health
+
+    def on_error(self, err: KafkaError) -> None:
+        if err.code() in _BROKERS_UNUSABLE:
+            self._health.broker(False, err.str())
+        KAFKA_LOG.error("kafka: %s", err.str())
+
+    def on_stats(self, raw: str) -> None:
+        """librdkafka statistics: consumer lag per owned partition and seconds to drain."""
+        health = self._health
+        if self.lag.update(raw, self.owned.partitions):
+            health.broker(True)
+        elif health.broker_ok:
+            health.broker(False, "no broker is up in librdkafka's statistics")
+
+
+class RetiredBatches:
+    """A committed batch's publish and end-to-end times (the committer's ``on_done``)."""
+
+    def __init__(self, pipelines: dict[str, PipelineMetrics]) -> None:
+        self._pipelines = pipelines
+
+    def __call__(self, tracker: DeliveryTracker) -> None:
+        m = self._pipelines.get(tracker.pipeline)
+        if m is None:
+            return
+        if tracker.sealed_at:
+            m.publish_seconds.observe(max(0.0, time.monotonic() - tracker.sealed_at))
+        if tracker.oldest_ts_ms:
+            m.end_to_end_seconds.observe(max(0.0, time.time() - tracker.oldest_ts_ms / 1000.0))
