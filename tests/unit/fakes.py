@@ -38,6 +38,7 @@ from worker.kafka.limits import RecordLimits
 from worker.kafka.sink import Headers, Sink
 from worker.loop.worker import Worker
 from worker.ops.metrics import Metrics
+from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.steps import Pipeline
 
 TOPIC = "req"
@@ -427,10 +428,12 @@ def build_worker(
     )
     metrics = Metrics(CollectorRegistry())
     store = GatedStore(data, classifier.fields)
+    engine = OnnxEngine(pipeline_config.model)
     pipeline = Pipeline(
         config.pipelines[0],
         store=store,
-        engine=OnnxEngine(pipeline_config.model),
+        engine=engine,
+        plan=FeedPlan.build(config.pipelines[0], engine.inputs),
         metrics=metrics.for_pipeline("p"),
     )
     consumer = FakeConsumer()

@@ -54,8 +54,11 @@ class Pipeline:
     """Processes batches for one pipeline config. Called from the worker's loop thread.
 
     ``slot`` holds the model it serves, ``engine`` named as the config's model at first;
-    ``worker.models.reloader`` may swap it between two batches. ``canary`` scores its share of
-    the records instead; ``shadow`` is offered every batch once its results are sent.
+    ``worker.models.reloader`` may swap it between two batches. ``plan`` is how the config's
+    features feed that model (``FeedPlan.build``), built once where the model was loaded
+    (``worker.models.parts.open_parts``) and fixed for the pipeline's life: every model the
+    slot holds is fed by it. ``canary`` scores its share of the records instead; ``shadow``
+    is offered every batch once its results are sent.
     """
 
     def __init__(
@@ -64,6 +67,7 @@ class Pipeline:
         *,
         store: FeatureStore | BatchFetcher,
         engine: InferenceEngine,
+        plan: FeedPlan,
         metrics: PipelineMetrics,
         hooks: BatchHooks | None = None,
         retry_feature_store_s: float | None = 30.0,
@@ -75,7 +79,7 @@ class Pipeline:
     ) -> None:
         self.config = config
         self.name = config.name
-        self.plan = FeedPlan.build(config, engine.inputs)
+        self.plan = plan
         if hasattr(store, "fetch_all"):
             fetcher: BatchFetcher = cast(BatchFetcher, store)
         else:  # one lookup, from any FeatureStore
