@@ -97,6 +97,7 @@ def build_worker(
             p,
             store=parts.store,
             engine=parts.engine,
+            plan=parts.plan,
             metrics=metrics.for_pipeline(p.name),
             hooks=parts.hooks,
             retry_feature_store_s=config.feature_store_retry_s,
@@ -275,6 +276,7 @@ def _watch_coverage(
 
 class _Loaded(NamedTuple):
     engine: OnnxEngine
+    plan: FeedPlan
     store: RedisLookups
     hooks: BatchHooks
     canary: Canary | None
@@ -284,9 +286,9 @@ class _Loaded(NamedTuple):
 def _load(p: PipelineConfig, config: WorkerConfig, metrics: Metrics) -> _Loaded:
     """A pipeline's model, lookups and hooks (``open_parts``), then its canary and shadow
     models (``load_candidates``)."""
-    engine, store, hooks = open_parts(p, config.redis, metrics=metrics)
+    engine, plan, store, hooks = open_parts(p, config.redis, metrics=metrics)
     try:
-        serving = LoadedModel(engine, FeedPlan.build(p, engine.inputs))
+        serving = LoadedModel(engine, plan)
         canary, shadow = load_candidates(p, serving, metrics=metrics)
     except BaseException:
         store.close()
@@ -309,6 +311,7 @@ def _load(p: PipelineConfig, config: WorkerConfig, metrics: Metrics) -> _Loaded:
         )
     return _Loaded(
         engine,
+        plan,
         store,
         hooks,
         Canary(ModelSlot(canary), p.canary.percent) if canary and p.canary else None,

@@ -42,6 +42,7 @@ from worker.loop.consumer_events import ConsumerEvents
 from worker.loop.worker import Worker
 from worker.ops.health import HealthState
 from worker.ops.metrics import Metrics
+from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.steps import Pipeline
 
 TOPIC = "req"
@@ -434,10 +435,12 @@ def build_worker(
     )
     metrics = Metrics(CollectorRegistry())
     store = GatedStore(data, classifier.fields)
+    engine = OnnxEngine(pipeline_config.model)
     pipeline = Pipeline(
         config.pipelines[0],
         store=store,
-        engine=OnnxEngine(pipeline_config.model),
+        engine=engine,
+        plan=FeedPlan.build(config.pipelines[0], engine.inputs),
         metrics=metrics.for_pipeline("p"),
     )
     consumer = FakeConsumer()

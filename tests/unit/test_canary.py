@@ -20,6 +20,7 @@ from worker.inference.engine import Feeds, OnnxEngine, Outputs
 from worker.inference.slot import LiveModel, ModelSlot
 from worker.ops.metrics import Metrics
 from worker.pipeline.canary import BUCKETS, Canary, canary_bucket, canary_mask
+from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.steps import Pipeline
 
 if TYPE_CHECKING:
@@ -110,6 +111,7 @@ def _pipeline(
         config,
         store=make_store(data, FIELDS),
         engine=primary,
+        plan=FeedPlan.build(config, primary.inputs),
         metrics=metrics.for_pipeline("p"),
         canary=Canary(ModelSlot(LiveModel.of(spec, candidate)), percent),
     )

@@ -638,7 +638,8 @@ def make_pipeline(store: RowStore, **kw: Any) -> Pipeline:
         model=ModelSpec(path=Path("unused.onnx"), name="m"),
     )
     metrics = Metrics(CollectorRegistry()).for_pipeline("p")
-    return Pipeline(config, store=store, engine=_Engine(), metrics=metrics, **kw)
+    plan = FeedPlan.build(config, _Engine.inputs)
+    return Pipeline(config, store=store, engine=_Engine(), plan=plan, metrics=metrics, **kw)
 
 
 BATCH = [_Msg(b'{"id": "r1", "entity": "e1"}'), _Msg(b'{"id": "r2", "entity": "e2"}')]

@@ -20,6 +20,7 @@ from worker.core.tracker import DeliveryTracker
 from worker.inference.engine import OnnxEngine
 from worker.inference.slot import LiveModel, ModelIdentity, ModelSlot
 from worker.ops.metrics import Metrics
+from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.steps import Pipeline
 
 if TYPE_CHECKING:
@@ -46,10 +47,12 @@ def pipeline(config: PipelineConfig, make_store: StoreFactory) -> Pipeline:
         e: {f: repr(v).encode() for f, v in zip(FIELDS, row, strict=True)}
         for e, row in ROWS.items()
     }
+    engine = OnnxEngine(config.model)
     return Pipeline(
         config,
         store=make_store(data, FIELDS),
-        engine=OnnxEngine(config.model),
+        engine=engine,
+        plan=FeedPlan.build(config, engine.inputs),
         metrics=Metrics(CollectorRegistry()).for_pipeline("p"),
     )
 

@@ -31,6 +31,7 @@ from worker.config import CacheSpec, FeatureSpec, ModelSpec, PipelineConfig, par
 from worker.errors import ConfigError
 from worker.inference.engine import InferenceEngine, OnnxEngine
 from worker.ops.metrics import Metrics
+from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.hooks import BatchHooks
 from worker.pipeline.steps import Pipeline
 
@@ -82,10 +83,12 @@ class Harness:
         assert built is not None
         self.cache: OutputCache = built
         self.engine = engine
+        plan = FeedPlan.build(config, engine.inputs)
         self.cached = Pipeline(
             config,
             store=store,
             engine=engine,
+            plan=plan,
             metrics=self.metrics.for_pipeline("p"),
             cache=self.cache,
         )
@@ -93,6 +96,7 @@ class Harness:
             config.model_copy(update={"cache": CacheSpec()}),
             store=store,
             engine=engine,
+            plan=plan,
             metrics=Metrics(CollectorRegistry()).for_pipeline("p"),
         )
         self.offset = 0
@@ -294,6 +298,7 @@ def test_hooks_and_a_cache_do_not_go_together(
             store=store,
             engine=onnx_engine,
             metrics=metrics.for_pipeline("p"),
+            plan=FeedPlan.build(config, onnx_engine.inputs),
             hooks=BatchHooks(prepare=lambda requests, inputs: inputs),
             cache=cache,
         )

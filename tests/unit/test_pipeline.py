@@ -23,6 +23,7 @@ from worker.inference.engine import Feeds, InferenceEngine, OnnxEngine, Outputs,
 from worker.kafka.limits import RecordLimits, record_size
 from worker.kafka.sink import Headers
 from worker.ops.metrics import Metrics
+from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.hooks import BatchHooks, load_hooks
 from worker.pipeline.steps import Pipeline
 
@@ -224,10 +225,14 @@ def make_pipeline(
     config: PipelineConfig, store: MemoryStore, onnx_engine: OnnxEngine, metrics: Metrics
 ) -> PipelineFactory:
     def make(engine: InferenceEngine | None = None, **kw: Any) -> Pipeline:
+        """A pipeline on ``config`` (or ``config=``) and ``onnx_engine`` (or ``engine``)."""
+        cfg: PipelineConfig = kw.pop("config", config)
+        engine = engine if engine is not None else onnx_engine
         return Pipeline(
-            config,
+            cfg,
             store=kw.pop("store", store),
-            engine=engine if engine is not None else onnx_engine,
+            engine=engine,
+            plan=FeedPlan.build(cfg, engine.inputs),
             metrics=metrics.for_pipeline("p"),
             **kw,
         )
@@ -527,14 +532,12 @@ def test_feature_store_error_propagates_without_retry(
     assert sink.sent == []
 
 
-def test_model_width_must_match_fields(
-    config: PipelineConfig, onnx_engine: OnnxEngine, store: MemoryStore, metrics: Metrics
-) -> None:
+def test_model_width_must_match_fields(config: PipelineConfig, onnx_engine: OnnxEngine) -> None:
     narrow = PipelineConfig.model_validate(
         {**config.model_dump(exclude={"lookups"}), "features": {"fields": ["a", "b"]}}
     )
     with pytest.raises(ModelMismatchError, match=r"takes 30 columns but 2 features feed it"):
-        Pipeline(narrow, store=store, engine=onnx_engine, metrics=metrics.for_pipeline("p"))
+        FeedPlan.build(narrow, onnx_engine.inputs)
 
 
 def test_traceparent_of_a_request_is_carried_to_its_result(
@@ -552,14 +555,9 @@ def test_traceparent_of_a_request_is_carried_to_its_result(
 
 
 def test_source_headers_off_leaves_only_the_trace_context(
-    config: PipelineConfig,
-    onnx_engine: OnnxEngine,
-    store: MemoryStore,
-    metrics: Metrics,
-    sink: FakeSink,
+    config: PipelineConfig, make_pipeline: PipelineFactory, sink: FakeSink
 ) -> None:
-    bare = config.model_copy(update={"source_headers": False})
-    pipeline = Pipeline(bare, store=store, engine=onnx_engine, metrics=metrics.for_pipeline("p"))
+    pipeline = make_pipeline(config=config.model_copy(update={"source_headers": False}))
     trace = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     traced = FakeMessage(b'{"id": "t1", "entity": "e0"}', 0, headers=[("traceparent", trace)])
     plain = FakeMessage(b'{"id": "t2", "entity": "e0"}', 1)
@@ -678,15 +676,9 @@ def refused(sent: Sent) -> Message:
 
 @pytest.mark.parametrize("source_headers", [True, False])
 def test_a_result_the_broker_refuses_becomes_its_requests_dead_letter(
-    config: PipelineConfig,
-    store: MemoryStore,
-    onnx_engine: OnnxEngine,
-    metrics: Metrics,
-    sink: FakeSink,
-    source_headers: bool,
+    config: PipelineConfig, make_pipeline: PipelineFactory, sink: FakeSink, source_headers: bool
 ) -> None:
-    cfg = config.model_copy(update={"source_headers": source_headers})
-    pipeline = Pipeline(cfg, store=store, engine=onnx_engine, metrics=metrics.for_pipeline("p"))
+    pipeline = make_pipeline(config=config.model_copy(update={"source_headers": source_headers}))
     batch = [FakeMessage(req("same", "e1"), 7, key=b"a"), FakeMessage(req("same", "e2"), 8)]
     tracker, _ = handle(pipeline, batch, sink)
     keyless = sink.to("res")[1]  # a compacted topic refuses a record without a key

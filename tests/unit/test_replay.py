@@ -19,6 +19,7 @@ from worker.config import BatchPolicy, FeatureSpec, ModelSpec, PipelineConfig
 from worker.errors import ConfigError, SinkError
 from worker.inference.engine import OnnxEngine
 from worker.ops.metrics import Metrics
+from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.steps import Pipeline
 from worker.replay import (
     REPLAY_ID_HEADER,
@@ -306,10 +307,12 @@ def pipeline(classifier: DemoModel, make_store: StoreFactory) -> Pipeline:
         features=FeatureSpec(fields=classifier.fields),
         model=ModelSpec(path=classifier.path, name="m", version="1"),
     )
+    engine = OnnxEngine(config.model)
     return Pipeline(
         config,
         store=store,
-        engine=OnnxEngine(config.model),
+        engine=engine,
+        plan=FeedPlan.build(config, engine.inputs),
         metrics=Metrics().for_pipeline("demo"),
     )
 

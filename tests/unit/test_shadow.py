@@ -27,6 +27,7 @@ from worker.inference.slot import LiveModel, ModelSlot
 from worker.kafka.limits import RecordLimits
 from worker.kafka.sink import Headers, Sink
 from worker.ops.metrics import Metrics
+from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.shadow import Agreement, ShadowRunner
 from worker.pipeline.steps import Pipeline
 
@@ -128,10 +129,12 @@ def _serve(
         cast(Sink, out),
         metrics.for_shadow("p"),
     )
+    live = OnnxEngine(config.model)
     pipeline = Pipeline(
         config,
         store=make_store(data, FIELDS),
-        engine=OnnxEngine(config.model),
+        engine=live,
+        plan=FeedPlan.build(config, live.inputs),
         metrics=metrics.for_pipeline("p"),
         shadow=runner,
     )

@@ -24,6 +24,7 @@ from worker.config import WorkerConfig
 from worker.inference.engine import OnnxEngine
 from worker.loop.worker import Worker
 from worker.ops.metrics import Metrics
+from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.steps import Pipeline
 
 LIVE, BULK = "live-req", "bulk-req"
@@ -68,11 +69,13 @@ def two_pipeline_worker(
     )
     metrics = Metrics(CollectorRegistry())
     stores = {p.name: GatedStore(data, classifier.fields) for p in config.pipelines}
+    engines = {p.name: OnnxEngine(p.model) for p in config.pipelines}
     pipelines = [
         Pipeline(
             p,
             store=stores[p.name],
-            engine=OnnxEngine(p.model),
+            engine=engines[p.name],
+            plan=FeedPlan.build(p, engines[p.name].inputs),
             metrics=metrics.for_pipeline(p.name),
         )
         for p in config.pipelines

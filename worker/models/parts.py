@@ -24,6 +24,9 @@ __all__ = ["LoadedModel", "Parts", "load_model", "open_parts"]
 
 class Parts(NamedTuple):
     engine: OnnxEngine
+    plan: FeedPlan
+    """How the config's features feed ``engine``: built once, here, for the pipeline's
+    life (a ``Pipeline`` takes it, and so does the reloader's check of a new version)."""
     store: RedisLookups
     hooks: BatchHooks
 
@@ -63,12 +66,12 @@ def open_parts(
     metrics: Metrics | None = None,
 ) -> Parts:
     """The engine of ``model`` (default: the pipeline's), checked against the config's
-    inputs and run once per ``warm_up`` batch size (default: every size a worker hands
-    it, see ``warm_up_sizes``, which are also the buckets a GPU pads batches to, and
-    TensorRT builds its engine for, here: ``load_model``); then the lookups, each probed
-    with the command a batch sends; then the hooks. The caller closes the store; it is
-    closed here when its probe fails. With ``metrics``, the engine's provider is
-    exported and its out-of-memory retries counted.
+    inputs (its feed plan, returned with it) and run once per ``warm_up`` batch size
+    (default: every size a worker hands it, see ``warm_up_sizes``, which are also the
+    buckets a GPU pads batches to, and TensorRT builds its engine for, here:
+    ``load_model``); then the lookups, each probed with the command a batch sends; then
+    the hooks. The caller closes the store; it is closed here when its probe fails. With
+    ``metrics``, the engine's provider is exported and its out-of-memory retries counted.
 
     Blocks while the model loads and runs and for one Redis round trip per lookup.
     Raises ``ModelMismatchError`` (the config does not fit the model's inputs),
@@ -88,4 +91,4 @@ def open_parts(
     except BaseException:
         store.close()
         raise
-    return Parts(engine, store, hooks)
+    return Parts(engine, plan, store, hooks)

@@ -254,7 +254,7 @@ def _run_locked(
         update={"path": model_path, "version": plan.model_version, "sha256": pinned}
     )
     # the engine refuses a file whose hash differs from the pinned one
-    engine, features, hooks = open_parts(pipeline_cfg, config.redis, model=model)
+    engine, feed_plan, features, hooks = open_parts(pipeline_cfg, config.redis, model=model)
     try:
         if not resuming:
             plan = replace(plan, model_sha256=engine.model_hash)
@@ -281,6 +281,7 @@ def _run_locked(
         ),
         store=features,
         engine=engine,
+        plan=feed_plan,
         metrics=metrics.for_pipeline(plan.pipeline),
         hooks=hooks,
         retry_feature_store_s=30.0,

@@ -76,7 +76,7 @@ def check_pipeline(cfg: PipelineConfig, redis: RedisSettings) -> CheckedPipeline
     """Run one batch through ``cfg``'s stages. Raises the ``StreamferError`` that would
     stop a worker: ConfigError (FeatureStoreConfigError among them), FeatureStoreError,
     or EngineError when the model loads but its outputs cannot be published."""
-    engine, store, hooks = open_parts(cfg, redis, warm_up=[1])  # outputs are publishable
+    engine, plan, store, hooks = open_parts(cfg, redis, warm_up=[1])  # outputs are publishable
     try:
         abort = threading.Event()
         abort.set()  # no waiting: the first refusal is the answer
@@ -84,12 +84,12 @@ def check_pipeline(cfg: PipelineConfig, redis: RedisSettings) -> CheckedPipeline
             cfg,
             store=store,
             engine=engine,
+            plan=plan,
             metrics=Metrics(CollectorRegistry()).for_pipeline(cfg.name),
             retry_feature_store_s=None,
             abort=abort,
             hooks=hooks,
         )
-        plan = pipeline.plan
         candidates = load_candidates(cfg, LoadedModel(engine, plan), warm_up=[1])
         example = engine.example(plan.widths())(1)
         values: dict[str, Any] = {}

@@ -1,0 +1,85 @@
+"""A batch's second step, the model: which engines score which rows of one ``Prepared``
+batch.
+
+It is a module of its own because it is where the model version is fixed: the step reads
+the ``ModelSlot`` once, so the whole batch runs on (and names) one model version even
+while ``worker.models.reloader`` swaps it. From there it picks one of three ways through
+``ModelCalls`` (``worker.pipeline.model_calls``): the rows the output cache lacks, a
+canary's share and the rest, or the whole batch; a failing row is isolated by bisection
+and refused alone. It runs on the second stage thread and produces nothing.
+"""
+
+from __future__ import annotations
+
+import time
+
+from worker.cache.output_cache import OutputCache
+from worker.inference.slot import ModelSlot
+from worker.ops.metrics import PipelineMetrics
+from worker.pipeline.canary import Canary
+from worker.pipeline.hooks import BatchHooks
+from worker.pipeline.model_calls import ModelCalls
+from worker.pipeline.prepare import Prepared
+from worker.pipeline.shadow import ShadowRunner
+
+__all__ = ["InferStep"]
+
+_perf = time.perf_counter
+
+
+class InferStep:
+    """Runs one pipeline's model on its batches; the pipeline's second stage thread."""
+
+    def __init__(
+        self,
+        *,
+        slot: ModelSlot,
+        hooks: BatchHooks,
+        metrics: PipelineMetrics,
+        cache: OutputCache | None = None,
+        canary: Canary | None = None,
+        shadow: ShadowRunner | None = None,
+    ) -> None:
+        self._slot = slot
+        self._hooks = hooks
+        self._calls = ModelCalls(hooks)
+        self._metrics = metrics
+        self._cache = cache
+        self._canary = canary
+        self._shadow = shadow
+
+    def __call__(self, prepared: Prepared) -> Prepared:
+        """Score ``prepared``'s rows; see ``Pipeline.infer``."""
+        live = self._slot.for_batch()
+        prepared.model, prepared.engine = live.identity, live.engine
+        if len(prepared.good):
+            started = _perf()
+            docs = prepared.decoded.docs
+            shadow = self._shadow
+            wants = self._hooks.active or (shadow is not None and shadow.wants_requests)
+            requests = [docs[g] for g in prepared.good.tolist()] if wants else []
+            split = prepared.canary
+            if prepared.cached is not None:
+                assert self._cache is not None
+                prepared.failed = self._calls.uncached(
+                    self._cache, prepared.cached, prepared.feeds, live.engine
+                )
+            elif split is None or self._canary is None:
+                prepared.outputs, prepared.failed = self._calls.run(
+                    live.engine, prepared.feeds, requests
+                )
+            else:
+                candidate = self._canary.slot.for_batch()
+                prepared.candidate = candidate.identity
+                prepared.candidate_engine = candidate.engine
+                prepared.outputs, prepared.failed = self._calls.split(
+                    (live.engine, candidate.engine), prepared.feeds, requests, split
+                )
+                self._metrics.canary_records.inc(int(split.sum()))
+            prepared.timings.infer_ms = (_perf() - started) * 1000.0
+            self._metrics.infer_seconds.observe(prepared.timings.infer_ms / 1000.0)
+            if shadow is None:
+                prepared.feeds = {}
+            elif wants:
+                prepared.requests = requests
+        return prepared
