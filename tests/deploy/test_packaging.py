@@ -138,15 +138,34 @@ def test_the_runtime_imports_no_dev_package() -> None:
     assert done.returncode == 0, done.stderr
 
 
-@pytest.mark.parametrize("missing", ["streamfer_dev", "sklearn"])
+def test_the_dev_package_adds_demo_as_a_plugin_command() -> None:
+    """``demo`` reaches the command line through the entry-point group that
+    ``worker.cli.plugins`` reads, in pyproject.toml and in the installed metadata (an
+    editable install made before the entry point was added lacks it: reinstall)."""
+    declared = PYPROJECT["project"]["entry-points"]["streamfer.commands"]
+    assert declared == {"demo": "streamfer_dev.cli:add_demo"}
+    installed = importlib.metadata.entry_points(group="streamfer.commands")
+    assert {p.name: p.value for p in installed} == declared
+
+
 def test_demo_without_the_demo_extra_names_it(
-    missing: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setitem(sys.modules, missing, None)  # ``import`` raises, find_spec is None
+    monkeypatch.setitem(sys.modules, "sklearn", None)  # ``import`` raises, find_spec is None
     assert main(["demo", "--records", "10"]) == 2
     err = capsys.readouterr().err
     assert "pip install 'streamfer[demo]'" in err
-    assert ("scikit-learn" if missing == "sklearn" else "streamfer_dev") in err
+    assert "scikit-learn" in err
+
+
+def test_demo_without_the_dev_package_says_why(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for module in ("streamfer_dev", "streamfer_dev.cli"):  # imported or not: ``import`` raises
+        monkeypatch.setitem(sys.modules, module, None)
+    assert main(["demo", "--records", "10"]) == 2
+    err = capsys.readouterr().err
+    assert "streamfer demo: the command cannot be loaded from streamfer_dev.cli:add_demo" in err
 
 
 @pytest.mark.parametrize("command", [["inspect"], ["optimize", "--fp16", "--eval", "r.csv"]])

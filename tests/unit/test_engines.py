@@ -779,7 +779,7 @@ def test_a_real_arena_out_of_memory_is_halved(tmp_path: Path) -> None:
 def test_requested_cuda_on_the_cpu_build_falls_back_with_the_reason(
     make_spec: SpecFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level("WARNING", logger="worker.inference.engine"):
+    with caplog.at_level("WARNING", logger="worker.inference.session"):
         engine = OnnxEngine(
             make_spec(
                 providers=[
@@ -819,7 +819,7 @@ def test_an_offered_provider_whose_library_is_missing_is_named(
     provider, the session comes up without it, and the warning names the library."""
     offered = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
     monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: offered)
-    with caplog.at_level("WARNING", logger="worker.inference.engine"):
+    with caplog.at_level("WARNING", logger="worker.inference.session"):
         engine = OnnxEngine(make_spec(providers=offered), batch_sizes=[1, 2, 4])
     assert engine.provider == "CPUExecutionProvider"
     assert "TensorrtExecutionProvider does not serve: its library " in caplog.text

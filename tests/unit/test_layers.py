@@ -1,5 +1,7 @@
 """The layer order of ``worker``: every import (lazy ones too) runs down, never up or
-sideways, so the tree shows the architecture and ``docs/architecture.md`` stays true.
+sideways, so the tree shows the architecture and ``docs/architecture.md`` stays true;
+and no runtime module imports the dev package ``streamfer_dev`` (its ``demo`` command
+reaches the command line as a plug-in, ``worker.cli.plugins``).
 
 Read from the source with ``ast``, not by importing: a lazy import inside a function
 counts as much as one at the top of a module.
@@ -53,9 +55,12 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def imported(path: Path, name: str | None = None) -> set[str]:
-    """Every ``worker`` module or package that ``path`` (module ``name``) imports,
-    anywhere in its code."""
+DEV_PACKAGE = "streamfer_dev"
+
+
+def imports(path: Path, name: str | None = None) -> set[str]:
+    """Every module, package or name that ``path`` (module ``name``) imports, anywhere in
+    its code, relative imports resolved."""
     tree = ast.parse(path.read_text(), str(path))
     package = (name or module_name(path)).split(".")
     if path.name != "__init__.py":
@@ -71,7 +76,26 @@ def imported(path: Path, name: str | None = None) -> set[str]:
                 base = ".".join([*anchor, *([base] if base else [])])
             found.add(base)
             found.update(f"{base}.{a.name}" for a in node.names)
-    return {m for m in found if m == "worker" or m.startswith("worker.")}
+    return found
+
+
+def imported(path: Path, name: str | None = None) -> set[str]:
+    """Every ``worker`` module or package that ``path`` (module ``name``) imports,
+    anywhere in its code."""
+    return {m for m in imports(path, name) if m == "worker" or m.startswith("worker.")}
+
+
+def dev_imports(path: Path, name: str | None = None) -> list[str]:
+    """What ``path`` imports of the dev package, and every string of it that names one of
+    its modules (``importlib.import_module("streamfer_dev.demo")``, an entry point)."""
+    tree = ast.parse(path.read_text(), str(path))
+    strings = {
+        node.value.split(":")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    }
+    found = imports(path, name) | strings
+    return sorted(m for m in found if m == DEV_PACKAGE or m.startswith(f"{DEV_PACKAGE}."))
 
 
 MODULES = sorted(PACKAGE.rglob("*.py"))
@@ -145,3 +169,25 @@ def test_the_check_sees_lazy_relative_and_sideways_imports(tmp_path: Path) -> No
     found = imported(module, "worker.kafka.probe")
     assert wrong_way("worker.kafka.probe", found) == ["worker.loop.worker", "worker.ops.metrics"]
     assert "worker.kafka.sink" in found
+
+
+def test_the_runtime_never_imports_the_dev_package() -> None:
+    found = {module_name(p): dev_imports(p) for p in MODULES}
+    assert not {name: dev for name, dev in found.items() if dev}
+
+
+def test_the_check_sees_lazy_imports_of_the_dev_package(tmp_path: Path) -> None:
+    module = tmp_path / "probe.py"
+    module.write_text(
+        "import importlib\n"
+        "def f():\n"
+        "    from streamfer_dev.demo import run_demo\n"
+        "    import streamfer_dev\n"
+        "    return importlib.import_module('streamfer_dev.stack')\n"
+    )
+    assert dev_imports(module, "worker.cli.probe") == [
+        "streamfer_dev",
+        "streamfer_dev.demo",
+        "streamfer_dev.demo.run_demo",
+        "streamfer_dev.stack",
+    ]

@@ -1,5 +1,6 @@
-"""The ``streamfer`` command line: run a worker, check a config, run the demo, replay a
-slice of history, show or reset a group's offsets, and inspect or optimize a model.
+"""The ``streamfer`` command line: run a worker, check a config, replay a slice of
+history, show or reset a group's offsets, inspect or optimize a model, and the commands
+plug-ins add (``worker.cli.plugins``), such as the demo.
 
 Signal handlers only set a flag: the first SIGTERM or SIGINT asks the worker to drain,
 commit and leave the group; a second one exits at once (uncommitted records are then

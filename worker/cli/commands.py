@@ -1,6 +1,6 @@
-"""The commands beside serving: ``check``, ``demo``, ``replay``, ``offsets``, ``features
-load`` and ``model inspect / optimize``, each a thin shell over ``worker.tools`` or
-``worker.replay`` that prints and picks the exit code."""
+"""The commands beside serving: ``check``, ``replay``, ``offsets``, ``features load`` and
+``model inspect / optimize``, each a thin shell over ``worker.tools`` or ``worker.replay``
+that prints and picks the exit code."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from worker.errors import ConfigError, StreamferError
 
 __all__ = [
     "cmd_check",
-    "cmd_demo",
     "cmd_features_load",
     "cmd_model_inspect",
     "cmd_model_optimize",
@@ -142,43 +141,6 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"streamfer check: failed: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    # The demo lives in the dev package; its dependencies come with the demo extra.
-    try:
-        from streamfer_dev import missing_requirements
-        from streamfer_dev.demo import DemoOptions, print_report, run_demo
-
-        missing = missing_requirements()
-    except ImportError as exc:
-        missing = [exc.name or "streamfer_dev"]
-    if missing:
-        print(
-            f"streamfer demo needs the demo extra (missing {', '.join(missing)}): "
-            "pip install 'streamfer[demo]'",
-            file=sys.stderr,
-        )
-        return 2
-    from worker.ops.logs import setup_logging
-
-    setup_logging("text", logging.WARNING if args.json else logging.INFO)
-    try:
-        report = run_demo(
-            DemoOptions(
-                broker=args.broker,
-                records=args.records,
-                workers=args.workers,
-                partitions=args.partitions,
-                rate=args.rate,
-                bad_fraction=args.bad_fraction,
-            )
-        )
-    except StreamferError as exc:
-        print(f"streamfer demo: {exc}", file=sys.stderr)
-        return 1
-    print_report(report, as_json=args.json)
-    return 0 if report["lost"] == 0 else 1
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

@@ -1,21 +1,23 @@
-"""The ``streamfer`` parser: every command and its flags, each bound to its handler."""
+"""The ``streamfer`` parser: every command and its flags, each bound to its handler;
+the commands of plug-ins (``worker.cli.plugins``) follow streamfer's own."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from worker.cli.commands import (
     cmd_check,
-    cmd_demo,
     cmd_features_load,
     cmd_model_inspect,
     cmd_model_optimize,
     cmd_offsets,
     cmd_replay,
 )
+from worker.cli.plugins import add_plugin_commands
 from worker.cli.serve import cmd_run
 from worker.core.version import __version__
 
@@ -23,7 +25,8 @@ __all__ = ["build_parser", "main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -45,7 +48,9 @@ def _config_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """streamfer's own commands; with the command line ``argv``, also those of plug-ins,
+    unless ``argv`` names one of streamfer's own (so ``streamfer run`` imports none)."""
     parser = argparse.ArgumentParser(
         prog="streamfer", description="Kafka stream-processing inference worker."
     )
@@ -90,35 +95,18 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="one JSON object: every check")
     check.set_defaults(func=cmd_check)
 
-    demo = sub.add_parser("demo", help="start a local stack and stream requests through workers")
-    demo.add_argument(
-        "--broker",
-        choices=["auto", "kafka", "tansu", "external"],
-        default="auto",
-        help="auto: Apache Kafka when Java is present, else Tansu; external: "
-        "KAFKA_BOOTSTRAP_SERVERS [env]",
-    )
-    demo.add_argument("--records", type=int, default=20_000)
-    demo.add_argument("--workers", type=int, default=2)
-    demo.add_argument("--partitions", type=int, default=4)
-    demo.add_argument(
-        "--rate",
-        type=float,
-        default=0.0,
-        help="requests per second; 0 produces as fast as possible",
-    )
-    demo.add_argument(
-        "--bad-fraction",
-        type=float,
-        default=0.01,
-        help="share of deliberately bad requests (they become dead letters)",
-    )
-    demo.add_argument("--json", action="store_true", help="print one JSON object")
-    demo.set_defaults(func=cmd_demo)
     _add_replay_commands(sub)
     _add_feature_commands(sub)
     _add_model_commands(sub)
+    if argv is not None and _command(argv) not in sub.choices:
+        add_plugin_commands(sub)
     return parser
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names: its first word that is not an option (streamfer's own
+    options, ``--help`` and ``--version``, take no value)."""
+    return next((word for word in argv if not word.startswith("-")), None)
 
 
 def _add_replay_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

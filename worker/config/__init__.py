@@ -1,37 +1,31 @@
-"""The worker's configuration: the typed schema (``schema``), loading it with environment
-overrides (``loading``), redaction (``redaction``), Redis URL checks (``redis_url``), and
-what the file system resolves (``resolution``, ``model_versions``) kept out of the schema.
+"""The worker's configuration. The typed schema, a module per concept: the settings
+models' shared base (``base``), the Kafka and Redis connections (``connections``), a
+pipeline's inputs (``inputs``), its model and execution providers (``model_spec``), the
+canary and shadow models (``candidates``), the pipeline itself (``pipeline``) and the
+whole worker (``worker_config``). Beside it: loading with environment overrides
+(``loading``), redaction (``redaction``), Redis URL checks (``redis_url``), and what the
+file system resolves (``resolution``, ``model_versions``), kept out of the schema.
 
 Every value is validated at start-up; a bad one raises ``ConfigError`` whose message names
 the field. Secrets are ``SecretStr`` and never print, and no error message quotes one.
 """
 
+from worker.config.candidates import CanarySpec, CandidateSpec, ShadowSpec
+from worker.config.connections import KafkaSettings, RedisSettings
+from worker.config.inputs import FeatureSpec, LookupSpec, MissingPolicy, RequestMapping
 from worker.config.loading import ENV_PREFIX, load_config, parse_config
-from worker.config.redaction import LIBRDKAFKA_SECRET_OPTIONS, redacted
-from worker.config.redis_url import redis_url_problem
-from worker.config.schema import (
+from worker.config.model_spec import CudaOptions, ModelSpec, TensorrtOptions
+from worker.config.pipeline import (
     PRIORITY_NAMES,
     BatchPolicy,
     CacheSpec,
-    CanarySpec,
-    CandidateSpec,
-    CudaOptions,
-    FeatureSpec,
     HooksSpec,
-    KafkaSettings,
-    LookupSpec,
-    MetricsSettings,
-    MissingPolicy,
-    ModelSpec,
     PipelineConfig,
     Priority,
-    RedisSettings,
-    RequestMapping,
-    ShadowSpec,
-    TensorrtOptions,
-    WorkerConfig,
-    is_loopback,
 )
+from worker.config.redaction import LIBRDKAFKA_SECRET_OPTIONS, redacted
+from worker.config.redis_url import redis_url_problem
+from worker.config.worker_config import MetricsSettings, WorkerConfig, is_loopback
 
 __all__ = [
     "ENV_PREFIX",

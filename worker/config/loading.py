@@ -18,7 +18,7 @@ from pydantic import (
 )
 
 from worker.config.resolution import read_secret_files, resolve_and_check_models
-from worker.config.schema import WorkerConfig
+from worker.config.worker_config import WorkerConfig
 from worker.errors import ConfigError
 
 __all__ = ["ENV_PREFIX", "load_config", "parse_config"]

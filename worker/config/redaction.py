@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.config.schema import WorkerConfig
+from worker.config.worker_config import WorkerConfig
 
 __all__ = ["LIBRDKAFKA_SECRET_OPTIONS", "redacted"]
 

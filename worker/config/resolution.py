@@ -13,8 +13,10 @@ from pydantic import (
     SecretStr,
 )
 
+from worker.config.candidates import CandidateSpec
+from worker.config.model_spec import ModelSpec
 from worker.config.model_versions import resolve_version
-from worker.config.schema import CandidateSpec, ModelSpec, WorkerConfig
+from worker.config.worker_config import WorkerConfig
 from worker.errors import ConfigError
 
 __all__ = ["read_secret_files", "resolve_and_check_models"]

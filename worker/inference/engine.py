@@ -3,7 +3,8 @@
 ``InferenceEngine`` is the plug-in point; ``OnnxEngine`` runs ONNX Runtime on the
 execution providers the config names (CPU by default; CUDA and TensorRT with
 onnxruntime-gpu on a GPU). A session is created once per model, after its file's
-SHA-256 is checked when pinned, and warmed up before the worker joins its group.
+SHA-256 is checked when pinned (``worker.inference.session`` opens it on the first
+provider that serves), and warmed up before the worker joins its group.
 Inputs may be of any
 type in ``ONNX_DTYPES`` (strings too), as ``worker.pipeline.feeds`` assembles them.
 ``infer`` hands back plain arrays only (numbers, bools or str, one row per input row):
@@ -28,7 +29,6 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -47,15 +47,8 @@ from worker.inference.outputs import (
     output_map,
     unpublishable,
 )
-from worker.inference.providers import (
-    CUDA,
-    GPU_PROVIDERS,
-    TENSORRT,
-    input_shapes,
-    provider_options,
-    why_not_serving,
-)
-from worker.inference.runtime_dist import gpu_install_hint
+from worker.inference.providers import CUDA, GPU_PROVIDERS, TENSORRT
+from worker.inference.session import EngineCache, open_session
 
 __all__ = [
     "ENGINES",
@@ -198,8 +191,6 @@ class OnnxEngine:
         batch_sizes: Sequence[int] | None = None,
         on_device_oom: Callable[[], None] | None = None,
     ) -> None:
-        import onnxruntime as ort
-
         path = spec.path
         if not path.is_file():
             raise EngineError(f"model file not found: {path}")
@@ -213,57 +204,19 @@ class OnnxEngine:
         self._on_oom = on_device_oom or (lambda: None)
         self._oom_logged = False
         self.requested: list[str] = list(spec.providers)
-        available = ort.get_available_providers()
-        chain = [p for p in spec.providers if p in available]
-        if not chain:
-            reasons = "; ".join(f"{p}: {why_not_serving(p, available)}" for p in spec.providers)
-            raise EngineError(
-                f"none of the execution providers {spec.providers} is available here; "
-                f"this onnxruntime offers {available} ({reasons})"
-            )
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = spec.intra_op_threads
-        options.inter_op_num_threads = 1
-        shapes = input_shapes(path) if TENSORRT in chain else []
-        trt_cache = spec.tensorrt.engine_cache_dir if TENSORRT in chain else None
-        cached = _files(trt_cache) if trt_cache is not None else frozenset()
-        providers = provider_options(spec, chain, batch_sizes=sizes, inputs=shapes)
-        started = time.perf_counter()
-        self._session = _session(path, options, providers)
-        self.providers: list[str] = self._session.get_providers()
-        self.provider: str = _serving(self.requested, self.providers, available, path)
+        opened = open_session(spec, sizes)
+        self._session = opened.session
+        self.providers: list[str] = opened.providers
+        self.provider: str = opened.provider
         """The requested provider that serves (the session may add CPU for some nodes)."""
-        self._trt_cache: tuple[Path, frozenset[str]] | None = (
-            (trt_cache, cached) if trt_cache is not None and self.provider == TENSORRT else None
-        )
-        if self.provider in GPU_PROVIDERS:
-            log.info(
-                "model %s: %s session created in %.1f s",
-                path.name,
-                self.provider,
-                time.perf_counter() - started,
-            )
+        self._trt_cache: EngineCache | None = opened.engine_cache
         self._inputs = [_tensor_input(i.name, i.type, i.shape) for i in self._session.get_inputs()]
         declared = self._session.get_outputs()
         types = {o.name: o.type for o in declared}
         self.output_types: dict[str, str] = types
         self._outputs = output_map(spec.outputs, list(types), path)
         self._wanted = list(self._outputs.values())
-        one_row = [
-            o.name for o in declared if o.name in self._wanted and o.shape and o.shape[0] == 1
-        ]
-        if one_row:
-            # onnxmltools declares a LightGBM classifier's label as shape [1]: Runtime then
-            # warns on every batch that the real shape differs. Its load-time warnings
-            # were shown above; those of each run are not wanted.
-            log.warning(
-                "model %s declares outputs %s with one row but returns one per input row; "
-                "ONNX Runtime's per-batch warnings about it are silenced",
-                path.name,
-                one_row,
-            )
-            options.log_severity_level = 3
-            self._session = _session(path, options, providers)
+        self._session = opened.without_row_warnings(self._wanted)
         self._converters = converters(self._wanted, types, path)
         self._class_names = class_names(spec.class_names, self._outputs, types, path)
         self._run = self._session.run
@@ -471,21 +424,7 @@ class OnnxEngine:
             1000 * (time.perf_counter() - started),
         )
         if self._trt_cache is not None:
-            folder, before = self._trt_cache
-            written = sorted(_files(folder) - before)
-            if written:
-                log.info(
-                    "model %s: TensorRT built its engine and wrote %s to the cache %s",
-                    self._path.name,
-                    written,
-                    folder,
-                )
-            else:
-                log.info(
-                    "model %s: TensorRT engine taken from the cache %s (nothing new written)",
-                    self._path.name,
-                    folder,
-                )
+            self._trt_cache.report(self._path.name)
             self._trt_cache = None
 
 
@@ -497,67 +436,6 @@ def _plain_runner(engine: weakref.ref[OnnxEngine]) -> Runner:
         return values
 
     return run
-
-
-# An older TensorRT provider refuses explicit profiles that leave a TensorRT subgraph's
-# dynamic input (an inner tensor, when the graph is partitioned) without one.
-_PROFILE_REFUSED = "no associated shape profiles"
-
-
-def _session(path: Path, options: Any, providers: Sequence[tuple[str, dict[str, str]]]) -> Any:
-    import onnxruntime as ort
-
-    try:
-        return ort.InferenceSession(str(path), options, providers=list(providers))
-    except Exception as exc:  # onnxruntime raises its own untyped errors
-        if _PROFILE_REFUSED in str(exc):
-            log.warning(
-                "model %s: TensorRT wants profiles for inner tensors too (%s); letting it "
-                "derive them from the warm-up shapes instead",
-                path.name,
-                str(exc).strip().splitlines()[-1][:300],
-            )
-            plain = [
-                (name, {k: v for k, v in opts.items() if not k.startswith("trt_profile_")})
-                for name, opts in providers
-            ]
-            return _session(path, options, plain)
-        raise EngineError(f"cannot load model {path}: {exc}") from exc
-
-
-def _serving(
-    requested: Sequence[str], served: Sequence[str], available: Sequence[str], path: Path
-) -> str:
-    """The first requested provider the session has; a warning for each one before it,
-    saying why it does not serve. Raises EngineError when none of them serves."""
-    for at, name in enumerate(requested):
-        if name in served:
-            for lost, then in pairwise(requested[: at + 1]):
-                # A runtime without the provider is mended by installing another: the
-                # pip commands go once, after the last warning, on lines of their own.
-                missing = then == name and any(p not in available for p in requested[:at])
-                fix = f"\n{gpu_install_hint()}" if missing else ""
-                log.warning(
-                    "model %s: %s does not serve: %s; %s%s",
-                    path.name,
-                    lost,
-                    why_not_serving(lost, available),
-                    f"{then} serves instead" if then == name else f"falling back to {then}",
-                    fix,
-                )
-            return name
-    reasons = "; ".join(f"{p}: {why_not_serving(p, available)}" for p in requested)
-    raise EngineError(
-        f"model {path}: none of the execution providers {list(requested)} serves "
-        f"(the session has {list(served)}): {reasons}"
-    )
-
-
-def _files(folder: Path) -> frozenset[str]:
-    try:
-        return frozenset(p.name for p in folder.iterdir())
-    except OSError:
-        return frozenset()
 
 
 def _unbindable(

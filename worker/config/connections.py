@@ -1,0 +1,98 @@
+"""Where the worker's Kafka cluster and its Redis feature store are, and how it signs in
+to each: ``[kafka]`` and ``[redis]``. Credentials are secrets that never print; a
+password file is read in at start-up by ``worker.config.loading``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, model_validator
+
+from worker.config.base import Frozen
+from worker.config.redis_url import redis_url_problem
+from worker.errors import ConfigError
+
+__all__ = ["KafkaSettings", "LibrdkafkaValue", "RedisSettings"]
+
+LibrdkafkaValue = str | int | float | bool
+
+
+class KafkaSettings(Frozen):
+    """Where the cluster is and how this worker joins its group.
+
+    ``options`` go to both consumer and producer verbatim (security settings, for
+    example); ``consumer_options`` and ``producer_options`` to one of them.
+    """
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    group_id: str = "streamfer"
+    auto_offset_reset: Literal["earliest", "latest", "error"] = "earliest"
+    session_timeout_ms: int = Field(default=45000, ge=1000, le=3_600_000)
+    heartbeat_interval_ms: int = Field(default=1000, ge=100, le=3_600_000)
+    """How soon a member hears of a rebalance. A cooperative rebalance takes two rounds,
+    so a replica added under load waits about two intervals for its partitions:
+    librdkafka's default of 3 s made that 6 s."""
+    max_poll_interval_ms: int = Field(default=300_000, ge=1000)
+    group_instance_id: str | None = None
+    group_coverage_check_s: float = Field(default=10.0, ge=0)
+    """With ``group_instance_id``: how often to look for partitions no member of the
+    settled group owns (``worker.kafka.group_coverage``); 0 never looks."""
+    options: dict[str, LibrdkafkaValue] = Field(default_factory=dict)
+    consumer_options: dict[str, LibrdkafkaValue] = Field(default_factory=dict)
+    producer_options: dict[str, LibrdkafkaValue] = Field(default_factory=dict)
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    sasl_password_file: Path | None = None
+    """Read at start-up into ``sasl_password`` (a mounted Kubernetes secret, say)."""
+
+    @model_validator(mode="after")
+    def _heartbeat_within_session(self) -> KafkaSettings:
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise ValueError(
+                f"heartbeat_interval_ms ({self.heartbeat_interval_ms}) must be less than "
+                f"session_timeout_ms ({self.session_timeout_ms})"
+            )
+        return self
+
+    def client_options(self) -> dict[str, LibrdkafkaValue]:
+        """``options`` plus the SASL credentials, for both clients."""
+        merged = dict(self.options)
+        if self.sasl_username is not None:
+            merged["sasl.username"] = self.sasl_username
+        if self.sasl_password is not None:
+            merged["sasl.password"] = self.sasl_password.get_secret_value()
+        return merged
+
+
+class RedisSettings(Frozen):
+    """The feature store. The URL may carry a password, so it is a secret; use
+    ``rediss://`` for TLS (``ssl_ca_certs`` to trust a private CA) and ``username`` /
+    ``password`` (or ``password_file``) for AUTH and ACL users."""
+
+    url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
+    url_file: Path | None = None
+    username: str | None = None
+    password: SecretStr | None = None
+    password_file: Path | None = None
+    ssl_ca_certs: Path | None = None
+    socket_timeout_s: float = Field(default=5.0, gt=0)
+    cluster: bool = False
+    """``url`` is a seed node of a Redis Cluster: each batch's keys go to the nodes that
+    own their slots, one pipelined write per node, all sent before any reply is read."""
+
+    def checked_url(self, source: str | None = None) -> str:
+        """The URL, once it is known that redis-py reads it as written. Raises
+        ``ConfigError`` naming the field and the fix, with no part of the URL in it."""
+        url = self.url.get_secret_value()
+        problem = redis_url_problem(url)
+        if problem is None:
+            return url
+        field = "redis.url" if self.url_file is None else "redis.url (read from redis.url_file)"
+        where = f"{source}: " if source else ""
+        raise ConfigError(
+            f"{where}{field}: cannot be used as written: {problem}. Percent-encode the user "
+            "name and password in the URL (urllib.parse.quote(password, safe='')), or leave "
+            "them out of it and set redis.username and redis.password or "
+            "redis.password_file"
+        ) from None

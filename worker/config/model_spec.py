@@ -1,0 +1,120 @@
+"""The model a pipeline serves and where it runs: the ONNX file, its inputs and outputs,
+the execution providers in order, and their options (``CudaOptions``,
+``TensorrtOptions``). ``worker.inference`` reads these; the schema itself loads nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from worker.config.base import Frozen
+
+__all__ = ["CudaOptions", "ModelSpec", "Provider", "TensorrtOptions"]
+
+Provider = Literal["CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"]
+_CPU: Provider = "CPUExecutionProvider"
+
+
+class CudaOptions(Frozen):
+    """ONNX Runtime's CUDA provider, as ``[pipelines.model.cuda]``; also the device
+    TensorRT runs on. See ``worker.inference.providers.provider_options`` for the option names."""
+
+    device_id: int = Field(default=0, ge=0, le=255)
+    cudnn_conv_algo_search: Literal["EXHAUSTIVE", "HEURISTIC", "DEFAULT"] = "EXHAUSTIVE"
+    """How cuDNN picks convolution kernels: benchmarked once per shape (EXHAUSTIVE,
+    Runtime's default), guessed (HEURISTIC) or fixed (DEFAULT)."""
+    arena_extend_strategy: Literal["kNextPowerOfTwo", "kSameAsRequested"] = "kNextPowerOfTwo"
+    """How the device memory arena grows; kSameAsRequested keeps several processes that
+    share one device from each reserving powers of two."""
+    gpu_mem_limit_mb: int | None = Field(default=None, ge=16)
+    """The arena's ceiling in MiB (None: Runtime's default, no limit)."""
+
+
+class TensorrtOptions(Frozen):
+    """ONNX Runtime's TensorRT provider, as ``[pipelines.model.tensorrt]``. Relative
+    directories resolve against the config file's directory; each must be writable when
+    TensorRT is among the providers (start-up fails naming it otherwise)."""
+
+    fp16: bool = False
+    engine_cache_dir: Path | None = None
+    """Built engines are kept here (a volume) and reused at the next start of the same
+    model, TensorRT version and GPU; None: an engine is built at every start."""
+    timing_cache_dir: Path | None = None
+    """TensorRT's kernel timings, which make the next build of any model faster."""
+    max_workspace_mb: int | None = Field(default=None, ge=16)
+    builder_optimization_level: int | None = Field(default=None, ge=0, le=5)
+
+
+class ModelSpec(Frozen):
+    """An ONNX model file, how to name it in results, and where to run it.
+
+    ``inputs`` maps each model input to the features that fill its columns, in order; by
+    default a model with one input gets every stored feature, and a model whose inputs
+    are named after features gets each its own. ``outputs`` maps result field names to
+    model output names; by default a classifier's label and probability outputs (as
+    skl2onnx names them) become ``label`` and ``scores``, and any other model's outputs
+    keep their own names. ``class_names`` turns the ``label`` output's class index into a
+    name (it may also be written inside the ``outputs`` table).
+
+    ``providers`` are tried in order (TensorRT, CUDA, CPU); one that cannot load is
+    skipped with a warning that says why. ``pad_to_buckets`` runs every batch at one of
+    the warmed batch sizes (``worker.inference.buckets``), ``io_binding`` through per-size bound
+    host buffers (``worker.inference.device_io``); each is on by default when a GPU provider
+    serves and off on the CPU, where neither pays.
+    """
+
+    path: Path
+    name: str = Field(min_length=1)
+    version: str = "1"
+    providers: list[Provider] = Field(default_factory=lambda: [_CPU])
+    intra_op_threads: int = Field(default=1, ge=0, le=256)
+    inputs: dict[str, list[str]] | None = None
+    outputs: dict[str, str] | None = None
+    class_names: list[str] | None = Field(default=None, min_length=1)
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
+    cuda: CudaOptions = CudaOptions()
+    tensorrt: TensorrtOptions = TensorrtOptions()
+    deterministic: bool = True
+    """False: the model may answer the same inputs differently (sampling, dropout left
+    on, a random seed per run), so its outputs are never cached (``cache.enabled`` is
+    refused)."""
+    pad_to_buckets: bool | None = None
+    """None: on when the serving provider is CUDA or TensorRT."""
+    io_binding: bool | None = None
+    """None: on when batches are padded and the serving provider is CUDA or TensorRT;
+    models with string or map inputs or outputs are never bound."""
+    watch: bool | None = None
+    """Look for a new model every ``reload_poll_s`` and serve it without a restart
+    (``worker.models.reloader``). None: on when ``path`` is a directory of versions, off for a
+    file (which SIGHUP or ``POST /reload`` still make the worker look at)."""
+    reload_poll_s: float = Field(default=3.0, gt=0, le=3600)
+    version_dir: Path | None = None
+    """Set when the config is loaded, never written: the directory of numbered versions
+    that ``path`` named, when the worker follows its highest version (``path`` then
+    names that version's model.onnx, and ``version`` its name)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _class_names_may_sit_in_outputs(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("outputs"), dict):
+            outputs = dict(data["outputs"])
+            if "class_names" in outputs:
+                if "class_names" in data:
+                    raise ValueError("class_names is given twice: in model and in model.outputs")
+                data = {**data, "class_names": outputs.pop("class_names"), "outputs": outputs}
+        return data
+
+    @model_validator(mode="after")
+    def _inputs_are_columns(self) -> ModelSpec:
+        for name, columns in (self.inputs or {}).items():
+            if not columns:
+                raise ValueError(f"inputs.{name}: lists no features")
+            if len(set(columns)) != len(columns):
+                raise ValueError(f"inputs.{name}: a feature is listed twice")
+        if self.io_binding and self.pad_to_buckets is False:
+            raise ValueError(
+                "io_binding = true needs pad_to_buckets (its buffers are bound per bucket)"
+            )
+        return self

@@ -1,0 +1,216 @@
+"""One pipeline: request topics -> features -> model -> result topic, with its batch
+policy, hooks, output cache and priority, and the rules that tie its parts together (a
+cache needs a deterministic model and no hooks, a shadow its own topic, ...)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, ValidationError, model_validator
+
+from worker.config.base import Frozen, owners
+from worker.config.candidates import CanarySpec, ShadowSpec
+from worker.config.inputs import FeatureSpec, LookupSpec, RequestMapping
+from worker.config.model_spec import ModelSpec
+
+__all__ = [
+    "PRIORITY_NAMES",
+    "BatchPolicy",
+    "CacheSpec",
+    "HooksSpec",
+    "PipelineConfig",
+    "Priority",
+]
+
+
+PRIORITY_NAMES: dict[str, int] = {"interactive": 10, "normal": 0, "bulk": -10}
+"""The named priorities and the integers they stand for: higher goes to the model first."""
+_PRIORITY_RANGE = 100
+
+
+def _check_priority(value: Any) -> Any:
+    """A named priority or an integer within +-100; anything else names what is allowed."""
+    if isinstance(value, str) and value in PRIORITY_NAMES:
+        return value
+    in_range = isinstance(value, int) and -_PRIORITY_RANGE <= value <= _PRIORITY_RANGE
+    if in_range and not isinstance(value, bool):
+        return value
+    raise ValueError(
+        f"must be {', '.join(repr(n) for n in PRIORITY_NAMES)} or an integer from "
+        f"-{_PRIORITY_RANGE} to {_PRIORITY_RANGE} (higher goes first), got {value!r}"
+    )
+
+
+Priority = Annotated[int | str, BeforeValidator(_check_priority)]
+"""A pipeline's place in the model's queue: a name of ``PRIORITY_NAMES`` or an integer."""
+
+
+class BatchPolicy(Frozen):
+    """A batch closes at ``max_batch_size`` records or ``max_wait_ms`` after its first.
+
+    ``adaptive`` adds a latency budget: a batch is handed over at once whenever the model
+    is idle (so a lone request is not held for the window, and batches grow toward
+    ``max_batch_size`` only while the model is busy), and its window shrinks so that
+    records already ``age`` old when they arrive still close within
+    ``latency_budget_ms`` of their Kafka timestamp.
+    """
+
+    max_batch_size: int = Field(default=256, ge=1, le=100_000)
+    max_wait_ms: float = Field(default=20.0, ge=0, le=60_000)
+    mode: Literal["fixed", "adaptive"] = "fixed"
+    latency_budget_ms: float | None = Field(default=None, gt=0)
+
+
+_HOOK = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+
+
+class HooksSpec(Frozen):
+    """Python functions called once per batch, as ``package.module:function``: see
+    ``worker.pipeline.hooks`` for their signatures."""
+
+    prepare: str | None = Field(default=None, pattern=_HOOK)
+    postprocess: str | None = Field(default=None, pattern=_HOOK)
+
+
+class CacheSpec(Frozen):
+    """The output cache (``worker.cache.output_cache``): a row whose model inputs were seen
+    before gets the outputs computed then, without the model. ``max_entries`` rows are
+    kept in process (least recently used first out; 0: none); with ``redis_ttl_s`` they
+    are also shared through the worker's Redis for that many seconds, under
+    ``redis_key_prefix``, so other workers and restarts find them. The Redis tier is an
+    optimisation: a round trip that fails or takes over ``redis_timeout_ms`` counts as
+    misses, and the tier rests for a while, without holding the batch up."""
+
+    enabled: bool = False
+    max_entries: int = Field(default=100_000, ge=0, le=100_000_000)
+    redis_ttl_s: int | None = Field(default=None, ge=1, le=365 * 86_400)
+    redis_key_prefix: str = Field(default="streamfer:cache:", min_length=1, max_length=200)
+    redis_timeout_ms: float = Field(default=250.0, gt=0, le=60_000)
+
+
+class PipelineConfig(Frozen):
+    """Request topics → features → model → result topic, with its own batch policy.
+
+    ``features`` (one lookup, its entity id in the request's ``entity`` field) is the
+    short form of ``lookups`` and becomes a lookup named ``entity``."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    request_topics: list[str] = Field(min_length=1)
+    result_topic: str = Field(min_length=1)
+    dead_letter_topic: str = Field(min_length=1)
+    request: RequestMapping = RequestMapping()
+    features: FeatureSpec | None = None
+    lookups: list[LookupSpec] = Field(default_factory=list)
+    model: ModelSpec
+    canary: CanarySpec | None = None
+    shadow: ShadowSpec | None = None
+    hooks: HooksSpec = HooksSpec()
+    cache: CacheSpec = CacheSpec()
+    batch: BatchPolicy = BatchPolicy()
+    max_record_bytes: int = Field(default=1_048_576, ge=64)
+    source_headers: bool = True
+    """Results carry ``streamfer.request_id`` and ``streamfer.source_*`` headers. Off,
+    only a request's ``traceparent`` is copied: each header costs the producer about a
+    microsecond per record, and the body already holds the id and request time."""
+    priority: Priority = "normal"
+    """Where this pipeline's batches queue for each processing stage: a stage takes the
+    next batch of the highest priority waiting (``worker.loop.lanes``), first in, first out
+    within a priority. All pipelines alike (the default): one queue, as it comes."""
+    max_in_flight_share: float | None = Field(default=None, gt=0, le=1)
+    """The most of the worker's in-flight bound this pipeline's records may hold; beyond
+    it only this pipeline's partitions pause. None: ``bulk_in_flight_share`` when another
+    pipeline has a higher priority, no share of its own otherwise."""
+
+    @property
+    def rank(self) -> int:
+        """``priority`` as an integer: higher goes first."""
+        p = self.priority
+        return PRIORITY_NAMES[p] if isinstance(p, str) else p
+
+    @model_validator(mode="before")
+    @classmethod
+    def _features_is_one_lookup(cls, data: Any) -> Any:
+        """``features`` becomes the lookup ``entity`` (when it is valid: otherwise its
+        own errors, under ``features``, say what to fix)."""
+        if not isinstance(data, dict) or data.get("features") is None:
+            return data
+        features = data["features"]
+        try:
+            spec = (
+                features
+                if isinstance(features, FeatureSpec)
+                else FeatureSpec.model_validate(features)
+            )
+        except ValidationError:
+            return data
+        one = LookupSpec(name="entity", **spec.model_dump())
+        given = data.get("lookups")
+        if given:
+            same = [
+                g if isinstance(g, LookupSpec) else LookupSpec.model_validate(g) for g in given
+            ] == [one]
+            if not same:
+                raise ValueError("give either features or lookups, not both")
+        return {**data, "lookups": [one]}
+
+    @model_validator(mode="after")
+    def _lookups_are_unambiguous(self) -> PipelineConfig:
+        names = [lookup.name for lookup in self.lookups]
+        if len(set(names)) != len(names):
+            raise ValueError(f"lookup names must be unique, got {names}")
+        unknown = sorted(set(self.request.entities) - set(names))
+        if unknown:
+            raise ValueError(f"request.entities names {unknown}, which are not lookups {names}")
+        owners(((lk.name, lk.fields) for lk in self.lookups), "feature", "lookups")
+        if self.shadow is not None and self.shadow.topic in (
+            self.result_topic,
+            self.dead_letter_topic,
+        ):
+            raise ValueError(
+                f"shadow.topic {self.shadow.topic!r} must differ from result_topic and "
+                "dead_letter_topic"
+            )
+        if not self.lookups and self.model.inputs is None and self.request.features_array is None:
+            raise ValueError(
+                "no lookups and no model.inputs: name the features (lookups, "
+                "request.features_array or model.inputs)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _cache_is_sound(self) -> PipelineConfig:
+        cache = self.cache
+        if not cache.enabled:
+            return self
+        if not self.model.deterministic:
+            raise ValueError(
+                "cache.enabled = true but model.deterministic = false: a model that may "
+                "answer the same inputs differently cannot have its outputs cached"
+            )
+        hooks = [name for name in ("prepare", "postprocess") if getattr(self.hooks, name)]
+        if hooks:
+            raise ValueError(
+                f"cache.enabled = true with hooks.{' and hooks.'.join(hooks)}: hooks see the "
+                "whole request, so the model's inputs alone do not decide a result; turn "
+                "one of them off"
+            )
+        beside = [name for name in ("canary", "shadow") if getattr(self, name) is not None]
+        if beside:
+            raise ValueError(
+                f"cache.enabled = true with a {' and a '.join(beside)}: their results are "
+                "published and compared per model, the cache's per input; turn one off"
+            )
+        if cache.max_entries == 0 and cache.redis_ttl_s is None:
+            raise ValueError(
+                "cache.enabled = true with cache.max_entries = 0 and no cache.redis_ttl_s: "
+                "the cache has nowhere to keep anything"
+            )
+        return self
+
+    def entity_path(self, lookup: str) -> str:
+        """Where the request holds the entity id of ``lookup``."""
+        return self.request.entities.get(lookup, lookup)
+
+    def stored_fields(self) -> list[str]:
+        """Every feature the lookups store, lookup by lookup."""
+        return [field for lookup in self.lookups for field in lookup.fields]

@@ -1,0 +1,145 @@
+"""The whole configuration of one worker process (``WorkerConfig``): its connections, its
+pipelines, how results are delivered, the in-flight bounds, timeouts, logs and its HTTP
+endpoint (``MetricsSettings``); and the rules that span pipelines (no topic both read
+and written, every in-flight share room for a batch)."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from worker.config.base import Frozen, owners
+from worker.config.connections import KafkaSettings, RedisSettings
+from worker.config.pipeline import PipelineConfig
+from worker.errors import ConfigError
+
+__all__ = ["MetricsSettings", "WorkerConfig", "is_loopback"]
+
+
+class MetricsSettings(Frozen):
+    """The Prometheus endpoint; off unless a port is given. ``reload_endpoint`` adds
+    ``POST /reload`` (look for a new model now), for a loopback ``host`` only."""
+
+    host: str = "127.0.0.1"
+    port: int | None = Field(default=None, ge=0, le=65535)
+    reload_endpoint: bool = False
+
+    @model_validator(mode="after")
+    def _reload_only_on_loopback(self) -> MetricsSettings:
+        if self.reload_endpoint and not is_loopback(self.host):
+            raise ValueError(
+                f"reload_endpoint = true needs a loopback host (127.0.0.1, ::1 or "
+                f"localhost), not {self.host!r}: anyone who reaches the port could make "
+                "the worker load models; send SIGHUP instead"
+            )
+        return self
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address, or ``localhost``) is only reachable from this host."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class WorkerConfig(Frozen):
+    """Everything one worker process needs; several pipelines may share it."""
+
+    kafka: KafkaSettings = KafkaSettings()
+    redis: RedisSettings = RedisSettings()
+    pipelines: list[PipelineConfig] = Field(min_length=1)
+    delivery: Literal["at-least-once", "exactly-once"] = "at-least-once"
+    transaction_interval_ms: float = Field(default=100.0, ge=0, le=60_000)
+    """exactly-once: batches waiting behind each other share one transaction this long."""
+    exactly_once_probe: bool = True
+    """exactly-once: prove at start-up that the broker hides aborted records from
+    read_committed readers, on ``exactly_once_probe_topic``. False skips it (a warning)."""
+    exactly_once_probe_topic: str = Field(
+        default="__streamfer_transaction_probe", min_length=1, max_length=249
+    )
+    """Created (one partition, the cluster's default replication) when missing; where the
+    worker's user may not create topics, create it beforehand and allow it to use it."""
+    max_in_flight_batches: int = Field(default=4, ge=1, le=1024)
+    """Records produced but not yet committed stay under this many full batches' worth
+    (x max_batch_size); beyond it the loop waits, then pauses its partitions."""
+    bulk_in_flight_share: float = Field(default=0.5, gt=0, le=1)
+    """The share of the in-flight bound a pipeline may hold while another pipeline of
+    this worker has a higher priority (its own ``max_in_flight_share`` overrides it):
+    room kept for the latency-sensitive pipeline's records."""
+    max_overtaken_ms: float = Field(default=500.0, gt=0, le=600_000)
+    """A batch that higher-priority batches have overtaken at one stage for this long
+    goes next there: under a sustained overload of the higher priority, lower ones still
+    get one batch through per stage this often."""
+    poll_timeout_ms: float = Field(default=100.0, gt=0, le=10_000)
+    shutdown_timeout_s: float = Field(default=30.0, gt=0)
+    revoke_timeout_s: float = Field(default=10.0, gt=0)
+    feature_store_retry_s: float | None = Field(default=None, gt=0)
+    """How long one batch waits for an unreachable feature store; None: until it is back."""
+    statistics_interval_ms: int = Field(default=5000, ge=0)
+    liveness_timeout_s: float = Field(default=60.0, gt=0)
+    log_format: Literal["text", "json"] = "text"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    metrics: MetricsSettings = MetricsSettings()
+
+    @model_validator(mode="after")
+    def _topics_are_unambiguous(self) -> WorkerConfig:
+        names = [p.name for p in self.pipelines]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pipeline names must be unique, got {names}")
+        owner = owners(
+            ((p.name, p.request_topics) for p in self.pipelines), "request topic", "pipelines"
+        )
+        for p in self.pipelines:
+            shadow = [p.shadow.topic] if p.shadow is not None else []
+            for out in (p.result_topic, p.dead_letter_topic, *shadow):
+                if out in owner:
+                    raise ValueError(f"output topic {out!r} of {p.name!r} is also a request topic")
+        return self
+
+    @model_validator(mode="after")
+    def _shares_hold_a_batch(self) -> WorkerConfig:
+        bound = self.in_flight_bound
+        for i, p in enumerate(self.pipelines):
+            share = self.in_flight_share(p)
+            if share is None or share * bound >= p.batch.max_batch_size:
+                continue
+            field = (
+                f"pipelines[{i}].max_in_flight_share"
+                if p.max_in_flight_share is not None
+                else f"bulk_in_flight_share (which applies to pipelines[{i}], {p.name!r})"
+            )
+            raise ValueError(
+                f"{field}: {share:g} of the in-flight bound ({bound} records: "
+                f"max_in_flight_batches x the largest max_batch_size) is "
+                f"{int(share * bound)} records, less than one batch of {p.name!r} "
+                f"(max_batch_size {p.batch.max_batch_size}); raise the share or "
+                "max_in_flight_batches, or lower that max_batch_size"
+            )
+        return self
+
+    @property
+    def in_flight_bound(self) -> int:
+        """Records in flight at which every owned partition pauses."""
+        return self.max_in_flight_batches * max(p.batch.max_batch_size for p in self.pipelines)
+
+    def in_flight_share(self, pipeline: PipelineConfig) -> float | None:
+        """The share of ``in_flight_bound`` the pipeline may hold, or None for no limit of
+        its own: its ``max_in_flight_share``, else ``bulk_in_flight_share`` when another
+        pipeline has a higher priority."""
+        if pipeline.max_in_flight_share is not None:
+            return pipeline.max_in_flight_share
+        top = max(p.rank for p in self.pipelines)
+        return self.bulk_in_flight_share if pipeline.rank < top else None
+
+    def pipeline(self, name: str) -> PipelineConfig:
+        """The pipeline called ``name``. Raises ``ConfigError`` listing those there are."""
+        for p in self.pipelines:
+            if p.name == name:
+                return p
+        names = [p.name for p in self.pipelines]
+        raise ConfigError(f"no pipeline {name!r}; the config has {names}")
