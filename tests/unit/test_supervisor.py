@@ -410,7 +410,8 @@ import os, pathlib, signal, sys, time
 index = os.environ["STREAMFER_PROCESS_INDEX"]
 folder = pathlib.Path(sys.argv[1])
 blocked = signal.SIGHUP in signal.pthread_sigmask(signal.SIG_BLOCK, set())
-(folder / f"blocked-{index}").write_text(str(blocked))
+(folder / f"blocked-{index}.tmp").write_text(str(blocked))
+os.replace(folder / f"blocked-{index}.tmp", folder / f"blocked-{index}")  # whole or absent
 time.sleep(float(sys.argv[2]))  # a slow start: models loading, say
 def hup(signum, frame):
     with (folder / f"hups-{index}").open("a") as fh:
