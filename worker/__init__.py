@@ -8,7 +8,7 @@ offsets only after every delivery of the batch succeeded. Start with ``Worker`` 
 
 from __future__ import annotations
 
-from worker.core.version import __version__
+from worker.core import __version__
 
 __all__ = ["Worker", "WorkerConfig", "__version__", "load_config"]
 

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from worker.cache.output_cache import open_cache
 from worker.config import PipelineConfig, WorkerConfig
-from worker.core.clock import Clock, monotonic_clock
+from worker.core import Clock, monotonic_clock
 from worker.delivery.committer import Committer
 from worker.delivery.exactly_once import RewindGate, Transactional
 from worker.delivery.mode import AtLeastOnce, Delivery, ReportPolling, Stages

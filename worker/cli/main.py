@@ -19,7 +19,7 @@ from worker.cli.commands import (
 )
 from worker.cli.plugins import add_plugin_commands
 from worker.cli.serve import cmd_run
-from worker.core.version import __version__
+from worker.core import __version__
 
 __all__ = ["build_parser", "main"]
 

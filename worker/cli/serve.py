@@ -10,7 +10,7 @@ import threading
 from typing import TYPE_CHECKING, NoReturn
 
 from worker.cli.signals import install_reload_signal, install_signal_handlers
-from worker.core.version import __version__
+from worker.core import __version__
 from worker.errors import CallStalled, ConfigError, StreamferError
 
 if TYPE_CHECKING:

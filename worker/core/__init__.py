@@ -1,2 +1,73 @@
 """The plain records and types every layer uses: a batch in flight (``Job``), its delivery
-tracker, partition keys, the injected clock. Nothing here imports another worker module."""
+tracker, partition keys, the injected clock. Nothing here imports another worker module.
+
+Every unit imports this face, and the light paths (``streamfer --help``, ``import
+worker``) need only ``__version__``; so every other name is read from its module on first
+use (``worker.core.lazy``), and ``Job`` and the tracker's ``confluent_kafka`` load only
+for the callers that ask for them."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from worker.core.lazy import lazy_names
+from worker.core.version import __version__
+
+if TYPE_CHECKING:
+    from worker.core.assignment import Assignment
+    from worker.core.clock import Clock, monotonic_clock
+    from worker.core.deadline import Deadline
+    from worker.core.job import Job, next_offsets
+    from worker.core.text import safe_text
+    from worker.core.tracker import NO_REFUSALS, RESENDS_PER_RECORD, DeliveryTracker
+    from worker.core.types import (
+        DecodedRequests,
+        PartitionKey,
+        Refusal,
+        Rejection,
+        Source,
+        StageTimings,
+    )
+
+__all__ = [
+    "NO_REFUSALS",
+    "RESENDS_PER_RECORD",
+    "Assignment",
+    "Clock",
+    "Deadline",
+    "DecodedRequests",
+    "DeliveryTracker",
+    "Job",
+    "PartitionKey",
+    "Refusal",
+    "Rejection",
+    "Source",
+    "StageTimings",
+    "__version__",
+    "lazy_names",
+    "monotonic_clock",
+    "next_offsets",
+    "safe_text",
+]
+
+__getattr__ = lazy_names(
+    __name__,
+    {
+        "Assignment": "assignment",
+        "Clock": "clock",
+        "monotonic_clock": "clock",
+        "Deadline": "deadline",
+        "Job": "job",
+        "next_offsets": "job",
+        "safe_text": "text",
+        "DeliveryTracker": "tracker",
+        "NO_REFUSALS": "tracker",
+        "RESENDS_PER_RECORD": "tracker",
+        "DecodedRequests": "types",
+        "PartitionKey": "types",
+        "Refusal": "types",
+        "Rejection": "types",
+        "Source": "types",
+        "StageTimings": "types",
+    },
+)

@@ -36,9 +36,7 @@ from typing import Literal, Protocol, overload
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from worker.core.job import Job
-from worker.core.tracker import DeliveryTracker
-from worker.core.types import PartitionKey
+from worker.core import DeliveryTracker, Job, PartitionKey
 from worker.errors import CommitError, SinkError
 
 __all__ = ["CommitAnswers", "Committer", "OffsetConsumer"]

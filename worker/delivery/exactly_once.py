@@ -39,11 +39,7 @@ from confluent_kafka import (
 )
 
 from worker.config import KafkaSettings
-from worker.core.assignment import Assignment
-from worker.core.deadline import Deadline
-from worker.core.job import Job
-from worker.core.tracker import DeliveryTracker
-from worker.core.types import PartitionKey
+from worker.core import Assignment, Deadline, DeliveryTracker, Job, PartitionKey
 from worker.delivery.mode import Stages, commit_delivered
 from worker.delivery.transaction_tries import TransactionTries
 from worker.errors import SinkError, SourceError

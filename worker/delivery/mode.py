@@ -22,10 +22,7 @@ from typing import Protocol
 
 from confluent_kafka import Message
 
-from worker.core.deadline import Deadline
-from worker.core.job import Job
-from worker.core.tracker import DeliveryTracker
-from worker.core.types import PartitionKey, Refusal
+from worker.core import Deadline, DeliveryTracker, Job, PartitionKey, Refusal
 from worker.delivery.committer import Committer
 from worker.errors import CommitError
 from worker.kafka.sink import Sink

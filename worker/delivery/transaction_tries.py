@@ -23,9 +23,7 @@ from types import MappingProxyType
 
 from confluent_kafka import Message
 
-from worker.core.job import Job
-from worker.core.tracker import NO_REFUSALS, DeliveryTracker
-from worker.core.types import PartitionKey, Refusal, Source
+from worker.core import NO_REFUSALS, DeliveryTracker, Job, PartitionKey, Refusal, Source
 from worker.errors import SinkError
 
 __all__ = ["FAILURES_IN_A_ROW", "Locate", "TransactionTries"]

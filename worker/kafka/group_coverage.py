@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from confluent_kafka import KafkaException
 
-from worker.core.types import PartitionKey
+from worker.core import PartitionKey
 
 __all__ = [
     "AdminGroupReader",

@@ -12,8 +12,7 @@ from typing import cast
 
 from confluent_kafka import Message
 
-from worker.core.text import safe_text
-from worker.core.types import PartitionKey
+from worker.core import PartitionKey, safe_text
 from worker.kafka.sink import Headers
 
 __all__ = [

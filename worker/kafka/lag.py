@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from worker.core.types import PartitionKey
+from worker.core import PartitionKey
 
 __all__ = ["LagStats"]
 

@@ -20,7 +20,7 @@ from typing import Any, cast
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from worker.config import KafkaSettings
-from worker.core.tracker import RESENDS_PER_RECORD, DeliveryTracker
+from worker.core import RESENDS_PER_RECORD, DeliveryTracker
 from worker.kafka.client_logs import KAFKA_LOG
 from worker.kafka.limits import NEEDS_A_KEY, RecordLimits, cap_batch_size
 

@@ -17,7 +17,7 @@ from typing import Any, Protocol, cast
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from worker.config import KafkaSettings
-from worker.core.types import PartitionKey
+from worker.core import PartitionKey
 from worker.errors import SourceError
 from worker.kafka.client_logs import KAFKA_LOG
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Collection, Hashable, Sequence
 from typing import Generic, TypeVar
 
 from worker.config import BatchPolicy
-from worker.core.clock import Clock, monotonic_clock
+from worker.core import Clock, monotonic_clock
 
 __all__ = ["Batcher"]
 

@@ -12,8 +12,7 @@ import time
 
 from confluent_kafka import KafkaError
 
-from worker.core.assignment import Assignment
-from worker.core.tracker import DeliveryTracker
+from worker.core import Assignment, DeliveryTracker
 from worker.delivery.committer import CommitAnswers
 from worker.kafka.client_logs import KAFKA_LOG
 from worker.kafka.lag import LagStats

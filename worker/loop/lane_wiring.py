@@ -13,7 +13,7 @@ import functools
 from collections.abc import Callable, Sequence
 
 from worker.config import WorkerConfig
-from worker.core.job import Job
+from worker.core import Job
 from worker.delivery.committer import Committer
 from worker.loop.pausing import Share
 from worker.loop.threads import OnTake, StageThreads, Step

@@ -17,10 +17,7 @@ from typing import cast
 
 from confluent_kafka import Message, TopicPartition
 
-from worker.core.assignment import Assignment
-from worker.core.clock import Clock
-from worker.core.deadline import Deadline
-from worker.core.types import PartitionKey
+from worker.core import Assignment, Clock, Deadline, PartitionKey
 from worker.delivery.mode import Delivery
 from worker.errors import CommitError, SinkError
 from worker.kafka.lag import LagStats

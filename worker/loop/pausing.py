@@ -24,7 +24,7 @@ from typing import Protocol
 
 from confluent_kafka import TopicPartition
 
-from worker.core.types import PartitionKey
+from worker.core import PartitionKey
 
 __all__ = [
     "SHARE_FETCH_WAIT_MS",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from worker.core.job import Job
+from worker.core import Job
 from worker.delivery.mode import BatchGate
 from worker.kafka.sink import Sink
 from worker.loop.threads import Step

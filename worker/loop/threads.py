@@ -23,8 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Union
 
-from worker.core.job import Job
-from worker.core.types import PartitionKey
+from worker.core import Job, PartitionKey
 from worker.loop.lanes import LaneQueue
 
 __all__ = ["OnTake", "StageThreads", "Start", "Step"]

@@ -49,10 +49,7 @@ from typing import Protocol
 from confluent_kafka import Message
 
 from worker.config import WorkerConfig
-from worker.core.clock import Clock, monotonic_clock
-from worker.core.deadline import Deadline
-from worker.core.job import Job
-from worker.core.types import PartitionKey
+from worker.core import Clock, Deadline, Job, PartitionKey, monotonic_clock
 from worker.delivery.committer import Committer
 from worker.delivery.mode import Delivery, commit_before_leaving
 from worker.errors import CallStalled, SinkError

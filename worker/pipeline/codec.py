@@ -23,8 +23,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from worker.core.text import safe_text
-from worker.core.types import DecodedRequests, Rejection
+from worker.core import DecodedRequests, Rejection, safe_text
 from worker.kafka.limits import DEFAULT_MESSAGE_MAX_BYTES, RECORD_OVERHEAD
 from worker.pipeline.request_shape import RequestShape
 

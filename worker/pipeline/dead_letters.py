@@ -19,9 +19,7 @@ import orjson
 from confluent_kafka import Message
 
 from worker.config import PipelineConfig
-from worker.core.tracker import DeliveryTracker
-from worker.core.types import Refusal
-from worker.core.version import __version__
+from worker.core import DeliveryTracker, Refusal, __version__
 from worker.kafka.headers import SourceHeaders, reason_header
 from worker.kafka.limits import headers_size
 from worker.kafka.sink import Headers, Sink

@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from worker.config import LookupSpec, MissingPolicy, PipelineConfig
-from worker.core.types import DecodedRequests
+from worker.core import DecodedRequests
 from worker.errors import FeatureStoreError, ModelMismatchError
 from worker.features.stores import Fetched
 from worker.inference.engine import TensorInput

@@ -24,7 +24,7 @@ from confluent_kafka import Message
 
 from worker.cache.output_cache import CachedRows, OutputCache
 from worker.config import PipelineConfig
-from worker.core.types import DecodedRequests, StageTimings
+from worker.core import DecodedRequests, StageTimings
 from worker.features.store_wait import StoreWait
 from worker.inference.engine import InferenceEngine, Outputs
 from worker.inference.slot import ModelIdentity, ModelSlot

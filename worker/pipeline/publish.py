@@ -23,8 +23,7 @@ from confluent_kafka import Message
 
 from worker.cache.output_cache import OutputCache
 from worker.config import PipelineConfig
-from worker.core.tracker import DeliveryTracker
-from worker.core.types import Refusal
+from worker.core import DeliveryTracker, Refusal
 from worker.inference.rows import finite_rows, row_outputs
 from worker.inference.slot import ModelIdentity, ModelSlot
 from worker.kafka.headers import MAX_RESULT_HEADERS_BYTES, SourceHeaders, trace_headers

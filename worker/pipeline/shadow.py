@@ -39,7 +39,7 @@ import orjson
 from confluent_kafka import Message
 
 from worker.config import PipelineConfig
-from worker.core.tracker import DeliveryTracker
+from worker.core import DeliveryTracker
 from worker.inference.engine import Outputs
 from worker.inference.slot import ModelIdentity, ModelSlot
 from worker.kafka.headers import SourceHeaders, trace_headers

@@ -27,9 +27,7 @@ from confluent_kafka import Message
 
 from worker.cache.output_cache import OutputCache
 from worker.config import PipelineConfig
-from worker.core.job import next_offsets
-from worker.core.tracker import DeliveryTracker
-from worker.core.types import PartitionKey, Refusal
+from worker.core import DeliveryTracker, PartitionKey, Refusal, next_offsets
 from worker.errors import ConfigError
 from worker.features.lookups import OneStore
 from worker.features.store_wait import StoreWait

@@ -24,7 +24,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
 from worker.config import KafkaSettings, PipelineConfig, WorkerConfig
-from worker.core.types import PartitionKey
+from worker.core import PartitionKey
 from worker.errors import ConfigError, SourceError, StreamferError
 from worker.kafka.admin import admin_client
 from worker.kafka.sink import producer_config

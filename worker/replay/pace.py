@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import TextIO
 
-from worker.core.clock import Clock, monotonic_clock
+from worker.core import Clock, monotonic_clock
 from worker.errors import ConfigError
 from worker.tools.progress import ProgressLine
 

@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from worker.config import PipelineConfig, WorkerConfig
-from worker.core.types import PartitionKey
+from worker.core import PartitionKey
 from worker.errors import ConfigError
 from worker.tools.ranges import Bounds, OffsetLookup, PartitionRange, resolve_ranges
 

@@ -24,11 +24,7 @@ from confluent_kafka import KafkaException, Message, Producer, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from worker.config import BatchPolicy
-from worker.core.clock import Clock, monotonic_clock
-from worker.core.deadline import Deadline
-from worker.core.job import Job
-from worker.core.tracker import DeliveryTracker
-from worker.core.types import PartitionKey
+from worker.core import Clock, Deadline, DeliveryTracker, Job, PartitionKey, monotonic_clock
 from worker.delivery.committer import Committer, OffsetConsumer
 from worker.delivery.mode import AtLeastOnce, ReportPolling, Stages
 from worker.errors import SinkError, StreamferError

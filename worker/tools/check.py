@@ -23,7 +23,7 @@ from confluent_kafka import Message
 from prometheus_client import CollectorRegistry
 
 from worker.config import PipelineConfig, RedisSettings
-from worker.core.tracker import DeliveryTracker
+from worker.core import DeliveryTracker
 from worker.errors import EngineError
 from worker.features.stores import PROBE_ENTITY
 from worker.kafka.limits import RecordLimits

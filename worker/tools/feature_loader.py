@@ -24,7 +24,7 @@ import numpy.typing as npt
 import redis
 
 from worker.config import FeatureSpec
-from worker.core.clock import Clock, monotonic_clock
+from worker.core import Clock, monotonic_clock
 from worker.errors import ConfigError, FeatureStoreError
 from worker.features.redis_io import RedisClient
 from worker.features.stores import pack_vector

@@ -33,7 +33,7 @@ from confluent_kafka import (
 )
 
 from worker.config import KafkaSettings, WorkerConfig
-from worker.core.types import PartitionKey
+from worker.core import PartitionKey
 from worker.errors import CommitError, ConfigError, SourceError
 from worker.kafka.admin import COORDINATOR_WAIT_S, admin_client, coordinator_settling
 from worker.kafka.client_logs import KAFKA_LOG

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import TextIO
 
-from worker.core.clock import Clock, monotonic_clock
+from worker.core import Clock, monotonic_clock
 
 __all__ = ["ProgressLine"]
 

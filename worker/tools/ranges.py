@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from worker.core.types import PartitionKey
+from worker.core import PartitionKey
 from worker.errors import ConfigError
 
 __all__ = [
