@@ -15,6 +15,7 @@ from worker.config.connections import KafkaSettings, RedisSettings
 from worker.config.inputs import FeatureSpec, LookupSpec, MissingPolicy, RequestMapping
 from worker.config.loading import ENV_PREFIX, load_config, parse_config
 from worker.config.model_spec import CudaOptions, ModelSpec, TensorrtOptions
+from worker.config.model_versions import list_versions
 from worker.config.pipeline import (
     PRIORITY_NAMES,
     BatchPolicy,
@@ -51,6 +52,7 @@ __all__ = [
     "TensorrtOptions",
     "WorkerConfig",
     "is_loopback",
+    "list_versions",
     "load_config",
     "parse_config",
     "redacted",

@@ -32,8 +32,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from worker.config import ModelSpec, PipelineConfig
-from worker.config.model_versions import list_versions
+from worker.config import ModelSpec, PipelineConfig, list_versions
 from worker.inference.engine import file_sha256
 from worker.inference.slot import LiveModel, ModelIdentity, ModelSlot
 from worker.models.fit import ModelFit
