@@ -26,13 +26,18 @@ from worker.delivery.mode import AtLeastOnce, Delivery, ReportPolling, Stages
 from worker.features.lookups import RedisLookups
 from worker.inference.engine import OnnxEngine
 from worker.inference.slot import ModelSlot
-from worker.kafka.call_watch import CallWatch
-from worker.kafka.group_coverage import GroupCoverage
-from worker.kafka.group_reads import ChildGroupReader, child_settings
-from worker.kafka.limits import RecordLimits
-from worker.kafka.sink import Sink
-from worker.kafka.source import Source, consumer_config
-from worker.kafka.transactions import transactional_producer, verify_isolation
+from worker.kafka import (
+    CallWatch,
+    ChildGroupReader,
+    GroupCoverage,
+    RecordLimits,
+    Sink,
+    Source,
+    child_settings,
+    consumer_config,
+    transactional_producer,
+    verify_isolation,
+)
 from worker.loop.batcher import Batcher
 from worker.loop.consumer_events import ConsumerEvents, RetiredBatches
 from worker.loop.lane_wiring import bind_lane_gauges, lane_threads, pipeline_shares

@@ -43,7 +43,7 @@ from worker.core import Assignment, Deadline, DeliveryTracker, Job, PartitionKey
 from worker.delivery.mode import Stages, commit_delivered
 from worker.delivery.transaction_tries import TransactionTries
 from worker.errors import SinkError, SourceError
-from worker.kafka.call_watch import CallWatch
+from worker.kafka import CallWatch
 
 __all__ = ["GroupConsumer", "RewindGate", "Transactional"]
 

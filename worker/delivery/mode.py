@@ -25,7 +25,7 @@ from confluent_kafka import Message
 from worker.core import Deadline, DeliveryTracker, Job, PartitionKey, Refusal
 from worker.delivery.committer import Committer
 from worker.errors import CommitError
-from worker.kafka.sink import Sink
+from worker.kafka import Sink
 from worker.ops.metrics import Metrics, PipelineMetrics
 
 __all__ = [

@@ -1,3 +1,81 @@
 """Everything that talks to Kafka: the consumer (source), the producer (sink), the admin
 client, topics, record limits, headers, client logs, transactions, lag, stalled calls and
-group coverage."""
+group coverage.
+
+``ChildGroupReader`` and ``child_settings`` are read from ``group_reads`` on first use
+(``worker.core.lazy``): that module is also a child process's entry point, ``python -m
+worker.kafka.group_reads``, which imports this package first and must not find itself
+imported already."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from worker.core import lazy_names
+from worker.kafka.admin import COORDINATOR_WAIT_S, admin_client, coordinator_settling
+from worker.kafka.call_watch import CallWatch
+from worker.kafka.client_logs import KAFKA_LOG
+from worker.kafka.group_coverage import GroupCoverage
+from worker.kafka.headers import (
+    MAX_RESULT_HEADERS_BYTES,
+    SourceHeaders,
+    reason_header,
+    trace_headers,
+)
+from worker.kafka.lag import LagStats
+from worker.kafka.limits import (
+    DEFAULT_MESSAGE_MAX_BYTES,
+    NEEDS_A_KEY,
+    RECORD_OVERHEAD,
+    RecordLimits,
+    headers_size,
+    record_size,
+)
+from worker.kafka.sink import Headers, Sink, producer_config
+from worker.kafka.source import Source, consumer_config, end_of_partition, position
+from worker.kafka.topics import create_missing
+from worker.kafka.transactions import (
+    transactional_id,
+    transactional_producer,
+    verify_isolation,
+)
+
+if TYPE_CHECKING:
+    from worker.kafka.group_reads import ChildGroupReader, child_settings
+
+__all__ = [
+    "COORDINATOR_WAIT_S",
+    "DEFAULT_MESSAGE_MAX_BYTES",
+    "KAFKA_LOG",
+    "MAX_RESULT_HEADERS_BYTES",
+    "NEEDS_A_KEY",
+    "RECORD_OVERHEAD",
+    "CallWatch",
+    "ChildGroupReader",
+    "GroupCoverage",
+    "Headers",
+    "LagStats",
+    "RecordLimits",
+    "Sink",
+    "Source",
+    "SourceHeaders",
+    "admin_client",
+    "child_settings",
+    "consumer_config",
+    "coordinator_settling",
+    "create_missing",
+    "end_of_partition",
+    "headers_size",
+    "position",
+    "producer_config",
+    "reason_header",
+    "record_size",
+    "trace_headers",
+    "transactional_id",
+    "transactional_producer",
+    "verify_isolation",
+]
+
+__getattr__ = lazy_names(
+    __name__, {"ChildGroupReader": "group_reads", "child_settings": "group_reads"}
+)

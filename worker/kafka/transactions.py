@@ -28,7 +28,7 @@ from worker.kafka.limits import RecordLimits
 from worker.kafka.sink import producer_config
 from worker.kafka.topics import create_missing
 
-__all__ = ["PROBE_TOPIC", "transactional_producer", "verify_isolation"]
+__all__ = ["PROBE_TOPIC", "transactional_id", "transactional_producer", "verify_isolation"]
 
 PROBE_TOPIC: str = WorkerConfig.model_fields["exactly_once_probe_topic"].default
 

@@ -14,8 +14,7 @@ from confluent_kafka import KafkaError
 
 from worker.core import Assignment, DeliveryTracker
 from worker.delivery.committer import CommitAnswers
-from worker.kafka.client_logs import KAFKA_LOG
-from worker.kafka.lag import LagStats
+from worker.kafka import KAFKA_LOG, LagStats
 from worker.ops.health import HealthState
 from worker.ops.metrics import Metrics, PipelineMetrics
 

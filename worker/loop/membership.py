@@ -20,7 +20,7 @@ from confluent_kafka import Message, TopicPartition
 from worker.core import Assignment, Clock, Deadline, PartitionKey
 from worker.delivery.mode import Delivery
 from worker.errors import CommitError, SinkError
-from worker.kafka.lag import LagStats
+from worker.kafka import LagStats
 from worker.loop.batcher import Batcher
 from worker.loop.pausing import PausingManager, describe_partitions
 from worker.loop.threads import StageThreads

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from worker.core import Job
 from worker.delivery.mode import BatchGate
-from worker.kafka.sink import Sink
+from worker.kafka import Sink
 from worker.loop.threads import Step
 from worker.pipeline.steps import Pipeline
 

@@ -53,7 +53,7 @@ from worker.core import Clock, Deadline, Job, PartitionKey, monotonic_clock
 from worker.delivery.committer import Committer
 from worker.delivery.mode import Delivery, commit_before_leaving
 from worker.errors import CallStalled, SinkError
-from worker.kafka.source import Source, position
+from worker.kafka import Source, position
 from worker.loop.batcher import Batcher
 from worker.loop.consumer_events import ConsumerEvents
 from worker.loop.membership import Membership

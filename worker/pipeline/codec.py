@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from worker.core import DecodedRequests, Rejection, safe_text
-from worker.kafka.limits import DEFAULT_MESSAGE_MAX_BYTES, RECORD_OVERHEAD
+from worker.kafka import DEFAULT_MESSAGE_MAX_BYTES, RECORD_OVERHEAD
 from worker.pipeline.request_shape import RequestShape
 
 __all__ = [

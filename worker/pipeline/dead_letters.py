@@ -20,10 +20,7 @@ from confluent_kafka import Message
 
 from worker.config import PipelineConfig
 from worker.core import DeliveryTracker, Refusal, __version__
-from worker.kafka.headers import SourceHeaders, reason_header
-from worker.kafka.limits import headers_size
-from worker.kafka.sink import Headers, Sink
-from worker.kafka.source import position
+from worker.kafka import Headers, Sink, SourceHeaders, headers_size, position, reason_header
 from worker.ops.metrics import PipelineMetrics
 from worker.pipeline.codec import encode_dead_letter
 

@@ -26,10 +26,15 @@ from worker.config import PipelineConfig
 from worker.core import DeliveryTracker, Refusal
 from worker.inference.rows import finite_rows, row_outputs
 from worker.inference.slot import ModelIdentity, ModelSlot
-from worker.kafka.headers import MAX_RESULT_HEADERS_BYTES, SourceHeaders, trace_headers
-from worker.kafka.limits import NEEDS_A_KEY, record_size
-from worker.kafka.sink import Sink
-from worker.kafka.source import position
+from worker.kafka import (
+    MAX_RESULT_HEADERS_BYTES,
+    NEEDS_A_KEY,
+    Sink,
+    SourceHeaders,
+    position,
+    record_size,
+    trace_headers,
+)
 from worker.ops.metrics import PipelineMetrics
 from worker.pipeline.codec import result_tail
 from worker.pipeline.dead_letters import DeadLetters

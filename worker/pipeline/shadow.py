@@ -42,8 +42,7 @@ from worker.config import PipelineConfig
 from worker.core import DeliveryTracker
 from worker.inference.engine import Outputs
 from worker.inference.slot import ModelIdentity, ModelSlot
-from worker.kafka.headers import SourceHeaders, trace_headers
-from worker.kafka.sink import Sink
+from worker.kafka import Sink, SourceHeaders, trace_headers
 from worker.ops.metrics import ShadowMetrics
 from worker.pipeline.codec import result_tail
 from worker.pipeline.feeds import Feeds

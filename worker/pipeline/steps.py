@@ -34,7 +34,7 @@ from worker.features.store_wait import StoreWait
 from worker.features.stores import FeatureStore
 from worker.inference.engine import InferenceEngine
 from worker.inference.slot import LiveModel, ModelSlot
-from worker.kafka.sink import Sink
+from worker.kafka import Sink
 from worker.ops.metrics import PipelineMetrics
 from worker.pipeline.canary import Canary
 from worker.pipeline.dead_letters import DeadLetters

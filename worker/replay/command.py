@@ -26,9 +26,7 @@ from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 from worker.config import KafkaSettings, PipelineConfig, WorkerConfig
 from worker.core import PartitionKey
 from worker.errors import ConfigError, SourceError, StreamferError
-from worker.kafka.admin import admin_client
-from worker.kafka.sink import producer_config
-from worker.kafka.topics import create_missing
+from worker.kafka import admin_client, create_missing, producer_config
 from worker.models.parts import open_parts
 from worker.ops.metrics import Metrics
 from worker.pipeline.steps import Pipeline

@@ -28,8 +28,7 @@ from worker.core import Clock, Deadline, DeliveryTracker, Job, PartitionKey, mon
 from worker.delivery.committer import Committer, OffsetConsumer
 from worker.delivery.mode import AtLeastOnce, ReportPolling, Stages
 from worker.errors import SinkError, StreamferError
-from worker.kafka.sink import Headers, Sink
-from worker.kafka.source import end_of_partition
+from worker.kafka import Headers, Sink, end_of_partition
 from worker.loop.batcher import Batcher
 from worker.loop.stages import BatchSteps
 from worker.loop.threads import StageThreads

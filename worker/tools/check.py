@@ -26,8 +26,7 @@ from worker.config import PipelineConfig, RedisSettings
 from worker.core import DeliveryTracker
 from worker.errors import EngineError
 from worker.features.stores import PROBE_ENTITY
-from worker.kafka.limits import RecordLimits
-from worker.kafka.sink import Headers
+from worker.kafka import Headers, RecordLimits
 from worker.models.candidates import load_candidates
 from worker.models.parts import LoadedModel, open_parts
 from worker.ops.metrics import Metrics

@@ -21,9 +21,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from worker.config import WorkerConfig
-from worker.kafka.admin import admin_client, coordinator_settling
-from worker.kafka.sink import producer_config
-from worker.kafka.transactions import transactional_id
+from worker.kafka import admin_client, coordinator_settling, producer_config, transactional_id
 
 __all__ = ["CheckLine", "check_kafka"]
 

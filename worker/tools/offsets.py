@@ -35,8 +35,7 @@ from confluent_kafka import (
 from worker.config import KafkaSettings, WorkerConfig
 from worker.core import PartitionKey
 from worker.errors import CommitError, ConfigError, SourceError
-from worker.kafka.admin import COORDINATOR_WAIT_S, admin_client, coordinator_settling
-from worker.kafka.client_logs import KAFKA_LOG
+from worker.kafka import COORDINATOR_WAIT_S, KAFKA_LOG, admin_client, coordinator_settling
 from worker.tools.ranges import Bounds, OffsetLookup, resolve_ranges
 
 __all__ = [
