@@ -23,9 +23,8 @@ from worker.core import Clock, monotonic_clock
 from worker.delivery.committer import Committer
 from worker.delivery.exactly_once import RewindGate, Transactional
 from worker.delivery.mode import AtLeastOnce, Delivery, ReportPolling, Stages
-from worker.features.lookups import RedisLookups
-from worker.inference.engine import OnnxEngine
-from worker.inference.slot import ModelSlot
+from worker.features import RedisLookups
+from worker.inference import ModelSlot, OnnxEngine
 from worker.kafka import (
     CallWatch,
     ChildGroupReader,
@@ -48,8 +47,7 @@ from worker.loop.worker import Background, LoopParts, Worker
 from worker.models.candidates import load_candidates
 from worker.models.parts import LoadedModel, open_parts
 from worker.models.reloader import ModelWatch, Reloader, show_model
-from worker.ops.health import HealthState
-from worker.ops.metrics import Metrics
+from worker.ops import HealthState, Metrics
 from worker.pipeline.canary import Canary
 from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.hooks import BatchHooks

@@ -40,10 +40,9 @@ from worker.cache.keys import model_namespace, row_keys
 from worker.cache.memory import MemoryTier
 from worker.cache.redis_tier import RedisCacheTier
 from worker.config import PipelineConfig, RedisSettings
-from worker.features.redis_io import redis_client
-from worker.inference.engine import InferenceEngine, Outputs
-from worker.inference.rows import finite_rows, row_outputs
-from worker.ops.metrics import CacheMetrics, Metrics
+from worker.features import redis_client
+from worker.inference import InferenceEngine, Outputs, finite_rows, row_outputs
+from worker.ops import CacheMetrics, Metrics
 
 __all__ = ["CachedRows", "OutputCache", "open_cache"]
 

@@ -29,8 +29,7 @@ import orjson
 import redis
 
 from worker.errors import StreamferError
-from worker.features.redis_io import Command, RedisClient
-from worker.features.stores import exchange
+from worker.features import Command, RedisClient, exchange
 
 __all__ = ["VALUE_FORMAT", "CacheFetch", "RedisCacheTier", "decoded_value"]
 

@@ -60,7 +60,7 @@ def cmd_model_optimize(args: argparse.Namespace) -> int:
 
 def cmd_features_load(args: argparse.Namespace) -> int:
     from worker.config import load_config
-    from worker.features.redis_io import redis_client
+    from worker.features import redis_client
     from worker.tools.feature_loader import load_features
 
     try:
@@ -145,7 +145,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from worker.config import load_config
-    from worker.ops.logs import setup_logging
+    from worker.ops import setup_logging
     from worker.replay import ReplayOptions, run_replay
     from worker.tools.offsets import parse_partitions, parse_time
     from worker.tools.ranges import Bounds, parse_offset_bound

@@ -26,12 +26,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from worker.compose import build_worker
     from worker.config import load_config
-    from worker.ops.health import HealthServer, HealthState
-    from worker.ops.logs import setup_logging
-    from worker.ops.supervisor import (
+    from worker.ops import (
         PROCESSES_ENV,
+        HealthServer,
+        HealthState,
         follow_supervisor,
         parse_processes,
+        setup_logging,
         supervised_index,
     )
 
@@ -115,10 +116,14 @@ def _run_supervisor(args: argparse.Namespace, config: WorkerConfig, processes: i
     /metrics, /healthz and /readyz take the configured address."""
     from prometheus_client import CollectorRegistry
 
-    from worker.ops.health import HttpEndpoint, reload_response
-    from worker.ops.logs import setup_logging
-    from worker.ops.metrics_merge import MergedEndpoints
-    from worker.ops.supervisor import Supervisor, plan_for
+    from worker.ops import (
+        HttpEndpoint,
+        MergedEndpoints,
+        Supervisor,
+        plan_for,
+        reload_response,
+        setup_logging,
+    )
 
     setup_logging(config.log_format, getattr(logging, config.log_level.upper()))
     registry = CollectorRegistry()

@@ -26,7 +26,7 @@ from worker.core import Deadline, DeliveryTracker, Job, PartitionKey, Refusal
 from worker.delivery.committer import Committer
 from worker.errors import CommitError
 from worker.kafka import Sink
-from worker.ops.metrics import Metrics, PipelineMetrics
+from worker.ops import Metrics, PipelineMetrics
 
 __all__ = [
     "AtLeastOnce",

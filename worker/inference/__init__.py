@@ -1,2 +1,33 @@
 """Running a model: the ONNX Runtime engine, execution providers, device I/O, batch-size
 buckets, what the graph declares, the model slot a pipeline serves from, and outputs as rows."""
+
+from __future__ import annotations
+
+from worker.inference.engine import (
+    ONNX_DTYPES,
+    Feeds,
+    InferenceEngine,
+    OnnxEngine,
+    Outputs,
+    TensorInput,
+    file_sha256,
+    warm_up_sizes,
+)
+from worker.inference.rows import finite_rows, row_outputs
+from worker.inference.slot import LiveModel, ModelIdentity, ModelSlot
+
+__all__ = [
+    "ONNX_DTYPES",
+    "Feeds",
+    "InferenceEngine",
+    "LiveModel",
+    "ModelIdentity",
+    "ModelSlot",
+    "OnnxEngine",
+    "Outputs",
+    "TensorInput",
+    "file_sha256",
+    "finite_rows",
+    "row_outputs",
+    "warm_up_sizes",
+]

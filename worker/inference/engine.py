@@ -56,6 +56,7 @@ __all__ = [
     "Feeds",
     "InferenceEngine",
     "OnnxEngine",
+    "Outputs",
     "TensorInput",
     "file_sha256",
     "is_device_oom",

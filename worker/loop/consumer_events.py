@@ -15,8 +15,7 @@ from confluent_kafka import KafkaError
 from worker.core import Assignment, DeliveryTracker
 from worker.delivery.committer import CommitAnswers
 from worker.kafka import KAFKA_LOG, LagStats
-from worker.ops.health import HealthState
-from worker.ops.metrics import Metrics, PipelineMetrics
+from worker.ops import HealthState, Metrics, PipelineMetrics
 
 __all__ = ["ConsumerEvents", "RetiredBatches"]
 

@@ -17,7 +17,7 @@ from worker.core import Job
 from worker.delivery.committer import Committer
 from worker.loop.pausing import Share
 from worker.loop.threads import OnTake, StageThreads, Step
-from worker.ops.metrics import THREAD_STAGES, Metrics
+from worker.ops import THREAD_STAGES, Metrics
 from worker.pipeline.steps import Pipeline
 
 __all__ = ["bind_lane_gauges", "lane_threads", "pipeline_shares"]

@@ -24,8 +24,7 @@ from worker.kafka import LagStats
 from worker.loop.batcher import Batcher
 from worker.loop.pausing import PausingManager, describe_partitions
 from worker.loop.threads import StageThreads
-from worker.ops.health import HealthState
-from worker.ops.metrics import Metrics
+from worker.ops import HealthState, Metrics
 
 __all__ = ["Membership"]
 

@@ -59,7 +59,7 @@ from worker.loop.consumer_events import ConsumerEvents
 from worker.loop.membership import Membership
 from worker.loop.pausing import PausingManager
 from worker.loop.threads import StageThreads
-from worker.ops.health import HealthState
+from worker.ops import HealthState
 
 __all__ = ["Background", "LoopParts", "Worker"]
 

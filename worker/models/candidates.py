@@ -14,10 +14,10 @@ from typing import NamedTuple
 
 from worker.config import CandidateSpec, PipelineConfig
 from worker.errors import EngineError, ModelMismatchError
-from worker.inference.slot import LiveModel
+from worker.inference import LiveModel
 from worker.models.fit import ModelFit
 from worker.models.parts import LoadedModel, load_model
-from worker.ops.metrics import Metrics
+from worker.ops import Metrics
 
 __all__ = ["Candidates", "load_candidates"]
 

@@ -13,9 +13,9 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from worker.config import ModelSpec, PipelineConfig, RedisSettings
-from worker.features.lookups import RedisLookups
-from worker.inference.engine import OnnxEngine, warm_up_sizes
-from worker.ops.metrics import Metrics
+from worker.features import RedisLookups
+from worker.inference import OnnxEngine, warm_up_sizes
+from worker.ops import Metrics
 from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.hooks import BatchHooks, load_hooks
 

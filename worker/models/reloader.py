@@ -33,11 +33,10 @@ from enum import Enum
 from pathlib import Path
 
 from worker.config import ModelSpec, PipelineConfig, list_versions
-from worker.inference.engine import file_sha256
-from worker.inference.slot import LiveModel, ModelIdentity, ModelSlot
+from worker.inference import LiveModel, ModelIdentity, ModelSlot, file_sha256
 from worker.models.fit import ModelFit
 from worker.models.parts import LoadedModel, load_model
-from worker.ops.metrics import Metrics
+from worker.ops import Metrics
 
 __all__ = ["SETTLE_S", "Fingerprint", "Look", "ModelWatch", "Reloader", "show_model"]
 

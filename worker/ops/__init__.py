@@ -1,2 +1,37 @@
 """Running the worker in production: metrics, merged metrics, health, logs and the
 process supervisor."""
+
+from __future__ import annotations
+
+from worker.ops.health import HealthServer, HealthState, HttpEndpoint, reload_response
+from worker.ops.logs import setup_logging
+from worker.ops.metrics import THREAD_STAGES, CacheMetrics, Metrics, PipelineMetrics, ShadowMetrics
+from worker.ops.metrics_merge import MergedEndpoints
+from worker.ops.supervisor import (
+    PROCESSES_ENV,
+    Supervisor,
+    follow_supervisor,
+    parse_processes,
+    plan_for,
+    supervised_index,
+)
+
+__all__ = [
+    "PROCESSES_ENV",
+    "THREAD_STAGES",
+    "CacheMetrics",
+    "HealthServer",
+    "HealthState",
+    "HttpEndpoint",
+    "MergedEndpoints",
+    "Metrics",
+    "PipelineMetrics",
+    "ShadowMetrics",
+    "Supervisor",
+    "follow_supervisor",
+    "parse_processes",
+    "plan_for",
+    "reload_response",
+    "setup_logging",
+    "supervised_index",
+]

@@ -16,7 +16,7 @@ from hashlib import blake2b
 import numpy as np
 import numpy.typing as npt
 
-from worker.inference.slot import ModelSlot
+from worker.inference import ModelSlot
 
 __all__ = ["BUCKETS", "Canary", "canary_bucket", "canary_mask"]
 

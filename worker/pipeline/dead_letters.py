@@ -21,7 +21,7 @@ from confluent_kafka import Message
 from worker.config import PipelineConfig
 from worker.core import DeliveryTracker, Refusal, __version__
 from worker.kafka import Headers, Sink, SourceHeaders, headers_size, position, reason_header
-from worker.ops.metrics import PipelineMetrics
+from worker.ops import PipelineMetrics
 from worker.pipeline.codec import encode_dead_letter
 
 __all__ = ["DeadLetters"]

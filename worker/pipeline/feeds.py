@@ -23,8 +23,8 @@ import numpy.typing as npt
 from worker.config import LookupSpec, MissingPolicy, PipelineConfig
 from worker.core import DecodedRequests
 from worker.errors import FeatureStoreError, ModelMismatchError
-from worker.features.stores import Fetched
-from worker.inference.engine import TensorInput
+from worker.features import Fetched
+from worker.inference import TensorInput
 from worker.pipeline.request_shape import FeatureKind
 
 __all__ = ["Assembled", "BatchFetcher", "FeedPlan", "InputFeed", "assemble"]

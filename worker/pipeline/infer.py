@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 
 from worker.cache.output_cache import OutputCache
-from worker.inference.slot import ModelSlot
-from worker.ops.metrics import PipelineMetrics
+from worker.inference import ModelSlot
+from worker.ops import PipelineMetrics
 from worker.pipeline.canary import Canary
 from worker.pipeline.hooks import BatchHooks
 from worker.pipeline.model_calls import ModelCalls

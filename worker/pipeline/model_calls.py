@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from worker.cache.output_cache import CachedRows, OutputCache
 from worker.errors import EngineError
-from worker.inference.engine import InferenceEngine, Outputs
+from worker.inference import InferenceEngine, Outputs
 from worker.pipeline.feeds import Feeds
 from worker.pipeline.hooks import BatchHooks
 

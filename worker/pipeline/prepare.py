@@ -25,10 +25,9 @@ from confluent_kafka import Message
 from worker.cache.output_cache import CachedRows, OutputCache
 from worker.config import PipelineConfig
 from worker.core import DecodedRequests, StageTimings
-from worker.features.store_wait import StoreWait
-from worker.inference.engine import InferenceEngine, Outputs
-from worker.inference.slot import ModelIdentity, ModelSlot
-from worker.ops.metrics import PipelineMetrics
+from worker.features import StoreWait
+from worker.inference import InferenceEngine, ModelIdentity, ModelSlot, Outputs
+from worker.ops import PipelineMetrics
 from worker.pipeline.canary import Canary
 from worker.pipeline.codec import decode_requests
 from worker.pipeline.feeds import BatchFetcher, FeedPlan, Feeds, assemble

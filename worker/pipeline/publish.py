@@ -24,8 +24,7 @@ from confluent_kafka import Message
 from worker.cache.output_cache import OutputCache
 from worker.config import PipelineConfig
 from worker.core import DeliveryTracker, Refusal
-from worker.inference.rows import finite_rows, row_outputs
-from worker.inference.slot import ModelIdentity, ModelSlot
+from worker.inference import ModelIdentity, ModelSlot, finite_rows, row_outputs
 from worker.kafka import (
     MAX_RESULT_HEADERS_BYTES,
     NEEDS_A_KEY,
@@ -35,7 +34,7 @@ from worker.kafka import (
     record_size,
     trace_headers,
 )
-from worker.ops.metrics import PipelineMetrics
+from worker.ops import PipelineMetrics
 from worker.pipeline.codec import result_tail
 from worker.pipeline.dead_letters import DeadLetters
 from worker.pipeline.prepare import Prepared

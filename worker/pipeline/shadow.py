@@ -40,10 +40,9 @@ from confluent_kafka import Message
 
 from worker.config import PipelineConfig
 from worker.core import DeliveryTracker
-from worker.inference.engine import Outputs
-from worker.inference.slot import ModelIdentity, ModelSlot
+from worker.inference import ModelIdentity, ModelSlot, Outputs
 from worker.kafka import Sink, SourceHeaders, trace_headers
-from worker.ops.metrics import ShadowMetrics
+from worker.ops import ShadowMetrics
 from worker.pipeline.codec import result_tail
 from worker.pipeline.feeds import Feeds
 from worker.pipeline.hooks import BatchHooks

@@ -29,13 +29,10 @@ from worker.cache.output_cache import OutputCache
 from worker.config import PipelineConfig
 from worker.core import DeliveryTracker, PartitionKey, Refusal, next_offsets
 from worker.errors import ConfigError
-from worker.features.lookups import OneStore
-from worker.features.store_wait import StoreWait
-from worker.features.stores import FeatureStore
-from worker.inference.engine import InferenceEngine
-from worker.inference.slot import LiveModel, ModelSlot
+from worker.features import FeatureStore, OneStore, StoreWait
+from worker.inference import InferenceEngine, LiveModel, ModelSlot
 from worker.kafka import Sink
-from worker.ops.metrics import PipelineMetrics
+from worker.ops import PipelineMetrics
 from worker.pipeline.canary import Canary
 from worker.pipeline.dead_letters import DeadLetters
 from worker.pipeline.feeds import BatchFetcher, FeedPlan

@@ -28,7 +28,7 @@ from worker.core import PartitionKey
 from worker.errors import ConfigError, SourceError, StreamferError
 from worker.kafka import admin_client, create_missing, producer_config
 from worker.models.parts import open_parts
-from worker.ops.metrics import Metrics
+from worker.ops import Metrics
 from worker.pipeline.steps import Pipeline
 from worker.replay.pace import Progress, RateLimiter
 from worker.replay.plan import (

@@ -32,7 +32,7 @@ from worker.kafka import Headers, Sink, end_of_partition
 from worker.loop.batcher import Batcher
 from worker.loop.stages import BatchSteps
 from worker.loop.threads import StageThreads
-from worker.ops.metrics import Metrics
+from worker.ops import Metrics
 from worker.pipeline.steps import Pipeline
 from worker.replay.pace import Progress, RateLimiter
 from worker.replay.plan import ReplayPlan

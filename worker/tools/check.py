@@ -25,11 +25,11 @@ from prometheus_client import CollectorRegistry
 from worker.config import PipelineConfig, RedisSettings
 from worker.core import DeliveryTracker
 from worker.errors import EngineError
-from worker.features.stores import PROBE_ENTITY
+from worker.features import PROBE_ENTITY
 from worker.kafka import Headers, RecordLimits
 from worker.models.candidates import load_candidates
 from worker.models.parts import LoadedModel, open_parts
-from worker.ops.metrics import Metrics
+from worker.ops import Metrics
 from worker.pipeline.steps import Pipeline
 
 __all__ = ["CheckedPipeline", "check_pipeline"]

@@ -26,8 +26,7 @@ import redis
 from worker.config import FeatureSpec
 from worker.core import Clock, monotonic_clock
 from worker.errors import ConfigError, FeatureStoreError
-from worker.features.redis_io import RedisClient
-from worker.features.stores import pack_vector
+from worker.features import RedisClient, pack_vector
 from worker.tools.progress import ProgressLine
 
 __all__ = ["LoadReport", "load_features", "read_rows"]

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from worker.errors import ConfigError
-from worker.inference.engine import Feeds, OnnxEngine
+from worker.inference import Feeds, OnnxEngine
 from worker.tools.model_rows import ModelRows
 
 __all__ = ["SPEED_BATCH", "Comparison", "Speed", "compare_models", "labels_and_scores"]

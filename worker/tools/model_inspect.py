@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.errors import ConfigError
-from worker.inference.engine import ONNX_DTYPES, file_sha256
+from worker.inference import ONNX_DTYPES, file_sha256
 
 __all__ = [
     "ModelInfo",

@@ -40,7 +40,7 @@ import numpy.typing as npt
 
 from worker.config import ModelSpec
 from worker.errors import ConfigError
-from worker.inference.engine import Feeds, OnnxEngine
+from worker.inference import Feeds, OnnxEngine
 from worker.tools.model_compare import SPEED_BATCH, Comparison, compare_models
 from worker.tools.model_inspect import ONNX_DOMAIN, load_onnx
 from worker.tools.model_rows import ModelRows, read_model_rows

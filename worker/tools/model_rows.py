@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from worker.errors import ConfigError
-from worker.inference.engine import TensorInput
+from worker.inference import TensorInput
 
 __all__ = ["ModelRows", "read_model_rows"]
 
