@@ -17,7 +17,7 @@ from typing import NamedTuple
 from confluent_kafka import Consumer, Message
 from prometheus_client import CollectorRegistry
 
-from worker.cache.output_cache import open_cache
+from worker.cache import open_cache
 from worker.config import PipelineConfig, WorkerConfig
 from worker.core import Clock, monotonic_clock
 from worker.delivery.committer import Committer
@@ -44,15 +44,9 @@ from worker.loop.membership import Membership
 from worker.loop.pausing import PausingManager, share_fetch_options
 from worker.loop.stages import BatchSteps
 from worker.loop.worker import Background, LoopParts, Worker
-from worker.models.candidates import load_candidates
-from worker.models.parts import LoadedModel, open_parts
-from worker.models.reloader import ModelWatch, Reloader, show_model
+from worker.models import LoadedModel, ModelWatch, Reloader, load_candidates, open_parts, show_model
 from worker.ops import HealthState, Metrics
-from worker.pipeline.canary import Canary
-from worker.pipeline.feeds import FeedPlan
-from worker.pipeline.hooks import BatchHooks
-from worker.pipeline.shadow import ShadowRunner
-from worker.pipeline.steps import Pipeline
+from worker.pipeline import BatchHooks, Canary, FeedPlan, Pipeline, ShadowRunner
 
 __all__ = ["build_worker", "wire_worker"]
 

@@ -18,7 +18,7 @@ from worker.delivery.committer import Committer
 from worker.loop.pausing import Share
 from worker.loop.threads import OnTake, StageThreads, Step
 from worker.ops import THREAD_STAGES, Metrics
-from worker.pipeline.steps import Pipeline
+from worker.pipeline import Pipeline
 
 __all__ = ["bind_lane_gauges", "lane_threads", "pipeline_shares"]
 

@@ -14,7 +14,7 @@ from worker.core import Job
 from worker.delivery.mode import BatchGate
 from worker.kafka import Sink
 from worker.loop.threads import Step
-from worker.pipeline.steps import Pipeline
+from worker.pipeline import Pipeline
 
 __all__ = ["BatchSteps"]
 

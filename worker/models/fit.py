@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from worker.errors import ModelMismatchError
 from worker.models.parts import LoadedModel
-from worker.pipeline.feeds import InputFeed
+from worker.pipeline import InputFeed
 
 __all__ = ["ModelFit"]
 

@@ -16,8 +16,7 @@ from worker.config import ModelSpec, PipelineConfig, RedisSettings
 from worker.features import RedisLookups
 from worker.inference import OnnxEngine, warm_up_sizes
 from worker.ops import Metrics
-from worker.pipeline.feeds import FeedPlan
-from worker.pipeline.hooks import BatchHooks, load_hooks
+from worker.pipeline import BatchHooks, FeedPlan, load_hooks
 
 __all__ = ["LoadedModel", "Parts", "load_model", "open_parts"]
 

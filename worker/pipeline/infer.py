@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from worker.cache.output_cache import OutputCache
+from worker.cache import OutputCache
 from worker.inference import ModelSlot
 from worker.ops import PipelineMetrics
 from worker.pipeline.canary import Canary

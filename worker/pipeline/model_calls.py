@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from worker.cache.output_cache import CachedRows, OutputCache
+from worker.cache import CachedRows, OutputCache
 from worker.errors import EngineError
 from worker.inference import InferenceEngine, Outputs
 from worker.pipeline.feeds import Feeds

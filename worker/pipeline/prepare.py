@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 from confluent_kafka import Message
 
-from worker.cache.output_cache import CachedRows, OutputCache
+from worker.cache import CachedRows, OutputCache
 from worker.config import PipelineConfig
 from worker.core import DecodedRequests, StageTimings
 from worker.features import StoreWait

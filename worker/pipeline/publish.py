@@ -21,7 +21,7 @@ import numpy as np
 import orjson
 from confluent_kafka import Message
 
-from worker.cache.output_cache import OutputCache
+from worker.cache import OutputCache
 from worker.config import PipelineConfig
 from worker.core import DeliveryTracker, Refusal
 from worker.inference import ModelIdentity, ModelSlot, finite_rows, row_outputs

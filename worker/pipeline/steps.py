@@ -25,7 +25,7 @@ from typing import cast
 
 from confluent_kafka import Message
 
-from worker.cache.output_cache import OutputCache
+from worker.cache import OutputCache
 from worker.config import PipelineConfig
 from worker.core import DeliveryTracker, PartitionKey, Refusal, next_offsets
 from worker.errors import ConfigError

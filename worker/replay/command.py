@@ -27,9 +27,9 @@ from worker.config import KafkaSettings, PipelineConfig, WorkerConfig
 from worker.core import PartitionKey
 from worker.errors import ConfigError, SourceError, StreamferError
 from worker.kafka import admin_client, create_missing, producer_config
-from worker.models.parts import open_parts
+from worker.models import open_parts
 from worker.ops import Metrics
-from worker.pipeline.steps import Pipeline
+from worker.pipeline import Pipeline
 from worker.replay.pace import Progress, RateLimiter
 from worker.replay.plan import (
     ReplayOptions,

@@ -33,7 +33,7 @@ from worker.loop.batcher import Batcher
 from worker.loop.stages import BatchSteps
 from worker.loop.threads import StageThreads
 from worker.ops import Metrics
-from worker.pipeline.steps import Pipeline
+from worker.pipeline import Pipeline
 from worker.replay.pace import Progress, RateLimiter
 from worker.replay.plan import ReplayPlan
 

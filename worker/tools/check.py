@@ -27,10 +27,9 @@ from worker.core import DeliveryTracker
 from worker.errors import EngineError
 from worker.features import PROBE_ENTITY
 from worker.kafka import Headers, RecordLimits
-from worker.models.candidates import load_candidates
-from worker.models.parts import LoadedModel, open_parts
+from worker.models import LoadedModel, load_candidates, open_parts
 from worker.ops import Metrics
-from worker.pipeline.steps import Pipeline
+from worker.pipeline import Pipeline
 
 __all__ = ["CheckedPipeline", "check_pipeline"]
 
