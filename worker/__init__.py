@@ -16,7 +16,7 @@ __all__ = ["Worker", "WorkerConfig", "__version__", "load_config"]
 def __getattr__(name: str) -> object:
     # Lazy, so ``import worker`` stays cheap and free of side effects.
     if name == "Worker":
-        from worker.loop.worker import Worker
+        from worker.loop import Worker
 
         return Worker
     if name in ("WorkerConfig", "load_config"):

@@ -20,9 +20,15 @@ from prometheus_client import CollectorRegistry
 from worker.cache import open_cache
 from worker.config import PipelineConfig, WorkerConfig
 from worker.core import Clock, monotonic_clock
-from worker.delivery.committer import Committer
-from worker.delivery.exactly_once import RewindGate, Transactional
-from worker.delivery.mode import AtLeastOnce, Delivery, ReportPolling, Stages
+from worker.delivery import (
+    AtLeastOnce,
+    Committer,
+    Delivery,
+    ReportPolling,
+    RewindGate,
+    Stages,
+    Transactional,
+)
 from worker.features import RedisLookups
 from worker.inference import ModelSlot, OnnxEngine
 from worker.kafka import (
@@ -37,13 +43,21 @@ from worker.kafka import (
     transactional_producer,
     verify_isolation,
 )
-from worker.loop.batcher import Batcher
-from worker.loop.consumer_events import ConsumerEvents, RetiredBatches
-from worker.loop.lane_wiring import bind_lane_gauges, lane_threads, pipeline_shares
-from worker.loop.membership import Membership
-from worker.loop.pausing import PausingManager, share_fetch_options
-from worker.loop.stages import BatchSteps
-from worker.loop.worker import Background, LoopParts, Worker
+from worker.loop import (
+    Background,
+    Batcher,
+    BatchSteps,
+    ConsumerEvents,
+    LoopParts,
+    Membership,
+    PausingManager,
+    RetiredBatches,
+    Worker,
+    bind_lane_gauges,
+    lane_threads,
+    pipeline_shares,
+    share_fetch_options,
+)
 from worker.models import LoadedModel, ModelWatch, Reloader, load_candidates, open_parts, show_model
 from worker.ops import HealthState, Metrics
 from worker.pipeline import BatchHooks, Canary, FeedPlan, Pipeline, ShadowRunner

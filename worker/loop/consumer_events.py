@@ -13,7 +13,7 @@ import time
 from confluent_kafka import KafkaError
 
 from worker.core import Assignment, DeliveryTracker
-from worker.delivery.committer import CommitAnswers
+from worker.delivery import CommitAnswers
 from worker.kafka import KAFKA_LOG, LagStats
 from worker.ops import HealthState, Metrics, PipelineMetrics
 

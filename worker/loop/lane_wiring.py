@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from worker.config import WorkerConfig
 from worker.core import Job
-from worker.delivery.committer import Committer
+from worker.delivery import Committer
 from worker.loop.pausing import Share
 from worker.loop.threads import OnTake, StageThreads, Step
 from worker.ops import THREAD_STAGES, Metrics

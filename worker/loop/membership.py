@@ -18,7 +18,7 @@ from typing import cast
 from confluent_kafka import Message, TopicPartition
 
 from worker.core import Assignment, Clock, Deadline, PartitionKey
-from worker.delivery.mode import Delivery
+from worker.delivery import Delivery
 from worker.errors import CommitError, SinkError
 from worker.kafka import LagStats
 from worker.loop.batcher import Batcher

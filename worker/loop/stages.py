@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from worker.core import Job
-from worker.delivery.mode import BatchGate
+from worker.delivery import BatchGate
 from worker.kafka import Sink
 from worker.loop.threads import Step
 from worker.pipeline import Pipeline

@@ -50,8 +50,7 @@ from confluent_kafka import Message
 
 from worker.config import WorkerConfig
 from worker.core import Clock, Deadline, Job, PartitionKey, monotonic_clock
-from worker.delivery.committer import Committer
-from worker.delivery.mode import Delivery, commit_before_leaving
+from worker.delivery import Committer, Delivery, commit_before_leaving
 from worker.errors import CallStalled, SinkError
 from worker.kafka import Source, position
 from worker.loop.batcher import Batcher

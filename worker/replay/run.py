@@ -25,13 +25,10 @@ from prometheus_client import CollectorRegistry
 
 from worker.config import BatchPolicy
 from worker.core import Clock, Deadline, DeliveryTracker, Job, PartitionKey, monotonic_clock
-from worker.delivery.committer import Committer, OffsetConsumer
-from worker.delivery.mode import AtLeastOnce, ReportPolling, Stages
+from worker.delivery import AtLeastOnce, Committer, OffsetConsumer, ReportPolling, Stages
 from worker.errors import SinkError, StreamferError
 from worker.kafka import Headers, Sink, end_of_partition
-from worker.loop.batcher import Batcher
-from worker.loop.stages import BatchSteps
-from worker.loop.threads import StageThreads
+from worker.loop import Batcher, BatchSteps, StageThreads
 from worker.ops import Metrics
 from worker.pipeline import Pipeline
 from worker.replay.pace import Progress, RateLimiter
