@@ -24,7 +24,7 @@ __all__ = [
 def cmd_model_inspect(args: argparse.Namespace) -> int:
     import orjson
 
-    from worker.tools.model_inspect import inspect_model
+    from worker.tools import inspect_model
 
     try:
         info = inspect_model(args.file)
@@ -37,7 +37,7 @@ def cmd_model_inspect(args: argparse.Namespace) -> int:
 def cmd_model_optimize(args: argparse.Namespace) -> int:
     import orjson
 
-    from worker.tools.model_optimize import OptimizeOptions, optimize_model
+    from worker.tools import OptimizeOptions, optimize_model
 
     options = OptimizeOptions(
         mode=args.mode,
@@ -61,7 +61,7 @@ def cmd_model_optimize(args: argparse.Namespace) -> int:
 def cmd_features_load(args: argparse.Namespace) -> int:
     from worker.config import load_config
     from worker.features import redis_client
-    from worker.tools.feature_loader import load_features
+    from worker.tools import load_features
 
     try:
         config = load_config(args.config)
@@ -100,8 +100,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     import orjson
 
     from worker.config import load_config, redacted
-    from worker.tools.check import check_pipeline
-    from worker.tools.kafka_check import CheckLine, check_kafka
+    from worker.tools import CheckLine, check_kafka, check_pipeline
 
     lines: list[CheckLine] = []
     try:
@@ -147,8 +146,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from worker.config import load_config
     from worker.ops import setup_logging
     from worker.replay import ReplayOptions, run_replay
-    from worker.tools.offsets import parse_partitions, parse_time
-    from worker.tools.ranges import Bounds, parse_offset_bound
+    from worker.tools import Bounds, parse_offset_bound, parse_partitions, parse_time
 
     try:
         config = load_config(args.config)
@@ -203,7 +201,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_offsets(args: argparse.Namespace) -> int:
     from worker.config import load_config
-    from worker.tools.offsets import (
+    from worker.tools import (
         ResetTarget,
         parse_partitions,
         parse_time,

@@ -41,7 +41,7 @@ from worker.replay.plan import (
     resume_positions,
 )
 from worker.replay.run import Replay, ReplayConsumer, ReplaySink
-from worker.tools.offsets import KafkaOffsets, lookup_consumer_config
+from worker.tools import KafkaOffsets, lookup_consumer_config
 
 __all__ = ["PartitionReport", "ReplaySummary", "run_replay"]
 

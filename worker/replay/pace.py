@@ -9,7 +9,7 @@ from typing import TextIO
 
 from worker.core import Clock, monotonic_clock
 from worker.errors import ConfigError
-from worker.tools.progress import ProgressLine
+from worker.tools import ProgressLine
 
 __all__ = ["Progress", "RateLimiter", "format_duration", "format_progress"]
 

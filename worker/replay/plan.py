@@ -27,7 +27,7 @@ import orjson
 from worker.config import PipelineConfig, WorkerConfig
 from worker.core import PartitionKey
 from worker.errors import ConfigError
-from worker.tools.ranges import Bounds, OffsetLookup, PartitionRange, resolve_ranges
+from worker.tools import Bounds, OffsetLookup, PartitionRange, resolve_ranges
 
 __all__ = [
     "ReplayOptions",
