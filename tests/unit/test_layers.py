@@ -1,7 +1,8 @@
 """The layer order of ``worker``: every import (lazy ones too) runs down, never up or
 sideways, so the tree shows the architecture and ``docs/architecture.md`` stays true;
-and no runtime module imports the dev package ``streamfer_dev`` (its ``demo`` command
-reaches the command line as a plug-in, ``worker.cli.plugins``).
+another unit is reached only through its face (``worker.<unit>``, the names of its
+``__all__``); and no runtime module imports the dev package ``streamfer_dev`` (its
+``demo`` command reaches the command line as a plug-in, ``worker.cli.plugins``).
 
 Read from the source with ``ast``, not by importing: a lazy import inside a function
 counts as much as one at the top of a module.
@@ -58,24 +59,34 @@ def module_name(path: Path) -> str:
 DEV_PACKAGE = "streamfer_dev"
 
 
-def imports(path: Path, name: str | None = None) -> set[str]:
-    """Every module, package or name that ``path`` (module ``name``) imports, anywhere in
-    its code, relative imports resolved."""
+def import_pairs(path: Path, name: str | None = None) -> set[tuple[str, str | None]]:
+    """What ``path`` (module ``name``) imports, anywhere in its code, relative imports
+    resolved: ``from m import n`` is ``(m, n)``, ``import m`` is ``(m, None)``."""
     tree = ast.parse(path.read_text(), str(path))
     package = (name or module_name(path)).split(".")
     if path.name != "__init__.py":
         package.pop()
-    found: set[str] = set()
+    found: set[tuple[str, str | None]] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
+            found.update((a.name, None) for a in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 anchor = package[: len(package) - node.level + 1]
                 base = ".".join([*anchor, *([base] if base else [])])
-            found.add(base)
-            found.update(f"{base}.{a.name}" for a in node.names)
+            found.update((base, a.name) for a in node.names)
+    return found
+
+
+def imports(path: Path, name: str | None = None) -> set[str]:
+    """Every module, package or name that ``path`` (module ``name``) imports, anywhere in
+    its code, relative imports resolved."""
+    found: set[str] = set()
+    for module, imported_name in import_pairs(path, name):
+        found.add(module)
+        if imported_name is not None:
+            found.add(f"{module}.{imported_name}")
     return found
 
 
@@ -169,6 +180,85 @@ def test_the_check_sees_lazy_relative_and_sideways_imports(tmp_path: Path) -> No
     found = imported(module, "worker.kafka.probe")
     assert wrong_way("worker.kafka.probe", found) == ["worker.loop.worker", "worker.ops.metrics"]
     assert "worker.kafka.sink" in found
+
+
+def face_name(unit: str) -> str:
+    """The module other units import ``unit`` through: ``worker.<unit>``, or ``worker``."""
+    return "worker" if unit == "__init__" else f"worker.{unit}"
+
+
+def exported(unit: str) -> set[str]:
+    """The names in the ``__all__`` of ``unit``'s face (a package's ``__init__.py``, or
+    the module itself for ``errors`` and ``compose``), read with ``ast``."""
+    package = PACKAGE if unit == "__init__" else PACKAGE / unit
+    face = package / "__init__.py" if package.is_dir() else package.with_suffix(".py")
+    if not face.exists():
+        return set()
+    for node in ast.parse(face.read_text(), str(face)).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(target, ast.Name) and target.id == "__all__" for target in node.targets
+        ):
+            return set(ast.literal_eval(node.value))
+    return set()
+
+
+def past_the_face(name: str, pairs: set[tuple[str, str | None]]) -> list[str]:
+    """The imports of module ``name`` that go around a face: a module of another unit
+    deeper than ``worker.<unit>``, a name its face's ``__all__`` does not hold, or its own
+    unit's face (siblings import each other by module path; the face imports them)."""
+    own = unit_of(name)
+    found = set()
+    for module, imported_name in pairs:
+        if module != "worker" and not module.startswith("worker."):
+            continue
+        unit = unit_of(module)
+        if unit == own:
+            if module == face_name(own) and name != module:
+                found.add(module if imported_name is None else f"{module}.{imported_name}")
+        elif module != face_name(unit):
+            found.add(module)
+        elif imported_name is not None and imported_name not in exported(unit):
+            found.add(f"{module}.{imported_name}")
+    return sorted(found)
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: module_name(p))
+def test_other_units_are_imported_through_their_face(path: Path) -> None:
+    name = module_name(path)
+    around = past_the_face(name, import_pairs(path))
+    assert not around, f"{name} goes around a face (import the unit's __all__): {around}"
+
+
+def test_every_face_names_what_it_exports() -> None:
+    packages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
+    assert {unit: sorted(exported(unit)) for unit in packages if not exported(unit)} == {}
+
+
+def test_the_face_check_sees_private_modules_and_unexported_names(tmp_path: Path) -> None:
+    module = tmp_path / "probe.py"
+    module.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from worker.kafka import Sink, sink\n"
+        "from worker.kafka.source import Source\n"
+        "from worker.errors import ConfigError, log\n"
+        "from worker.loop.threads import StageThreads\n"
+        "from worker.loop import Worker\n"
+        "if TYPE_CHECKING:\n"
+        "    from worker.config import Frozen\n"
+        "def f():\n"
+        "    import worker.core.job\n"
+        "    from ..pipeline.steps import Pipeline\n"
+    )
+    found = past_the_face("worker.loop.probe", import_pairs(module, "worker.loop.probe"))
+    assert found == [
+        "worker.config.Frozen",
+        "worker.core.job",
+        "worker.errors.log",
+        "worker.kafka.sink",
+        "worker.kafka.source",
+        "worker.loop.Worker",
+        "worker.pipeline.steps",
+    ]
 
 
 def test_the_runtime_never_imports_the_dev_package() -> None:
