@@ -630,9 +630,9 @@ def test_answers_from_on_commit_are_settled_before_the_committer_next_looks(
     committer.track(job(sent(0), {("req", 0): 10}, {("req", 0): 30}))
     committer.commit_ready()
     answers(REBALANCING, _answer({("req", 0): 10}))
-    assert len(answers) == 1, "nothing is settled inside the callback"
+    assert answers.waiting(), "nothing is settled inside the callback"
     assert committer.records == 30, "the rejection counts at the next look"
-    assert not answers
+    assert not answers.waiting()
     assert rejected == [1]
     assert "commit of 1 partitions rejected" in caplog.text
     committer.commit_ready()  # the retry
@@ -644,7 +644,8 @@ def test_answers_from_on_commit_are_settled_before_the_committer_next_looks(
 
 
 def test_an_empty_answer_queue_handed_in_is_the_one_used(consumer: FakeConsumer) -> None:
-    answers = CommitAnswers()  # empty, so falsy: it must not be taken for "none given"
+    answers = CommitAnswers()
+    assert answers, "an empty queue is still a queue: never taken for 'none given'"
     committer = Committer(consumer, answers=answers)
     committer.track(job(sent(0), {("req", 0): 10}, {("req", 0): 30}))
     committer.commit_ready()

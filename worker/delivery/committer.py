@@ -76,8 +76,10 @@ class CommitAnswers:
     def __call__(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         self._answers.append((err, partitions))
 
-    def __len__(self) -> int:
-        return len(self._answers)
+    def waiting(self) -> bool:
+        """Whether answers came since the last ``take``. (No ``__len__``: a callback that
+        is falsy while empty would be taken for "no callback" by ``x or default``.)"""
+        return bool(self._answers)
 
     def take(self) -> list[tuple[KafkaError | None, list[TopicPartition]]]:
         """Every answer since the last call, oldest first."""
@@ -252,7 +254,7 @@ class Committer:
     def _settle_answers(self) -> None:
         """Settle the answers ``consume`` brought since the last look; a rejection is sent
         again with the next commit."""
-        if not self._answers:
+        if not self._answers.waiting():
             return
         for err, partitions in self._answers.take():
             failed = self.settle(err, partitions)

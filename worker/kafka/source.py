@@ -100,8 +100,8 @@ def consumer_config(
         "session.timeout.ms": settings.session_timeout_ms,
         "heartbeat.interval.ms": settings.heartbeat_interval_ms,
         "max.poll.interval.ms": settings.max_poll_interval_ms,
-        "error_cb": on_error or _log_error,
-        "on_commit": on_commit or _log_commit,
+        "error_cb": on_error if on_error is not None else _log_error,
+        "on_commit": on_commit if on_commit is not None else _log_commit,
         "logger": KAFKA_LOG,
     }
     if on_stats is not None and statistics_interval_ms > 0:
