@@ -13,7 +13,7 @@ from confluent_kafka import KafkaError
 from streamfer_dev.modelgen import DemoModel
 from tests.unit.fakes import TOPIC, build_worker, turn_until
 from worker.delivery.committer import STALLED_COMMIT_S
-from worker.errors import CommitError
+from worker.errors import CommitError, SourceError
 
 ILLEGAL_GENERATION = KafkaError(KafkaError.ILLEGAL_GENERATION)
 
@@ -145,3 +145,24 @@ def test_a_stop_refused_until_the_deadline_fails_naming_it(classifier: DemoModel
     worker.stop()
     with pytest.raises(CommitError, match="last commit was refused until the shutdown deadline"):
         worker.run()
+
+
+def test_a_fatal_client_error_reported_only_to_error_cb_stops_the_worker(
+    classifier: DemoModel,
+) -> None:
+    """librdkafka reports some fatal errors (a refused group_instance_id under KIP-848)
+    only through ``error_cb``; a worker that went on would own nothing, for good."""
+    worker, consumer, _sink, _ = build_worker(classifier)
+    consumer.assign((TOPIC, 0))
+    worker.run_once()
+    unreleased = KafkaError(
+        KafkaError.UNRELEASED_INSTANCE_ID, "The instance ID is still used", fatal=True
+    )
+    worker._events.on_error(KafkaError(KafkaError._TRANSPORT, "not fatal"))
+    worker.run_once()  # a passing client error changes nothing
+    worker._events.on_error(unreleased)
+    with pytest.raises(SourceError) as stopped:
+        worker.run_once()
+    message = str(stopped.value)
+    assert "fatal consumer error" in message and "still used" in message
+    assert "group.consumer.session.timeout.ms" in message, "what a restart waits for"

@@ -32,7 +32,14 @@ from worker.kafka.limits import (
     record_size,
 )
 from worker.kafka.sink import Headers, Sink, producer_config
-from worker.kafka.source import Source, consumer_config, end_of_partition, position
+from worker.kafka.source import (
+    Source,
+    consumer_config,
+    end_of_partition,
+    fatal_error,
+    is_fatal,
+    position,
+)
 from worker.kafka.topics import create_missing
 from worker.kafka.transactions import (
     transactional_id,
@@ -65,7 +72,9 @@ __all__ = [
     "coordinator_settling",
     "create_missing",
     "end_of_partition",
+    "fatal_error",
     "headers_size",
+    "is_fatal",
     "position",
     "producer_config",
     "reason_header",

@@ -26,6 +26,8 @@ __all__ = [
     "Source",
     "consumer_config",
     "end_of_partition",
+    "fatal_error",
+    "is_fatal",
     "position",
 ]
 
@@ -56,10 +58,40 @@ def end_of_partition(err: KafkaError, logger: logging.Logger = log) -> bool:
     ``logger``, unless it is fatal: that raises ``SourceError``."""
     if err.code() == KafkaError._PARTITION_EOF:
         return True
-    if err.fatal():
-        raise SourceError(f"fatal consumer error: {err.str()}")
+    if is_fatal(err):
+        raise fatal_error(err)
     logger.warning("consumer: %s", err.str())
     return False
+
+
+_FATAL_HINTS = {
+    "instance ID is still used": (
+        'under group_protocol = "consumer" a member whose group_instance_id another '
+        "member still holds is refused (the classic protocol fenced the old one instead) "
+        "until that one leaves or the broker's group.consumer.session.timeout.ms expires "
+        "it: a restart after that joins"
+    ),
+    "same group.instance.id": (
+        "another member joined with this group_instance_id and took its place: two "
+        "workers must never share one"
+    ),
+}
+"""What a fatal error means for a worker, where the broker's words alone do not say."""
+
+
+def is_fatal(err: KafkaError) -> bool:
+    """Whether the consumer can do nothing more: librdkafka hands a fatal error over as
+    ``_FATAL`` (the cause in its text), sometimes only to ``error_cb``."""
+    return bool(err.fatal()) or err.code() == KafkaError._FATAL
+
+
+def fatal_error(err: KafkaError) -> SourceError:
+    """The ``SourceError`` that stops the worker for ``err``, with what it means."""
+    text = err.str()
+    hint = next((h for cause, h in _FATAL_HINTS.items() if cause in text), None)
+    return SourceError(
+        f"fatal consumer error: {text}" + (f". {hint}" if hint else "") + "; stopping"
+    )
 
 
 def _without_errors(messages: list[Message]) -> list[Message]:
@@ -96,14 +128,17 @@ def consumer_config(
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         "auto.offset.reset": settings.auto_offset_reset,
-        "partition.assignment.strategy": "cooperative-sticky",
-        "session.timeout.ms": settings.session_timeout_ms,
-        "heartbeat.interval.ms": settings.heartbeat_interval_ms,
         "max.poll.interval.ms": settings.max_poll_interval_ms,
         "error_cb": on_error if on_error is not None else _log_error,
         "on_commit": on_commit if on_commit is not None else _log_commit,
         "logger": KAFKA_LOG,
     }
+    if settings.group_protocol == "consumer":
+        conf["group.protocol"] = "consumer"  # KIP-848: the broker assigns, incrementally
+    else:
+        conf["partition.assignment.strategy"] = "cooperative-sticky"
+        conf["session.timeout.ms"] = settings.session_timeout_ms
+        conf["heartbeat.interval.ms"] = settings.heartbeat_interval_ms
     if on_stats is not None and statistics_interval_ms > 0:
         conf["stats_cb"] = on_stats
         conf["statistics.interval.ms"] = statistics_interval_ms

@@ -14,7 +14,7 @@ from confluent_kafka import KafkaError
 
 from worker.core import Assignment, DeliveryTracker
 from worker.delivery import CommitAnswers
-from worker.kafka import KAFKA_LOG, LagStats
+from worker.kafka import KAFKA_LOG, LagStats, fatal_error, is_fatal
 from worker.ops import HealthState, Metrics, PipelineMetrics
 
 __all__ = ["ConsumerEvents", "RetiredBatches"]
@@ -33,12 +33,24 @@ class ConsumerEvents:
         self.lag = LagStats(metrics.consumer_lag, metrics.seconds_to_drain)
         self.on_commit = CommitAnswers()
         """Settled by the committer the next time it looks (``Committer``)."""
+        self.fatal: KafkaError | None = None
+        """The first fatal error ``error_cb`` reported: the consumer cannot go on."""
         self._health = health
 
     def on_error(self, err: KafkaError) -> None:
+        """Client errors; a fatal one (librdkafka reports some only here, never in
+        ``consume``) is kept for the loop thread, which stops the worker on its next turn:
+        the consumer can do nothing more, and a worker left running would own nothing."""
         if err.code() in _BROKERS_UNUSABLE:
             self._health.broker(False, err.str())
+        if is_fatal(err) and self.fatal is None:
+            self.fatal = err
         KAFKA_LOG.error("kafka: %s", err.str())
+
+    def raise_fatal(self) -> None:
+        """Raise ``SourceError`` for a fatal client error reported since start-up."""
+        if self.fatal is not None:
+            raise fatal_error(self.fatal)
 
     def on_stats(self, raw: str) -> None:
         """librdkafka statistics: consumer lag per owned partition and seconds to drain."""

@@ -123,6 +123,7 @@ class Worker:
         self._pausing = parts.pausing
         self._membership = parts.membership
         self._delivery = parts.delivery
+        self._events = parts.events
         self._owned = parts.events.owned
         self._lag = parts.events.lag
         self._shared = list(parts.shared)
@@ -192,6 +193,7 @@ class Worker:
     def _check_health(self) -> None:
         self.health.turned()
         self._threads.check()
+        self._events.raise_fatal()
         unchecked = self._membership.take_unchecked()
         if unchecked:
             self._source.check_retention(unchecked)
