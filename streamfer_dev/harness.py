@@ -60,12 +60,19 @@ def worker_config_toml(
     layout: str = "hash",
     key_template: str = "features:{entity}",
     max_record_bytes: int = 65536,
+    group_protocol: str = "classic",
 ) -> str:
     """A one-pipeline config file, as a user would write it.
 
     ``top`` holds top-level settings, ``kafka_extra`` lines for ``[kafka]`` and ``extra``
-    tables appended at the end.
+    tables appended at the end. Under ``group_protocol = "consumer"`` the session timeout
+    is the broker's (``start_kafka``), so the file leaves it out.
     """
+    membership = (
+        f"session_timeout_ms = {session_timeout_ms}"
+        if group_protocol == "classic"
+        else f'group_protocol = "{group_protocol}"'
+    )
     opts = ", ".join(
         f'"{k}" = {orjson.dumps(v).decode()}' for k, v in (consumer_options or {}).items()
     )
@@ -75,7 +82,7 @@ def worker_config_toml(
 [kafka]
 bootstrap_servers = "{bootstrap}"
 group_id = "{group}"
-session_timeout_ms = {session_timeout_ms}
+{membership}
 consumer_options = {{ {opts} }}
 {kafka_extra}
 

@@ -202,8 +202,13 @@ def start_kafka(
     initial_rebalance_delay_ms: int = 0,
     secured: SecuredListeners | None = None,
     proxied: tuple[int, int] | None = None,
+    consumer_session_timeout_ms: int = 10_000,
 ) -> Service:
     """A single-node KRaft broker. With ``workdir`` its logs survive a restart.
+
+    Groups on the consumer protocol (KIP-848) take their session timeout from the broker:
+    ``consumer_session_timeout_ms`` (Kafka's default, 45 s, would make every test of a
+    killed member wait that long), with 1 s heartbeats.
 
     ``proxied`` is ``(listen_port, proxy_port)``: a second PLAINTEXT listener, named
     PROXIED, on ``listen_port`` that advertises ``proxy_port``, where a fault proxy
@@ -247,6 +252,10 @@ def start_kafka(
             "transaction.state.log.min.isr": "1",
             "transaction.state.log.num.partitions": "4",
             "group.initial.rebalance.delay.ms": str(initial_rebalance_delay_ms),
+            "group.consumer.min.session.timeout.ms": "1000",
+            "group.consumer.session.timeout.ms": str(consumer_session_timeout_ms),
+            "group.consumer.min.heartbeat.interval.ms": "500",
+            "group.consumer.heartbeat.interval.ms": "1000",
             "auto.create.topics.enable": "false",
             "log.flush.interval.ms": "60000",
         }

@@ -861,3 +861,53 @@ def test_a_cache_beside_a_canary_or_shadow_is_refused(
     shadow = {"model": str(model_file), "version": "2", "topic": "shadow"}
     msg = config_error(make_raw(cache={"enabled": True}, shadow=shadow))
     assert "cache.enabled = true with a shadow" in msg
+
+
+# --- the consumer group protocol (KIP-848) ------------------------------------------
+
+
+def test_the_consumer_protocol_refuses_what_moved_to_the_broker(
+    make_raw: Callable[..., Raw],
+) -> None:
+    raw = {
+        **make_raw(),
+        "kafka": {
+            "group_protocol": "consumer",
+            "session_timeout_ms": 10000,
+            "consumer_options": {"partition.assignment.strategy": "range"},
+            "options": {"heartbeat.interval.ms": 500},
+        },
+    }
+    msg = config_error(raw)
+    assert "[kafka] session_timeout_ms (the broker's group.consumer.session.timeout.ms)" in msg
+    assert "heartbeat.interval.ms' (the broker's group.consumer.heartbeat.interval.ms)" in msg
+    assert "'partition.assignment.strategy' (the broker's group.consumer.assignors" in msg
+
+
+def test_the_classic_protocol_keeps_its_client_settings(make_raw: Callable[..., Raw]) -> None:
+    raw = {**make_raw(), "kafka": {"session_timeout_ms": 10000, "heartbeat_interval_ms": 500}}
+    assert WorkerConfig.model_validate(raw).kafka.group_protocol == "classic"
+
+
+def test_the_consumer_protocol_with_defaults_is_valid(make_raw: Callable[..., Raw]) -> None:
+    raw = {**make_raw(), "kafka": {"group_protocol": "consumer", "group_instance_id": "a"}}
+    assert WorkerConfig.model_validate(raw).kafka.group_protocol == "consumer"
+
+
+def test_group_protocol_is_a_typed_setting_never_a_raw_option(
+    make_raw: Callable[..., Raw],
+) -> None:
+    raw = {**make_raw(), "kafka": {"consumer_options": {"group.protocol": "consumer"}}}
+    msg = config_error(raw)
+    assert "consumer_options sets group.protocol = 'consumer'" in msg
+    assert 'set [kafka] group_protocol = "consumer" instead' in msg
+
+
+def test_an_unknown_group_protocol_is_refused(make_raw: Callable[..., Raw]) -> None:
+    msg = config_error({**make_raw(), "kafka": {"group_protocol": "share"}})
+    assert "kafka.group_protocol" in msg and "'classic' or 'consumer'" in msg
+
+
+def test_group_protocol_comes_from_the_environment(config_file: Path) -> None:
+    cfg = load_config(config_file, environ={"STREAMFER_KAFKA__GROUP_PROTOCOL": "consumer"})
+    assert cfg.kafka.group_protocol == "consumer"

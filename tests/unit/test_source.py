@@ -280,3 +280,36 @@ def test_a_rejoin_asked_for_leaves_and_subscribes_again_before_the_next_fetch() 
     assert calls == ["subscribe", "unsubscribe", "subscribe"]
     assert not rejoin.is_set()
     assert "on_revoke" in consumer.callbacks  # the callbacks are wired again
+
+
+def test_the_consumer_protocol_leaves_the_group_settings_to_the_broker() -> None:
+    settings = KafkaSettings(group_protocol="consumer")
+    conf = consumer_config(settings)
+    assert conf["group.protocol"] == "consumer"
+    for moved in ("session.timeout.ms", "heartbeat.interval.ms", "partition.assignment.strategy"):
+        assert moved not in conf
+    consumer = Consumer(conf)  # librdkafka refuses any of them under this protocol
+    consumer.close()
+
+
+def test_the_classic_protocol_sets_its_group_settings() -> None:
+    conf = consumer_config(KafkaSettings(session_timeout_ms=9000))
+    assert "group.protocol" not in conf
+    assert conf["partition.assignment.strategy"] == "cooperative-sticky"
+    assert conf["session.timeout.ms"] == 9000
+    Consumer(conf).close()
+
+
+def test_a_fatal_event_stops_the_worker_and_says_what_a_restart_waits_for() -> None:
+    """librdkafka hands a fatal error over as a ``_FATAL`` event whose ``fatal()`` is
+    false, the cause only in its text (a refused group_instance_id under KIP-848)."""
+    event = KafkaError(
+        KafkaError._FATAL,
+        "Fatal error: Broker: The instance ID is still used by another member in the "
+        "consumer group",
+    )
+    src, _ = source([Record(0, event), Record(1)])
+    with pytest.raises(SourceError) as stopped:
+        src.consume_first(10, 0.1)
+    assert "still used" in str(stopped.value)
+    assert "group.consumer.session.timeout.ms" in str(stopped.value)

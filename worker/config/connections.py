@@ -13,9 +13,31 @@ from worker.config.base import Frozen
 from worker.config.redis_url import redis_url_problem
 from worker.errors import ConfigError
 
-__all__ = ["KafkaSettings", "LibrdkafkaValue", "RedisSettings"]
+__all__ = [
+    "BROKER_SIDE_UNDER_CONSUMER",
+    "GroupProtocol",
+    "KafkaSettings",
+    "LibrdkafkaValue",
+    "RedisSettings",
+]
 
 LibrdkafkaValue = str | int | float | bool
+
+GroupProtocol = Literal["classic", "consumer"]
+
+BROKER_SIDE_UNDER_CONSUMER = {
+    "session.timeout.ms": "group.consumer.session.timeout.ms",
+    "heartbeat.interval.ms": "group.consumer.heartbeat.interval.ms",
+    "partition.assignment.strategy": "group.consumer.assignors (or the client's "
+    "group.remote.assignor)",
+}
+"""librdkafka settings the consumer group protocol (KIP-848) moves to the broker, each
+with the broker setting that replaces it; librdkafka refuses them under that protocol."""
+
+_TYPED = {
+    "session_timeout_ms": "session.timeout.ms",
+    "heartbeat_interval_ms": "heartbeat.interval.ms",
+}
 
 
 class KafkaSettings(Frozen):
@@ -27,6 +49,10 @@ class KafkaSettings(Frozen):
 
     bootstrap_servers: str = "127.0.0.1:9092"
     group_id: str = "streamfer"
+    group_protocol: GroupProtocol = "classic"
+    """``consumer``: KIP-848's group protocol (Apache Kafka 4.0+): the broker assigns the
+    partitions and a rebalance moves only what changes, without stopping the group. Its
+    session timeout, heartbeat interval and assignor are then the broker's settings."""
     auto_offset_reset: Literal["earliest", "latest", "error"] = "earliest"
     session_timeout_ms: int = Field(default=45000, ge=1000, le=3_600_000)
     heartbeat_interval_ms: int = Field(default=1000, ge=100, le=3_600_000)
@@ -45,6 +71,41 @@ class KafkaSettings(Frozen):
     sasl_password: SecretStr | None = None
     sasl_password_file: Path | None = None
     """Read at start-up into ``sasl_password`` (a mounted Kubernetes secret, say)."""
+
+    @model_validator(mode="after")
+    def _protocol_settings(self) -> KafkaSettings:
+        """Under ``consumer`` the settings that moved to the broker are refused wherever
+        they come from, each with what replaces it; ``group.protocol`` itself is this
+        field, never a raw option."""
+        for where in ("options", "consumer_options"):
+            raw = getattr(self, where).get("group.protocol")
+            if raw is not None:
+                raise ValueError(
+                    f"{where} sets group.protocol = {raw!r}: set [kafka] group_protocol "
+                    f'= "{raw}" instead, so every part of the worker knows the protocol'
+                )
+        if self.group_protocol != "consumer":
+            return self
+        moved = [
+            (f"[kafka] {field}", _TYPED[field])
+            for field in _TYPED
+            if field in self.model_fields_set
+        ]
+        moved += [
+            (f"{where} {name!r}", name)
+            for where in ("options", "consumer_options")
+            for name in getattr(self, where)
+            if name in BROKER_SIDE_UNDER_CONSUMER
+        ]
+        if moved:
+            raise ValueError(
+                'group_protocol = "consumer" moves these settings to the broker; remove '
+                + "; ".join(
+                    f"{given} (the broker's {BROKER_SIDE_UNDER_CONSUMER[name]})"
+                    for given, name in moved
+                )
+            )
+        return self
 
     @model_validator(mode="after")
     def _heartbeat_within_session(self) -> KafkaSettings:

@@ -113,7 +113,9 @@ def _check_group(describe: Callable[..., Any], group: str, timeout: float) -> Ch
                 return CheckLine(name, False, f"cannot be described: {_reason(exc)}")
             time.sleep(0.5)
     state = getattr(found.state, "name", str(found.state)).lower()
-    return CheckLine(name, True, f"{state}, {len(found.members)} members")
+    kind = getattr(found.type, "name", str(found.type)).lower()
+    protocol = f"{kind} protocol, " if kind in ("classic", "consumer") else ""
+    return CheckLine(name, True, f"{state}, {protocol}{len(found.members)} members")
 
 
 def _check_producer(config: WorkerConfig, timeout: float) -> CheckLine:
