@@ -44,6 +44,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPar
 
 from benchmarks import netfaults
 from benchmarks.fault_models import make_poison_model, make_slow_model
+from benchmarks.served_again import OffsetHistory
 from streamfer_dev.harness import (
     WorkerProcess,
     committed_offsets,
@@ -80,6 +81,9 @@ class Env:
     """With ``net``: toxiproxy, with a proxy named ``kafka`` and one named ``redis``."""
     proxied: dict[str, str] = field(default_factory=dict)
     """The proxies' addresses, which the workers (and only they) are given."""
+    group_protocol: str = "classic"
+    """The workers' ``[kafka] group_protocol``: ``consumer`` is KIP-848's, with the
+    broker's session timeout set to the same ``SESSION_TIMEOUT_MS``."""
 
     @classmethod
     @contextlib.contextmanager
@@ -95,7 +99,11 @@ class Env:
             if proxy is not None:
                 stack.callback(proxy.stop)
             ports = (free_port(), free_port())  # the broker's PROXIED listener, the proxy
-            kafka = start_kafka(work / "kafka", proxied=ports if net else None)
+            kafka = start_kafka(
+                work / "kafka",
+                proxied=ports if net else None,
+                consumer_session_timeout_ms=SESSION_TIMEOUT_MS,
+            )
             # the current ones at the end: a scenario may have replaced them
             stack.callback(lambda: (kafka if env is None else env.kafka).stop())
             rds = start_redis(persist_dir=work / "redis")
@@ -414,6 +422,8 @@ class Run:
     started: float = 0.0
     """Monotonic time the scenario's workers were started."""
     stall_s: float | None = STALL_S
+    history: OffsetHistory | None = None
+    """With ``track_recovery``: the group's progress, to time each fault's recovery."""
     static: bool | None = None
     """Static membership of the workers; None: exactly-once runs use it (a replacement
     then fences its predecessor at once), at-least-once ones do not."""
@@ -462,6 +472,7 @@ class Run:
                 top=top + "shutdown_timeout_s = 60\n" + extra_top,
                 kafka_extra=f"max_poll_interval_ms = {max_poll_interval_ms}",
                 max_record_bytes=max_record_bytes,
+                group_protocol=self.env.group_protocol,
             )
         )
         static = self.exactly_once if self.static is None else self.static
@@ -499,6 +510,13 @@ class Run:
     def fault(self) -> None:
         self.faults.append(int(time.time() * 1000))
 
+    def track_recovery(self) -> None:
+        """Sample the group's progress from now on; the report then gives, per fault, the
+        seconds until every partition was served again (``served_again_s``)."""
+        self.history = OffsetHistory(
+            self.env.bootstrap, self.group, self.requests_topic, PARTITIONS
+        ).start()
+
     def report(
         self,
         fleet: Fleet,
@@ -524,6 +542,10 @@ class Run:
             watch=watch,
         )
         fleet_codes = [*earlier_codes, *fleet.stop_all()]
+        if self.history is not None:
+            self.history.stop()
+            served = [self.history.after(f / 1000) for f in self.faults]
+            extra = {"served_again_s": served, **extra}
         lost = [i for i in good if i not in readout.results] + [
             p for p in bad_positions if p not in readout.dead_letters
         ]
@@ -580,6 +602,7 @@ def kill_scenario(
     fleet = run.fleet()
     requests, good, _ = run.requests()
     run.start_workers(fleet, 3)
+    run.track_recovery()
     stream = run.stream(requests, rate=records / 15.0)
     rng = random.Random(3)
     for _ in _spread(stream, kills):
@@ -596,6 +619,7 @@ def rolling_restart_scenario(env: Env, records: int) -> dict[str, Any]:
     fleet = run.fleet()
     requests, good, _ = run.requests()
     run.start_workers(fleet, 3)
+    run.track_recovery()
     stream = run.stream(requests, rate=records / 20.0)
     codes = []
     for _ in _spread(stream, 3):
@@ -615,6 +639,7 @@ def scale_scenario(env: Env, records: int, *, exactly_once: bool = False) -> dic
     fleet = run.fleet()
     requests, good, _ = run.requests()
     run.start_workers(fleet, 1)
+    run.track_recovery()
     stream = run.stream(requests, rate=records / 20.0)
     codes: list[int] = []
     for step in _spread(stream, 2):
@@ -973,6 +998,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--repeat", type=int, default=1, help="run each scenario this many times on one stack"
     )
+    parser.add_argument(
+        "--group-protocol",
+        choices=("classic", "consumer"),
+        default="classic",
+        help="the workers' consumer group protocol (consumer: KIP-848)",
+    )
     args = parser.parse_args(argv)
     if args.list:
         for name, (_, records, text) in SCENARIOS.items():
@@ -985,9 +1016,11 @@ def main(argv: list[str] | None = None) -> int:
         print(" | ".join(COLUMNS))
     failures = 0
     with Env.start(net=any(n.startswith("net-") for n in names)) as env:
+        env.group_protocol = args.group_protocol
         for name in names:
             for _ in range(args.repeat):
                 report = run_scenario(name, args.records, env)
+                report["group_protocol"] = env.group_protocol
                 failures += not complete(report)
                 if args.json:
                     print(orjson.dumps(report).decode(), flush=True)

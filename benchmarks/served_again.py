@@ -1,0 +1,69 @@
+"""How long after each fault a consumer group served every partition again, read after
+the run.
+
+A thread samples the group's committed offsets and the request topic's log ends every
+half second, with a consumer of its own that never joins the group, so faults that come
+close together are never held back by the measuring. ``after(t)`` then finds the first
+sample at which every partition had committed past where it stood at ``t``, or had
+caught up with its log end (``netfaults.served``): the seconds from a kill, a restart or
+a scale step until the group was whole again.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from benchmarks import netfaults
+
+__all__ = ["OffsetHistory"]
+
+Sample = tuple[float, dict[int, int], dict[int, int]]
+"""(wall-clock seconds, committed offset per partition, log end per partition)."""
+
+
+class OffsetHistory:
+    """Committed offsets and log ends of ``group`` on ``topic`` over time."""
+
+    def __init__(
+        self, bootstrap: str, group: str, topic: str, partitions: int, every_s: float = 0.5
+    ) -> None:
+        self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+        self._parts = [TopicPartition(topic, p) for p in range(partitions)]
+        self._every_s = every_s
+        self._samples: list[Sample] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="served-again", daemon=True)
+
+    def start(self) -> OffsetHistory:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._consumer.close()
+
+    def _run(self) -> None:
+        consumer, parts = self._consumer, self._parts
+        while not self._stop.wait(self._every_s):
+            try:
+                committed = {tp.partition: tp.offset for tp in consumer.committed(parts, 5)}
+                ends = {tp.partition: consumer.get_watermark_offsets(tp, 5)[1] for tp in parts}
+            except KafkaException:  # a coordinator moving, say: the next sample
+                continue
+            self._samples.append((time.time(), committed, ends))
+
+    def after(self, fault_s: float) -> float | None:
+        """Seconds from ``fault_s`` (wall clock) until every partition was served again;
+        None if that never happened while sampling."""
+        later = [s for s in self._samples if s[0] >= fault_s]
+        if not later:
+            return None
+        _, baseline, _ = later[0]
+        for at, committed, ends in later[1:]:
+            if netfaults.served(baseline, committed, ends):
+                return round(at - fault_s, 1)
+        return None

@@ -1,0 +1,38 @@
+"""The chaos harness's recovery clock: seconds from a fault until every partition moved."""
+
+from __future__ import annotations
+
+from benchmarks.served_again import OffsetHistory
+
+
+def history(*samples: tuple[float, dict[int, int], dict[int, int]]) -> OffsetHistory:
+    h = OffsetHistory("127.0.0.1:1", "g", "t", 2)  # never started: no broker needed
+    h._samples.extend(samples)
+    return h
+
+
+def test_served_again_when_every_partition_moved_past_where_it_stood() -> None:
+    h = history(
+        (99.0, {0: 5, 1: 5}, {0: 50, 1: 50}),
+        (100.2, {0: 10, 1: 10}, {0: 60, 1: 60}),  # the baseline: first sample after the fault
+        (101.0, {0: 20, 1: 10}, {0: 70, 1: 70}),  # partition 1 still where it stood
+        (103.5, {0: 30, 1: 12}, {0: 80, 1: 80}),
+    )
+    assert h.after(100.0) == 3.5
+    h._consumer.close()
+
+
+def test_a_partition_at_its_log_end_counts_as_served() -> None:
+    h = history(
+        (100.5, {0: 10, 1: 40}, {0: 60, 1: 40}),
+        (101.5, {0: 11, 1: 40}, {0: 60, 1: 40}),
+    )
+    assert h.after(100.0) == 1.5
+    h._consumer.close()
+
+
+def test_never_served_while_sampling_is_none() -> None:
+    h = history((100.5, {0: 10, 1: 10}, {0: 60, 1: 60}), (104.0, {0: 10, 1: 20}, {0: 60, 1: 60}))
+    assert h.after(100.0) is None
+    assert h.after(200.0) is None, "no sample after the fault"
+    h._consumer.close()
