@@ -42,7 +42,7 @@ from benchmarks.producer import request_ids
 from benchmarks.pyspy import Profiler, top_frames
 from benchmarks.report import format_table, latency_targets, ratios
 from streamfer_dev.modelgen import seed_entities
-from streamfer_dev.stack import local_kafka, local_redis
+from streamfer_dev.stack import KAFKA_VERSION, local_kafka, local_redis
 from worker.config import FeatureSpec
 from worker.kafka.topics import ensure_topics
 
@@ -249,7 +249,11 @@ def run_benchmark(
 def _broker_text(used: bool) -> str:
     if not used:
         return "no broker"
-    return "external Kafka" if os.environ.get("KAFKA_BOOTSTRAP_SERVERS") else "Apache Kafka 4.1.1"
+    return (
+        "external Kafka"
+        if os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+        else f"Apache Kafka {KAFKA_VERSION}"
+    )
 
 
 def _time_ceiling(path: Path, features: Any, batch: int) -> dict[str, float]:

@@ -39,7 +39,7 @@ __all__ = [
     "start_tansu",
 ]
 
-KAFKA_VERSION = "4.1.1"
+KAFKA_VERSION = "4.4.0"
 
 _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
@@ -198,7 +198,7 @@ def start_kafka(
     port: int | None = None,
     heap_mb: int = 768,
     timeout: float = 90.0,
-    features: tuple[str, ...] = (),
+    features: tuple[str, ...] = ("share.version=1",),
     initial_rebalance_delay_ms: int = 0,
     secured: SecuredListeners | None = None,
     proxied: tuple[int, int] | None = None,
@@ -208,7 +208,9 @@ def start_kafka(
 
     Groups on the consumer protocol (KIP-848) take their session timeout from the broker:
     ``consumer_session_timeout_ms`` (Kafka's default, 45 s, would make every test of a
-    killed member wait that long), with 1 s heartbeats.
+    killed member wait that long), with 1 s heartbeats. Share groups (KIP-932) are on: the
+    ``share.version`` feature at format time, and the share coordinator's state topic
+    with one replica (its default of 3 leaves a one-node cluster assigning nothing).
 
     ``proxied`` is ``(listen_port, proxy_port)``: a second PLAINTEXT listener, named
     PROXIED, on ``listen_port`` that advertises ``proxy_port``, where a fault proxy
@@ -251,6 +253,8 @@ def start_kafka(
             "transaction.state.log.replication.factor": "1",
             "transaction.state.log.min.isr": "1",
             "transaction.state.log.num.partitions": "4",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
             "group.initial.rebalance.delay.ms": str(initial_rebalance_delay_ms),
             "group.consumer.min.session.timeout.ms": "1000",
             "group.consumer.session.timeout.ms": str(consumer_session_timeout_ms),
