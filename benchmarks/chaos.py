@@ -597,12 +597,14 @@ def _spread(stream: Stream, n: int) -> Iterator[int]:
 def kill_scenario(
     env: Env, records: int, *, exactly_once: bool = False, kills: int = 5, name: str = "kill"
 ) -> dict[str, Any]:
-    """SIGKILL one of 3 workers mid-stream ``kills`` times, restarting it each time."""
+    """SIGKILL one of 3 workers mid-stream ``kills`` times, restarting it each time (and
+    any worker that exits by itself, as a supervisor would)."""
     run = Run(env, name, records, exactly_once=exactly_once)
     fleet = run.fleet()
     requests, good, _ = run.requests()
     run.start_workers(fleet, 3)
     run.track_recovery()
+    fleet.supervise()  # a replacement refused its slot's instance id (KIP-848) restarts
     stream = run.stream(requests, rate=records / 15.0)
     rng = random.Random(3)
     for _ in _spread(stream, kills):
@@ -610,7 +612,7 @@ def kill_scenario(
         slot = fleet.kill_busy(rng)
         fleet.add(slot=slot)
     stream.join()
-    return run.report(fleet, good, set())
+    return run.report(fleet, good, set(), worker_exits=list(fleet.exits))
 
 
 def rolling_restart_scenario(env: Env, records: int) -> dict[str, Any]:
