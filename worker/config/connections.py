@@ -141,8 +141,7 @@ class KafkaSettings(Frozen):
         refused = []
         if self.group_protocol == "consumer":
             refused.append(
-                'group_protocol = "consumer" (a share group has a protocol of its own: '
-                "remove it)"
+                'group_protocol = "consumer" (a share group has a protocol of its own: remove it)'
             )
         if self.group_instance_id:
             refused.append("group_instance_id (share groups have no static membership)")
