@@ -19,7 +19,14 @@ from tests.unit.fakes import FakeSink
 from tests.unit.share_fakes import Clock, FakeShareConsumer, request, share_worker
 from worker.core import DeliveryTracker, Job
 from worker.errors import SinkError
-from worker.loop.share_poll import LockBudget, PollInFlight, keep_within, split
+from worker.loop.share_poll import (
+    LockBudget,
+    PollInFlight,
+    isolated_from,
+    keep_within,
+    serving_order,
+    split,
+)
 
 
 def wait_for(done: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -176,6 +183,30 @@ def test_a_record_on_its_last_delivery_becomes_a_redelivered_dead_letter(
         "streamfer_dead_letters_total", {"pipeline": "p", "code": "redelivered"}
     )
     assert dead == 1
+
+
+def test_records_near_their_last_delivery_are_served_alone_each_acknowledged_first(
+    classifier: DemoModel,
+) -> None:
+    """Delivered 3 times of 5: one at a time, each acknowledgement at the broker before
+    the next starts, descending on an odd count; the fresh records go first, batched."""
+    rig = share_worker(classifier, limit=5, batch=4)
+    rig.consumer.waiting += [request(i, count=3) for i in range(4)]
+    rig.consumer.waiting += [request(4), request(5)]
+    rig.worker.run_once()
+    accepted = [at[2] for at, kind in rig.consumer.acks if kind == "ACCEPT"]
+    assert accepted == [4, 5, 3, 2, 1, 0]
+    sent = [[at[2] for at, _ in batch] for batch in rig.consumer.sent]
+    assert sent == [[4, 5], [3], [2], [1], [0]]
+    assert rig.metrics.registry.get_sample_value("streamfer_batches_total", {"pipeline": "p"}) == 5
+
+
+def test_the_order_of_records_served_alone_turns_with_each_delivery() -> None:
+    records = [request(i, count=c) for i, c in [(0, 4), (1, 3), (2, 4), (3, 1), (4, 3), (5, 5)]]
+    batched, alone = serving_order(records, 5)
+    assert [m.offset() for m in batched] == [3]  # the last delivery (5) is neither
+    assert [(m.delivery_count(), m.offset()) for m in alone] == [(3, 4), (3, 1), (4, 0), (4, 2)]
+    assert isolated_from(5) == 3 and isolated_from(3) == 2 and isolated_from(10) == 8
 
 
 def test_a_released_record_comes_back_with_a_higher_delivery_count() -> None:

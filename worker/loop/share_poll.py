@@ -7,6 +7,15 @@ are split into batches (``split``), each a ``Job`` for the processing threads, a
 or released. ``LockBudget`` says how much of a poll the worker can finish within the
 group's record lock, from how fast it finished earlier ones. Plain bookkeeping: no I/O,
 the clock injected; the loop thread owns both.
+
+A member that dies holding a poll makes the broker deliver every record of it again,
+one delivery count higher. Where a record kills every member it goes to, its batch-mates
+would follow it to the group's last delivery, and become dead letters with it. So a
+record delivered ``isolated_from`` times or more is served alone, each acknowledged
+before the next starts (``serving_order``), in ascending offsets on an even delivery
+count and descending on an odd one: a killer stops a member holding only what comes
+after it one time and only what came before it the next, so its batch-mates are done
+within two deliveries and it reaches the last one alone.
 """
 
 from __future__ import annotations
@@ -21,7 +30,16 @@ from confluent_kafka import Message
 from worker.core import Clock, Job
 from worker.kafka import position
 
-__all__ = ["LOCK_SHARE", "LockBudget", "PollInFlight", "Settled", "keep_within", "split"]
+__all__ = [
+    "LOCK_SHARE",
+    "LockBudget",
+    "PollInFlight",
+    "Settled",
+    "isolated_from",
+    "keep_within",
+    "serving_order",
+    "split",
+]
 
 LOCK_SHARE = 0.8
 """The part of the record lock a poll may take before what has not started is released:
@@ -77,6 +95,8 @@ class PollInFlight:
         self.lock_expires = polled_at + lock_s
         """When the broker may hand these records to another member."""
         self.records = sum(len(job.batch) for job in jobs)
+        self.over_budget = False
+        """Set once the poll outlived the lock budget and what had not started went back."""
 
     def held(self) -> list[Job]:
         """Jobs neither accepted nor released yet, in order."""
@@ -85,6 +105,11 @@ class PollInFlight:
     @property
     def open(self) -> bool:
         return any(h.state == "held" for h in self._held)
+
+    def holds(self, jobs: Sequence[Job]) -> bool:
+        """Whether any of ``jobs`` is still held."""
+        wanted = {id(job) for job in jobs}
+        return any(h.state == "held" and id(h.job) in wanted for h in self._held)
 
     def records_of(self, pipeline: str) -> int:
         """Records of ``pipeline`` still held: its part of the worker's records in flight."""
@@ -141,6 +166,36 @@ class LockBudget:
         if self._rate is None:
             return None
         return max(at_least, int(self._rate * self.seconds))
+
+
+def isolated_from(limit: int) -> int:
+    """The delivery count from which a record is served alone (see the module): two
+    deliveries before the group's ``limit``, never the first."""
+    return max(2, limit - 2)
+
+
+def serving_order(records: Sequence[Message], limit: int) -> tuple[list[Message], list[Message]]:
+    """A poll's records below the group's last delivery, as ``(batched, alone)``: those
+    delivered fewer than ``isolated_from(limit)`` times go in batches, as they came; the
+    others one at a time, by delivery count, then in ascending offsets on an even count
+    and descending on an odd one."""
+    first = isolated_from(limit)
+    batched, alone = [], []
+    for msg in records:
+        count = msg.delivery_count() or 1
+        if count < first:
+            batched.append(msg)
+        elif count < limit:
+            alone.append(msg)
+
+    def order(msg: Message) -> tuple[int, str, int, int]:
+        count = msg.delivery_count() or 1
+        topic, partition, offset = position(msg)
+        sign = 1 if count % 2 == 0 else -1
+        return count, topic, partition, sign * offset
+
+    alone.sort(key=order)
+    return batched, alone
 
 
 def keep_within(records: list[Message], room: int | None) -> tuple[list[Message], list[Message]]:

@@ -19,7 +19,11 @@ what the worker holds. The loop thread takes a poll through these steps:
 2. What the worker could not finish within ``LOCK_SHARE`` of the record lock, at the
    rate it finished earlier polls (``LockBudget``), is released at once, for others.
 3. The rest is split into batches (``worker.loop.share_poll.split``), each a ``Job``
-   for the processing threads, whose stages overlap as in ``Worker``.
+   for the processing threads, whose stages overlap as in ``Worker``. A record
+   delivered nearly as often as the group allows (``isolated_from``) is served alone
+   after them, each acknowledged to the broker before the next starts, so that a record
+   that kills its members reaches its last delivery without its batch-mates
+   (``worker.loop.share_poll`` says how).
 4. The loop serves delivery reports (and dead-letters records the broker refuses for
    themselves, through ``RefusedRecords``) and ACCEPTs each job whose deliveries all
    succeeded, sending the acknowledgements at once. A failed delivery raises
@@ -51,7 +55,7 @@ from worker.delivery import RefusedRecords
 from worker.errors import SinkError
 from worker.kafka import ShareGroupSettings, ShareSource, Sink, position
 from worker.loop.share_events import ShareEvents
-from worker.loop.share_poll import LockBudget, PollInFlight, keep_within, split
+from worker.loop.share_poll import LockBudget, PollInFlight, keep_within, serving_order, split
 from worker.loop.threads import StageThreads
 from worker.loop.worker import Background
 from worker.ops import HealthState, ShareMetrics
@@ -132,6 +136,10 @@ class ShareWorker:
         self._poll_s = config.poll_timeout_ms / 1000.0
         self._stop = threading.Event()
         self._inflight: PollInFlight | None = None
+        self._unsubmitted: list[Job] = []
+        """Records of the poll in flight to serve alone, not handed to the stages yet."""
+        self._stopping: Deadline | None = None
+        """From the first look at a stop request: how long the poll in flight may take."""
         self._active_at = clock()
         """When records last came: burst mode stops after a long enough quiet."""
         self._warned: dict[str, float] = {}
@@ -191,21 +199,38 @@ class ShareWorker:
     def _serve(self, records: list[Message]) -> None:
         polled_at = self._clock()
         jobs = self._redelivered(records)
-        fresh = [m for m in records if (m.delivery_count() or 1) < self._limit]
-        kept, surplus = keep_within(fresh, self._budget.room(max(self._max_size.values())))
+        batched, alone = serving_order(records, self._limit)
+        kept, surplus = keep_within(batched, self._budget.room(max(self._max_size.values())))
         if surplus:
             self._give_back_surplus(surplus)
-        served = [
-            Job.close(name, batch, self._refused.tracker)
-            for name, batch in split(kept, self._route, self._max_size)
-        ]
-        poll = self._inflight = PollInFlight(jobs + served, polled_at, self._lock_s)
+        route, tracker = self._route, self._refused.tracker
+        served = [Job.close(name, b, tracker) for name, b in split(kept, route, self._max_size)]
+        singles = [Job.close(route[position(m)[0]], [m], tracker) for m in alone]
+        poll = self._inflight = PollInFlight(jobs + served + singles, polled_at, self._lock_s)
+        self._unsubmitted = list(singles)
         for job in served:
             self._threads.submit(job)
-        self._wait(poll)
+        finished = self._wait(poll, jobs + served)
+        for job in singles:
+            if not finished:
+                break
+            if poll.holds([job]):  # not released at the lock budget
+                self._acknowledged()
+                self._unsubmitted.remove(job)
+                self._threads.submit(job)
+                finished = self._wait(poll, [job])
+        if singles and finished:
+            self._acknowledged()
         if not poll.open:
             self._inflight = None
             self._budget.observe(len(kept), polled_at)
+
+    def _acknowledged(self) -> None:
+        """Wait until the broker has every acknowledgement made so far: a record served
+        alone (a suspected killer) must not cost those before it another delivery."""
+        refused = self._source.commit(min(5.0, self._lock_s))
+        if refused:
+            log.warning("the broker refused acknowledgements: %s", refused)
 
     def _redelivered(self, records: list[Message]) -> list[Job]:
         """Count records delivered before; dead-letter those on their last delivery.
@@ -244,30 +269,30 @@ class ShareWorker:
             )
         return jobs
 
-    def _wait(self, poll: PollInFlight) -> None:
-        """Serve ``poll`` until each of its jobs is acknowledged, releasing at the lock
-        budget what has not started; after ``stop()``, for up to the shutdown timeout."""
+    def _wait(self, poll: PollInFlight, jobs: Sequence[Job]) -> bool:
+        """Serve ``poll`` until each of ``jobs`` is acknowledged, releasing at the lock
+        budget what has not started; after ``stop()``, for up to the shutdown timeout.
+        False: the shutdown timeout passed first."""
         lock_deadline = poll.polled_at + self._budget.seconds
-        stopping: Deadline | None = None
-        released_at_lock = False
-        while poll.open:
+        while poll.holds(jobs):
             self._check_health()
             self._refused.serve(_SERVE_S)
             self._settle(poll)
-            if not released_at_lock and self._clock() >= lock_deadline and poll.open:
-                released_at_lock = True
+            if not poll.over_budget and self._clock() >= lock_deadline:
+                poll.over_budget = True
                 self._release_unstarted(poll)
             if self._stop.is_set():
-                if stopping is None:
-                    stopping = Deadline.after(self.config.shutdown_timeout_s, self._clock)
-                elif stopping.passed():
+                if self._stopping is None:
+                    self._stopping = Deadline.after(self.config.shutdown_timeout_s, self._clock)
+                elif self._stopping.passed():
                     log.warning(
                         "stopping with %d batches of a poll unfinished after %.0fs; they are "
                         "released and delivered again",
                         len(poll.held()),
                         self.config.shutdown_timeout_s,
                     )
-                    return
+                    return False
+        return True
 
     def _settle(self, poll: PollInFlight) -> None:
         """ACCEPT every job whose deliveries are done, and send the acknowledgements.
@@ -298,7 +323,8 @@ class ShareWorker:
 
     def _release_unstarted(self, poll: PollInFlight) -> None:
         """The poll outlived the lock budget: release the jobs no stage has started."""
-        jobs = poll.release(self._threads.discard_queued())
+        jobs = poll.release(self._threads.discard_queued() + self._unsubmitted)
+        self._unsubmitted = []
         for job in jobs:
             self._metrics[job.pipeline].released.inc(self._source.release(job.batch))
         if jobs:
