@@ -334,7 +334,7 @@ def test_the_lock_budget_learns_only_from_polls_long_enough_to_tell() -> None:
     assert keep_within([request(i) for i in range(5)], None)[1] == []
 
 
-def test_a_poll_in_flight_settles_in_order_and_stops_at_a_failed_batch() -> None:
+def test_a_poll_in_flight_accepts_every_delivered_batch_and_names_a_failed_one() -> None:
     def job(offset: int, errors: list[str]) -> Job:
         tracker = DeliveryTracker("p")
         tracker.errors += errors
@@ -344,6 +344,6 @@ def test_a_poll_in_flight_settles_in_order_and_stops_at_a_failed_batch() -> None
     good, bad, later = job(0, []), job(1, ["boom"]), job(2, [])
     poll = PollInFlight([good, bad, later], 0.0, 30.0)
     settled = poll.settle()
-    assert settled.accepted == [good] and settled.failed is bad
-    assert poll.held() == [bad, later]
-    assert poll.release([bad]) == [bad] and poll.held() == [later]
+    assert settled.accepted == [good, later] and settled.failed is bad
+    assert poll.held() == [bad] and poll.open
+    assert poll.release([bad]) == [bad] and not poll.open

@@ -80,7 +80,7 @@ class _Held:
 
 @dataclass(frozen=True, slots=True)
 class Settled:
-    """What ``PollInFlight.settle`` found: jobs to accept, and the first that failed."""
+    """What ``PollInFlight.settle`` found: jobs to accept, and one that failed."""
 
     accepted: list[Job] = field(default_factory=list)
     failed: Job | None = None
@@ -118,17 +118,20 @@ class PollInFlight:
         )
 
     def settle(self) -> Settled:
-        """Mark the held jobs whose deliveries are all done as accepted; a done job with
-        errors is returned as failed (the caller stops the worker) and stays held."""
+        """Mark the held jobs whose deliveries are all done as accepted, in any order (a
+        share group acknowledges records one by one); the first done job with errors is
+        returned as failed (the caller stops the worker) and stays held."""
         accepted: list[Job] = []
+        failed = None
         for h in self._held:
             if h.state != "held" or not h.job.tracker.done:
                 continue
             if h.job.tracker.errors:
-                return Settled(accepted, h.job)
+                failed = failed or h.job
+                continue
             h.state = "accepted"
             accepted.append(h.job)
-        return Settled(accepted)
+        return Settled(accepted, failed)
 
     def release(self, jobs: Sequence[Job]) -> list[Job]:
         """Mark those of ``jobs`` still held as released; returns them."""
