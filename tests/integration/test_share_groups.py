@@ -32,7 +32,7 @@ from streamfer_dev.harness import (
 from streamfer_dev.stack import free_port
 from tests.conftest import Topics
 from tests.integration.helpers import scrape_metrics, streamfer
-from tests.integration.poison_hooks import POISON_ID
+from tests.integration.share_hooks import POISON_ID
 
 pytestmark = pytest.mark.integration
 
@@ -96,21 +96,30 @@ def test_a_worker_killed_mid_stream_loses_nothing_and_repeats_at_most_what_it_he
     write_config: Callable[..., Path],
     tmp_path: Path,
 ) -> None:
-    """SIGKILL one of three members while records flow: its records come back to the
-    others (at the latest when its 10 s session ends) and nothing is lost. A record is
-    repeated only if the killed worker had produced its result and not yet had its
-    acceptance at the broker: what it held, one poll of the in-flight bound at most."""
+    """SIGKILL one of three members while records flow. A batch hook takes 50 ms per
+    batch, so each worker is busy and holds a poll when it is killed: the records it held
+    come back to the others (redeliveries) and nothing is lost. A record is repeated only
+    if the killed worker had produced its result without its acceptance reaching the
+    broker: at most what it held, one poll of the in-flight bound."""
     t = fresh_topics(1)
     batch, in_flight = 32, 2
+    hooks = '[pipelines.hooks]\nprepare = "tests.integration.share_hooks:slow_prepare"'
     config = write_config(
         t,
         max_batch_size=batch,
         max_wait_ms=10,
         share_group=True,
         top=f"statistics_interval_ms = 1000\nmax_in_flight_batches = {in_flight}",
+        extra=hooks,
     )
-    requests, good, _ = make_requests(6_000, entities, 0.0, seed=43)
-    workers = [WorkerProcess(config, tmp_path / f"worker-{i}.log").start() for i in range(3)]
+    ports = [free_port() for _ in range(3)]
+    requests, good, _ = make_requests(5_000, entities, 0.0, seed=43)
+    workers = [
+        WorkerProcess(
+            config, tmp_path / f"worker-{i}.log", env={"STREAMFER_METRICS__PORT": str(port)}
+        ).start()
+        for i, port in enumerate(ports)
+    ]
     producer = threading.Thread(
         target=produce_requests,
         args=(kafka_bootstrap, t.requests, requests),
@@ -120,14 +129,20 @@ def test_a_worker_killed_mid_stream_loses_nothing_and_repeats_at_most_what_it_he
         wait_for_assignment(workers, 1, timeout=60)
         producer.start()
         partial = collect_outcomes(
-            kafka_bootstrap, t.results, t.dead_letters, {f"r{n}" for n in range(1500)}, timeout=60
+            kafka_bootstrap, t.results, t.dead_letters, {f"r{n}" for n in range(1000)}, timeout=60
         )
-        assert len(partial.results) >= 1500
+        assert len(partial.results) >= 1000
         workers[0].kill()
         killed_log = workers[0].log_text()
         producer.join(60)
         outcomes = collect_outcomes(
             kafka_bootstrap, t.results, t.dead_letters, good, timeout=90, outcomes=Outcomes()
+        )
+        redelivered = sum(
+            value
+            for port in ports[1:]
+            for (name, _labels), value in scrape_metrics(port).items()
+            if name == "streamfer_share_redeliveries_total"
         )
     finally:
         producer.join(60)
@@ -136,6 +151,7 @@ def test_a_worker_killed_mid_stream_loses_nothing_and_repeats_at_most_what_it_he
     assert "stopped cleanly" not in killed_log
     assert codes == [0, 0], logs
     assert outcomes.lost(good) == [], logs
+    assert redelivered > 0, "the killed worker held nothing: the test proves nothing"
     assert outcomes.duplicates() <= batch * in_flight, outcomes.duplicates()
 
 
@@ -152,7 +168,7 @@ def test_a_record_that_kills_every_worker_ends_as_one_redelivered_dead_letter(
     the limit) until, on the group's fifth and last delivery, a worker dead-letters it
     unprocessed, so the broker never archives it. Everything else gets its result."""
     t = fresh_topics(1)
-    hooks = '[pipelines.hooks]\nprepare = "tests.integration.poison_hooks:prepare"'
+    hooks = '[pipelines.hooks]\nprepare = "tests.integration.share_hooks:prepare"'
     config = write_config(t, max_batch_size=32, max_wait_ms=10, extra=hooks, **SHARE)
     set_group_configs(kafka_bootstrap, t.group, share_record_lock_duration_ms="10000")
     requests, good, _ = make_requests(400, entities, 0.0, seed=47)
