@@ -101,6 +101,20 @@ class ShareParts:
     """Each pipeline's share-group metrics, by pipeline name."""
 
 
+class _Quiet:
+    """Warnings that repeat (released surplus, overruns) logged at most every ``_QUIET_S``."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._at: dict[str, float] = {}
+
+    def __call__(self, key: str, message: str, *args: object) -> None:
+        now = self._clock()
+        if now - self._at.get(key, -_QUIET_S) >= _QUIET_S:
+            self._at[key] = now
+            log.warning(message, *args)
+
+
 class ShareWorker:
     """Runs pipelines for one member of a share group. Not thread-safe except ``stop``."""
 
@@ -142,7 +156,7 @@ class ShareWorker:
         """From the first look at a stop request: how long the poll in flight may take."""
         self._active_at = clock()
         """When records last came: burst mode stops after a long enough quiet."""
-        self._warned: dict[str, float] = {}
+        self._warn = _Quiet(clock)
 
     # -- control -------------------------------------------------------------------------
 
@@ -249,14 +263,13 @@ class ShareWorker:
             job = Job.close(name, batch, self._refused.tracker)
             for msg in batch:
                 count = msg.delivery_count() or limit
-                reason = (
-                    f"delivered {count} times, the share group's limit "
-                    f"(share.delivery.count.limit = {limit}): dead-lettered before it is "
-                    "processed, since the broker archives it after this delivery (it may be "
-                    "what stopped the members it was delivered to)"
-                )
                 self._pipelines[name].dead_letter_unserved(
-                    self._sink, job.tracker, msg, "redelivered", reason, delivery_count=count
+                    self._sink,
+                    job.tracker,
+                    msg,
+                    "redelivered",
+                    _last_delivery(count, limit),
+                    delivery_count=count,
                 )
             job.tracker.seal()
             jobs.append(job)
@@ -355,12 +368,6 @@ class ShareWorker:
             self._budget.seconds,
         )
 
-    def _warn(self, key: str, message: str, *args: object) -> None:
-        now = self._clock()
-        if now - self._warned.get(key, -_QUIET_S) >= _QUIET_S:
-            self._warned[key] = now
-            log.warning(message, *args)
-
     def _idle_for(self, seconds: float) -> bool:
         """Burst mode: a member, holds nothing, and nothing came for ``seconds``."""
         return (
@@ -403,3 +410,12 @@ class ShareWorker:
         except Exception:  # close must not hide the error that brought us here
             log.exception("closing the share consumer failed")
         self._sink.flush(timeout)
+
+
+def _last_delivery(count: int, limit: int) -> str:
+    """The reason of a record's ``redelivered`` dead letter."""
+    return (
+        f"delivered {count} times, the share group's limit (share.delivery.count.limit = "
+        f"{limit}): dead-lettered before it is processed, since the broker archives it after "
+        "this delivery (it may be what stopped the members it was delivered to)"
+    )
