@@ -10,7 +10,9 @@ partitions``; ``Launched.wait_ready`` waits until together they own every partit
 log to its file, each line naming its process index; its CPU time and memory are its
 workers' too (``Launched.pids`` includes the processes' descendants).
 ``streamfer_cache`` is one worker with the output cache on (in process only, its
-default ``max_entries``).
+default ``max_entries``). ``streamfer_share`` and ``streamfer_share_2w`` are one and two
+workers in a share group (KIP-932, ``[kafka] share_group``), which all serve a partition
+together, where ``streamfer_2w`` on one partition leaves a worker idle.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ KAFKA_CONTENDERS = (
     "streamfer_2w",
     "streamfer_2p",
     "streamfer_cache",
+    "streamfer_share",
+    "streamfer_share_2w",
     "naive",
     "faust",
     "passthrough",
@@ -140,6 +144,8 @@ def launch(name: str, job: Job) -> Launched:
         return _streamfer(name, job, 1, processes=2)
     if name == "streamfer_cache":
         return _streamfer(name, job, 1, cache=True)
+    if name in ("streamfer_share", "streamfer_share_2w"):
+        return _streamfer(name, job, 2 if name.endswith("_2w") else 1, share_group=True)
     if name == "naive":
         argv = [
             "-m",
@@ -224,7 +230,12 @@ def _with_descendants(pid: int) -> list[int]:
 
 
 def _streamfer(
-    name: str, job: Job, workers: int, processes: int = 1, cache: bool = False
+    name: str,
+    job: Job,
+    workers: int,
+    processes: int = 1,
+    cache: bool = False,
+    share_group: bool = False,
 ) -> Launched:
     config = job.workdir / f"{name}-{job.group}.toml"
     config.write_text(
@@ -243,6 +254,7 @@ def _streamfer(
             model_name=job.model_name,
             layout=job.layout,
             top=f"max_in_flight_batches = {job.max_in_flight}" if job.max_in_flight else "",
+            share_group=share_group,
         )
     )
     env = {

@@ -48,6 +48,11 @@ def ratios(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "streamfer_2p_vs_streamfer": over(rps("streamfer_2p"), sf),
         "streamfer_2p_vs_streamfer_2w": over(rps("streamfer_2p"), rps("streamfer_2w")),
         "streamfer_cache_vs_streamfer": over(rps("streamfer_cache"), sf),
+        "streamfer_share_vs_streamfer": over(rps("streamfer_share"), sf),
+        "streamfer_share_2w_vs_streamfer_2w": over(rps("streamfer_share_2w"), rps("streamfer_2w")),
+        "streamfer_share_2w_vs_streamfer_share": over(
+            rps("streamfer_share_2w"), rps("streamfer_share")
+        ),
         "p99_faust_over_streamfer": over(p99("faust"), p99("streamfer")),
         "p99_naive_over_streamfer": over(p99("naive"), p99("streamfer")),
     }

@@ -11,8 +11,9 @@ processes), then ONNX Runtime alone and Redis pipelined HMGET alone (in process)
 ``--mode steady`` starts the contender, waits for its assignment, then produces open-loop
 at ``--rate`` records/s. ``--repeat-share S --distinct D`` makes a share S of the requests
 repeat D distinct inputs (``benchmarks.producer``), for ``streamfer_cache``, a worker with
-the output cache on, beside ``streamfer`` without it. It prints a table, or one JSON
-object with ``--json``.
+the output cache on, beside ``streamfer`` without it. ``streamfer_share`` and
+``streamfer_share_2w`` are one and two workers of a share group, for ``--partitions 1``.
+It prints a table, or one JSON object with ``--json``.
 """
 
 from __future__ import annotations
@@ -49,9 +50,15 @@ from worker.kafka.topics import ensure_topics
 __all__ = ["ALL_CONTENDERS", "Options", "main", "run_benchmark"]
 
 ALL_CONTENDERS = (*KAFKA_CONTENDERS, "ort_alone", "redis_alone")
-DEFAULT_CONTENDERS = tuple(c for c in ALL_CONTENDERS if c != "streamfer_cache")
+DEFAULT_CONTENDERS = tuple(
+    c
+    for c in ALL_CONTENDERS
+    if c not in ("streamfer_cache", "streamfer_share", "streamfer_share_2w")
+)
 """What runs without ``--contenders``: every contender but the cached worker, which only
-says something about a stream that repeats itself (``--repeat-share``)."""
+says something about a stream that repeats itself (``--repeat-share``), and the share
+groups' (``streamfer_share``, ``streamfer_share_2w``), which say something where a group
+has fewer partitions than workers (``--partitions 1``)."""
 SLOW_CONTENDERS = ("naive", "faust")
 ORT_CEILING_BUDGET_S = 2.0
 """How long ONNX Runtime alone is timed at the contenders' batch size."""
@@ -334,8 +341,10 @@ def _run_kafka_contender(
         if producer is not None:
             _reap(producer)
     row = summarize(reading, backlog=backlog, rss_mb=rss, warmup_s=_warmup_s(opts))
-    if name == "streamfer_2w":
+    if name in ("streamfer_2w", "streamfer_share_2w"):
         row["workers"] = 2
+    if name.startswith("streamfer_share"):
+        row["share_group"] = True
     if name == "streamfer_2p":
         row["processes"] = 2
     if reading.cached:

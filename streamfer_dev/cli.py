@@ -43,6 +43,12 @@ def add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=0.01,
         help="share of deliberately bad requests (they become dead letters)",
     )
+    demo.add_argument(
+        "--share-group",
+        action="store_true",
+        help="workers join one share group (KIP-932): more workers than partitions all "
+        "work; Apache Kafka only",
+    )
     demo.add_argument("--json", action="store_true", help="print one JSON object")
     demo.set_defaults(func=cmd_demo)
 
@@ -77,6 +83,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 partitions=args.partitions,
                 rate=args.rate,
                 bad_fraction=args.bad_fraction,
+                share_group=args.share_group,
             )
         )
     except StreamferError as exc:

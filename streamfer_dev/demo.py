@@ -55,6 +55,8 @@ class DemoOptions:
     rate: float = 0.0
     bad_fraction: float = 0.01
     seed: int = 7
+    share_group: bool = False
+    """Workers as members of one share group (KIP-932): Apache Kafka only."""
 
 
 def make_requests(
@@ -126,6 +128,8 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
         client.close()
 
         tansu = broker == "tansu"
+        if tansu and opts.share_group:
+            raise StackError("--share-group needs Apache Kafka (--broker kafka or external)")
         consumer_options = TANSU_CONSUMER_OPTIONS if tansu else {}
         config = work / "worker.toml"
         config.write_text(
@@ -140,6 +144,7 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
                 fields=model.fields,
                 consumer_options=consumer_options,
                 session_timeout_ms=TANSU_SESSION_TIMEOUT_MS if tansu else 10_000,
+                share_group=opts.share_group,
             )
         )
         workers = [
@@ -177,6 +182,7 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
             "p50_ms": round(percentile(outcomes.latencies_ms, 50), 2),
             "p99_ms": round(percentile(outcomes.latencies_ms, 99), 2),
             "broker": broker,
+            "share_group": opts.share_group,
         }
         if lost:
             report["_worker_logs"] = ["\n".join(w.log_text().splitlines()[-15:]) for w in workers]
@@ -188,7 +194,8 @@ def print_report(report: dict[str, Any], *, as_json: bool) -> None:
     if as_json:
         print(orjson.dumps(public).decode())
         return
-    print(f"broker        {public['broker']}")
+    group = " (share group)" if public.get("share_group") else ""
+    print(f"broker        {public['broker']}{group}")
     print(f"records       {public['records']}")
     print(f"results       {public['results']}")
     print(f"dead letters  {public['dead_letters']}")

@@ -61,18 +61,22 @@ def worker_config_toml(
     key_template: str = "features:{entity}",
     max_record_bytes: int = 65536,
     group_protocol: str = "classic",
+    share_group: bool = False,
 ) -> str:
     """A one-pipeline config file, as a user would write it.
 
     ``top`` holds top-level settings, ``kafka_extra`` lines for ``[kafka]`` and ``extra``
     tables appended at the end. Under ``group_protocol = "consumer"`` the session timeout
-    is the broker's (``start_kafka``), so the file leaves it out.
+    is the broker's (``start_kafka``), so the file leaves it out; so does a share group's
+    (``share_group``), whose session is the broker's too.
     """
-    membership = (
-        f"session_timeout_ms = {session_timeout_ms}"
-        if group_protocol == "classic"
-        else f'group_protocol = "{group_protocol}"'
-    )
+    if share_group:
+        membership = "share_group = true"
+    elif group_protocol == "classic":
+        membership = f"session_timeout_ms = {session_timeout_ms}"
+    else:
+        membership = f'group_protocol = "{group_protocol}"'
+
     opts = ", ".join(
         f'"{k}" = {orjson.dumps(v).decode()}' for k, v in (consumer_options or {}).items()
     )

@@ -203,6 +203,7 @@ def start_kafka(
     secured: SecuredListeners | None = None,
     proxied: tuple[int, int] | None = None,
     consumer_session_timeout_ms: int = 10_000,
+    share_session_timeout_ms: int = 10_000,
 ) -> Service:
     """A single-node KRaft broker. With ``workdir`` its logs survive a restart.
 
@@ -210,7 +211,12 @@ def start_kafka(
     ``consumer_session_timeout_ms`` (Kafka's default, 45 s, would make every test of a
     killed member wait that long), with 1 s heartbeats. Share groups (KIP-932) are on: the
     ``share.version`` feature at format time, and the share coordinator's state topic
-    with one replica (its default of 3 leaves a one-node cluster assigning nothing).
+    with one replica (its default of 3 leaves a one-node cluster assigning nothing) and
+    four partitions (not 50: it is made on a share group's first use). A share group's
+    session lasts ``share_session_timeout_ms`` (Kafka's 45 s would hold a killed
+    member's records that long), with 1 s heartbeats (5 s joins a member 5 s late), and
+    a group may set a record lock down to 1 s (``share.record.lock.duration.ms``; Kafka's
+    floor is 15 s), so a test of an expired lock need not wait 30 s.
 
     ``proxied`` is ``(listen_port, proxy_port)``: a second PLAINTEXT listener, named
     PROXIED, on ``listen_port`` that advertises ``proxy_port``, where a fault proxy
@@ -255,6 +261,12 @@ def start_kafka(
             "transaction.state.log.num.partitions": "4",
             "share.coordinator.state.topic.replication.factor": "1",
             "share.coordinator.state.topic.min.isr": "1",
+            "share.coordinator.state.topic.num.partitions": "4",
+            "group.share.min.session.timeout.ms": "1000",
+            "group.share.session.timeout.ms": str(share_session_timeout_ms),
+            "group.share.min.heartbeat.interval.ms": "500",
+            "group.share.heartbeat.interval.ms": "1000",
+            "group.share.min.record.lock.duration.ms": "1000",
             "group.initial.rebalance.delay.ms": str(initial_rebalance_delay_ms),
             "group.consumer.min.session.timeout.ms": "1000",
             "group.consumer.session.timeout.ms": str(consumer_session_timeout_ms),

@@ -3,7 +3,9 @@
 Every model is loaded and warmed and Redis checked before the group is joined, so a
 worker that cannot serve never takes partitions. ``build_worker`` builds the clients and
 pipelines; ``wire_worker`` builds the loop's parts around them, each once and after the
-parts it needs, so nothing is wired late. Tests call ``wire_worker`` with fakes.
+parts it needs, so nothing is wired late. With ``[kafka] share_group = true`` it builds
+a share consumer instead, and ``wire_share_worker`` the share loop around it. Tests call
+both wirings with fakes.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from confluent_kafka import Consumer, Message
+from confluent_kafka import Consumer, Message, ShareConsumer
 from prometheus_client import CollectorRegistry
 
 from worker.cache import open_cache
@@ -24,6 +26,7 @@ from worker.delivery import (
     AtLeastOnce,
     Committer,
     Delivery,
+    RefusedRecords,
     ReportPolling,
     RewindGate,
     Stages,
@@ -36,10 +39,14 @@ from worker.kafka import (
     ChildGroupReader,
     GroupCoverage,
     RecordLimits,
+    ShareGroupSettings,
+    ShareSource,
     Sink,
     Source,
     child_settings,
     consumer_config,
+    prepare_share_group,
+    share_consumer_config,
     transactional_producer,
     verify_isolation,
 )
@@ -52,6 +59,9 @@ from worker.loop import (
     Membership,
     PausingManager,
     RetiredBatches,
+    ShareEvents,
+    ShareParts,
+    ShareWorker,
     Worker,
     bind_lane_gauges,
     lane_threads,
@@ -62,7 +72,7 @@ from worker.models import LoadedModel, ModelWatch, Reloader, load_candidates, op
 from worker.ops import HealthState, Metrics
 from worker.pipeline import BatchHooks, Canary, FeedPlan, Pipeline, ShadowRunner
 
-__all__ = ["build_worker", "wire_worker"]
+__all__ = ["build_worker", "wire_share_worker", "wire_worker"]
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +82,7 @@ def build_worker(
     registry: CollectorRegistry | None = None,
     health: HealthState | None = None,
     reload_requests: threading.Event | None = None,
-) -> Worker:
+) -> Worker | ShareWorker:
     """Build real parts; load and warm every model before the group is joined.
 
     The worker's ``Reloader`` watches the pipelines whose ``model.watch`` is on and looks
@@ -137,6 +147,8 @@ def build_worker(
     else:
         sink = Sink.from_settings(config.kafka, limits)
     sink.warm_up(outputs)
+    if config.kafka.share_group:
+        return _share_worker(config, sink, pipelines, metrics, health, abort, background)
     events = ConsumerEvents(health, metrics)
     consumer_settings = consumer_config(
         config.kafka,
@@ -254,6 +266,99 @@ def wire_worker(
         background=background,
         clock=clock,
     )
+
+
+def _share_worker(
+    config: WorkerConfig,
+    sink: Sink,
+    pipelines: Sequence[Pipeline],
+    metrics: Metrics,
+    health: HealthState,
+    abort: threading.Event,
+    background: Sequence[Background],
+) -> ShareWorker:
+    """The share consumer and its loop: the group made to start where
+    ``auto_offset_reset`` says and its limits read (``prepare_share_group``), a poll of
+    at most the in-flight bound. Raises ConfigError where the broker serves no share
+    groups or the start cannot be set."""
+    group = prepare_share_group(config.kafka)
+    route = {t: p.name for p in config.pipelines for t in p.request_topics}
+    events = ShareEvents(health, metrics, config.kafka.group_id, route)
+    consumer = ShareConsumer(
+        share_consumer_config(
+            config.kafka,
+            max_poll_records=config.in_flight_bound,
+            on_error=events.on_error,
+            on_stats=events.on_stats,
+            statistics_interval_ms=config.statistics_interval_ms,
+        )
+    )
+    log.info(
+        "share group %s: up to %d records per poll, a record's last delivery is its %dth, "
+        "its lock lasts %gs; results are not in partition order, and a batch is cut from "
+        "one poll (max_wait_ms does not apply)",
+        config.kafka.group_id,
+        config.in_flight_bound,
+        group.delivery_count_limit,
+        group.record_lock_s,
+    )
+    return wire_share_worker(
+        config,
+        consumer=consumer,
+        events=events,
+        group=group,
+        sink=sink,
+        pipelines=pipelines,
+        metrics=metrics,
+        health=health,
+        abort=abort,
+        background=background,
+    )
+
+
+def wire_share_worker(
+    config: WorkerConfig,
+    *,
+    consumer: ShareConsumer,
+    events: ShareEvents,
+    group: ShareGroupSettings,
+    sink: Sink,
+    pipelines: Sequence[Pipeline],
+    metrics: Metrics,
+    health: HealthState,
+    abort: threading.Event | None = None,
+    background: Sequence[Background] = (),
+    clock: Clock = monotonic_clock,
+) -> ShareWorker:
+    """The ``ShareWorker`` around ``consumer`` (made with ``events``' callbacks) and
+    ``sink``: the dead-lettering of refused records, the processing threads (with
+    at-least-once's gate), the share source and each pipeline's metrics."""
+    by_name = {p.name: p for p in pipelines}
+    refused = RefusedRecords(sink, by_name)
+    rank = {p.name: p.config.rank for p in pipelines}
+    threads = lane_threads(BatchSteps(by_name, sink, ReportPolling(sink)), rank, config, metrics)
+    source = ShareSource(
+        consumer,
+        [t for p in pipelines for t in p.config.request_topics],
+        on_acknowledged=events.on_acknowledged,
+    )
+    share_metrics = {p.name: metrics.for_share(p.name) for p in pipelines}
+    parts = ShareParts(source, sink, threads, refused, by_name, events, group, share_metrics)
+    worker = ShareWorker(
+        config=config,
+        parts=parts,
+        health=health,
+        abort=abort or threading.Event(),
+        background=background,
+        clock=clock,
+    )
+    for p in pipelines:
+        metrics.pipeline_priority.labels(p.name).set(p.config.rank)
+        metrics.in_flight_records.labels(p.name).set_function(
+            functools.partial(worker.records_of, p.name)
+        )
+    metrics.ready.set_function(lambda: 0.0 if health.not_ready_reasons() else 1.0)
+    return worker
 
 
 def _flush_all(batchers: Mapping[str, Batcher[Message]]) -> None:

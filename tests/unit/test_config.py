@@ -911,3 +911,70 @@ def test_an_unknown_group_protocol_is_refused(make_raw: Callable[..., Raw]) -> N
 def test_group_protocol_comes_from_the_environment(config_file: Path) -> None:
     cfg = load_config(config_file, environ={"STREAMFER_KAFKA__GROUP_PROTOCOL": "consumer"})
     assert cfg.kafka.group_protocol == "consumer"
+
+
+# --- share groups (KIP-932) ----------------------------------------------------------
+
+
+def test_a_share_group_with_defaults_is_valid(make_raw: Callable[..., Raw]) -> None:
+    cfg = WorkerConfig.model_validate({**make_raw(), "kafka": {"share_group": True}})
+    assert cfg.kafka.share_group and cfg.kafka.share_delivery_count_limit is None
+
+
+def test_a_share_group_comes_from_the_environment(config_file: Path) -> None:
+    cfg = load_config(config_file, environ={"STREAMFER_KAFKA__SHARE_GROUP": "true"})
+    assert cfg.kafka.share_group
+
+
+def test_exactly_once_with_a_share_group_is_refused_naming_why(
+    make_raw: Callable[..., Raw],
+) -> None:
+    raw = {**make_raw(), "delivery": "exactly-once", "kafka": {"share_group": True}}
+    msg = config_error(raw)
+    assert 'delivery = "exactly-once" with [kafka] share_group = true' in msg
+    assert "KIP-1289" in msg
+
+
+@pytest.mark.parametrize(
+    ("kafka", "expected"),
+    [
+        ({"group_instance_id": "a"}, "group_instance_id (share groups have no static"),
+        ({"group_protocol": "consumer"}, 'group_protocol = "consumer" (a share group'),
+        ({"auto_offset_reset": "error"}, 'auto_offset_reset = "error"'),
+        ({"session_timeout_ms": 10000}, "session_timeout_ms (the group's share.session.timeout"),
+        ({"heartbeat_interval_ms": 500}, "heartbeat_interval_ms (the group's share.heartbeat"),
+        (
+            {"consumer_options": {"partition.assignment.strategy": "range"}},
+            "'partition.assignment.strategy' (the group's group.share.assignors)",
+        ),
+        (
+            {"options": {"auto.offset.reset": "earliest"}},
+            "options 'auto.offset.reset' (the group's share.auto.offset.reset",
+        ),
+    ],
+)
+def test_a_share_group_refuses_what_it_would_ignore(
+    make_raw: Callable[..., Raw], kafka: dict[str, Any], expected: str
+) -> None:
+    msg = config_error({**make_raw(), "kafka": {"share_group": True, **kafka}})
+    assert "share_group = true cannot use" in msg and expected in msg
+
+
+def test_a_share_group_refuses_shares_of_the_in_flight_bound(
+    make_raw: Callable[..., Raw],
+) -> None:
+    msg = config_error({**make_raw(max_in_flight_share=0.5), "kafka": {"share_group": True}})
+    assert "pipelines[0].max_in_flight_share with [kafka] share_group = true" in msg
+    raw = {**make_raw(), "bulk_in_flight_share": 0.3, "kafka": {"share_group": True}}
+    assert "bulk_in_flight_share with [kafka] share_group" in config_error(raw)
+
+
+def test_the_delivery_count_limit_is_for_share_groups_and_within_the_brokers_range(
+    make_raw: Callable[..., Raw],
+) -> None:
+    msg = config_error({**make_raw(), "kafka": {"share_delivery_count_limit": 5}})
+    assert "share_delivery_count_limit is for share_group = true only" in msg
+    raw = {**make_raw(), "kafka": {"share_group": True, "share_delivery_count_limit": 1}}
+    assert "kafka.share_delivery_count_limit" in config_error(raw)
+    raw["kafka"]["share_delivery_count_limit"] = 3
+    assert WorkerConfig.model_validate(raw).kafka.share_delivery_count_limit == 3

@@ -15,6 +15,7 @@ from worker.errors import ConfigError
 
 __all__ = [
     "BROKER_SIDE_UNDER_CONSUMER",
+    "BROKER_SIDE_UNDER_SHARE",
     "GroupProtocol",
     "KafkaSettings",
     "LibrdkafkaValue",
@@ -33,6 +34,17 @@ BROKER_SIDE_UNDER_CONSUMER = {
 }
 """librdkafka settings the consumer group protocol (KIP-848) moves to the broker, each
 with the broker setting that replaces it; librdkafka refuses them under that protocol."""
+
+BROKER_SIDE_UNDER_SHARE = {
+    "session.timeout.ms": "share.session.timeout.ms",
+    "heartbeat.interval.ms": "share.heartbeat.interval.ms",
+    "partition.assignment.strategy": "group.share.assignors",
+    "auto.offset.reset": "share.auto.offset.reset, which the worker sets from "
+    "[kafka] auto_offset_reset",
+    "group.instance.id": "nothing: share groups have no static membership",
+}
+"""librdkafka settings a share group (KIP-932) takes from the group's configuration on
+the broker instead, each with the group config (or broker setting) that replaces it."""
 
 _TYPED = {
     "session_timeout_ms": "session.timeout.ms",
@@ -61,6 +73,17 @@ class KafkaSettings(Frozen):
     librdkafka's default of 3 s made that 6 s."""
     max_poll_interval_ms: int = Field(default=300_000, ge=1000)
     group_instance_id: str | None = None
+    share_group: bool = False
+    """Consume as a member of the share group ``group_id`` (KIP-932, Apache Kafka 4.2+)
+    instead of a consumer group: the broker hands the records of one partition to every
+    member, each acknowledged one by one, so more workers than partitions all work.
+    At-least-once only; results are not in partition order (``worker.loop.share_worker``)."""
+    share_delivery_count_limit: int | None = Field(default=None, ge=2, le=10)
+    """With ``share_group``: the group's ``share.delivery.count.limit``, the deliveries
+    after which the broker archives a record. None reads it from the group's
+    configuration at start-up; give it where the worker may not describe the group's
+    configuration (the broker's default is 5). A record on its last delivery becomes a
+    ``redelivered`` dead letter before it is processed."""
     group_coverage_check_s: float = Field(default=10.0, ge=0)
     """With ``group_instance_id``: how often to look for partitions no member of the
     settled group owns (``worker.kafka.group_coverage``); 0 never looks."""
@@ -105,6 +128,41 @@ class KafkaSettings(Frozen):
                     for given, name in moved
                 )
             )
+        return self
+
+    @model_validator(mode="after")
+    def _share_group_settings(self) -> KafkaSettings:
+        """A share group takes its membership from the broker and has no offsets: what a
+        consumer group would use is refused, each with what replaces it, never ignored."""
+        if not self.share_group:
+            if "share_delivery_count_limit" in self.model_fields_set:
+                raise ValueError("share_delivery_count_limit is for share_group = true only")
+            return self
+        refused = []
+        if self.group_protocol == "consumer":
+            refused.append(
+                'group_protocol = "consumer" (a share group has a protocol of its own: remove it)'
+            )
+        if self.group_instance_id:
+            refused.append("group_instance_id (share groups have no static membership)")
+        if self.auto_offset_reset == "error":
+            refused.append(
+                'auto_offset_reset = "error" (a share group starts at the earliest or the '
+                "latest offset: share.auto.offset.reset)"
+            )
+        refused += [
+            f"[kafka] {field} (the group's {BROKER_SIDE_UNDER_SHARE[_TYPED[field]]})"
+            for field in _TYPED
+            if field in self.model_fields_set
+        ]
+        refused += [
+            f"{where} {name!r} (the group's {BROKER_SIDE_UNDER_SHARE[name]})"
+            for where in ("options", "consumer_options")
+            for name in getattr(self, where)
+            if name in BROKER_SIDE_UNDER_SHARE
+        ]
+        if refused:
+            raise ValueError("share_group = true cannot use " + "; ".join(refused))
         return self
 
     @model_validator(mode="after")

@@ -1,7 +1,8 @@
 """The whole configuration of one worker process (``WorkerConfig``): its connections, its
 pipelines, how results are delivered, the in-flight bounds, timeouts, logs and its HTTP
 endpoint (``MetricsSettings``); and the rules that span pipelines (no topic both read
-and written, every in-flight share room for a batch)."""
+and written, every in-flight share room for a batch, nothing a share group cannot
+give)."""
 
 from __future__ import annotations
 
@@ -99,6 +100,33 @@ class WorkerConfig(Frozen):
             for out in (p.result_topic, p.dead_letter_topic, *shadow):
                 if out in owner:
                     raise ValueError(f"output topic {out!r} of {p.name!r} is also a request topic")
+        return self
+
+    @model_validator(mode="after")
+    def _share_group_delivery(self) -> WorkerConfig:
+        """What a share group cannot give is refused, naming why."""
+        if not self.kafka.share_group:
+            return self
+        if self.delivery == "exactly-once":
+            raise ValueError(
+                'delivery = "exactly-once" with [kafka] share_group = true: a share group '
+                "acknowledges records outside any transaction (transactional "
+                "acknowledgements are KIP-1289, not in Apache Kafka yet), so results and "
+                'acknowledgements cannot commit together; use "at-least-once"'
+            )
+        shared = [
+            f"pipelines[{i}].max_in_flight_share"
+            for i, p in enumerate(self.pipelines)
+            if p.max_in_flight_share is not None
+        ]
+        if "bulk_in_flight_share" in self.model_fields_set:
+            shared.append("bulk_in_flight_share")
+        if shared:
+            raise ValueError(
+                f"{', '.join(shared)} with [kafka] share_group = true: a share group's poll "
+                "is not fetched per pipeline, so a pipeline's share of the in-flight bound "
+                "cannot be kept; remove it (priorities still order the stages)"
+            )
         return self
 
     @model_validator(mode="after")

@@ -1,5 +1,7 @@
 """How a batch's results become durable and its offsets committed: the delivery mode
-Protocol, at-least-once, exactly-once and the committer."""
+Protocol, at-least-once, exactly-once, the committer, and the dead letters of records
+the broker refuses for themselves (``RefusedRecords``, which a share group's loop
+delivers through as well)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from worker.delivery.mode import (
     Stages,
     commit_before_leaving,
 )
+from worker.delivery.refused import RefusedRecords
 
 __all__ = [
     "AtLeastOnce",
@@ -21,6 +24,7 @@ __all__ = [
     "Committer",
     "Delivery",
     "OffsetConsumer",
+    "RefusedRecords",
     "ReportPolling",
     "RewindGate",
     "Stages",

@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from confluent_kafka import Message
-
-from worker.core import Deadline, DeliveryTracker, Job, PartitionKey, Refusal
+from worker.core import Deadline, DeliveryTracker, Job, PartitionKey
 from worker.delivery.committer import Committer
+from worker.delivery.refused import RefusedRecords, RefusingPipeline
 from worker.errors import CommitError
 from worker.kafka import Sink
 from worker.ops import Metrics, PipelineMetrics
@@ -92,23 +90,11 @@ class ReportPolling:
         self._sink.poll(0)
 
 
-class DeliveringPipeline(Protocol):
+class DeliveringPipeline(RefusingPipeline, Protocol):
     """What a delivery mode needs of a pipeline (``Pipeline``): its metrics, and the
-    dead letter of a record the broker refused for itself."""
+    dead letter of a record the broker refused for itself (``RefusingPipeline``)."""
 
     metrics: PipelineMetrics
-
-    def refusal_of(
-        self, tracker: DeliveryTracker, produced: Message, why: str
-    ) -> tuple[Message, Refusal] | str:
-        """The request behind a refused record and its dead letter, or why there is none."""
-        ...
-
-    def dead_letter_undelivered(
-        self, sink: Sink, tracker: DeliveryTracker, produced: Message, why: str
-    ) -> None:
-        """Dead-letter the request behind a record the broker refused for itself."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,17 +184,16 @@ def commit_delivered(stages: Stages, *, asynchronous: bool, count: bool) -> None
 class AtLeastOnce:
     """Commits each batch's offsets after its deliveries; a crash repeats what was in
     flight, never skips. Records the broker refuses for themselves are dead-lettered by
-    the loop thread before their batch can commit."""
+    the loop thread before their batch can commit (``RefusedRecords``)."""
 
     def __init__(self, stages: Stages) -> None:
         self._stages = stages
         self._sink = stages.sink
         self.committer = stages.committer
-        self._undeliverable: deque[DeliveryTracker] = deque()
-        """Batches holding records the broker refused for themselves, to dead-letter."""
+        self._refused = RefusedRecords(stages.sink, stages.pipelines)
 
     def tracker(self, pipeline: str, oldest_ts_ms: int) -> DeliveryTracker:
-        return DeliveryTracker(pipeline, oldest_ts_ms, self._undeliverable)
+        return self._refused.tracker(pipeline, oldest_ts_ms)
 
     def enqueue(self, job: Job) -> None:
         self.committer.track(job)
@@ -222,9 +207,7 @@ class AtLeastOnce:
         return self.committer.records_of(pipeline)
 
     def serve(self, timeout: float) -> None:
-        self._sink.poll(timeout)
-        if self._undeliverable:
-            self._dead_letter_undelivered()
+        self._refused.serve(timeout)
 
     def commit(self, *, asynchronous: bool = True) -> None:
         commit_delivered(self._stages, asynchronous=asynchronous, count=True)
@@ -235,16 +218,7 @@ class AtLeastOnce:
     def finish(self, deadline: Deadline, *, at_least_s: float) -> None:
         """Wait for every outstanding delivery, dead-lettering what the broker refuses on
         the way (those dead letters are deliveries too)."""
-        sink = self._sink
-        sink.flush(max(at_least_s, deadline.remaining()))
-
-        def dead_letter() -> None:
-            self._dead_letter_undelivered()
-            if self._undeliverable:
-                time.sleep(0.005)  # a batch still being published: its thread seals it soon
-            sink.flush(max(at_least_s, deadline.remaining()))
-
-        deadline.wait(lambda: not self._undeliverable, dead_letter)
+        self._refused.finish(deadline, at_least_s=at_least_s)
 
     def revoked(self, partitions: set[PartitionKey]) -> None:
         self.committer.forget(partitions)
@@ -254,32 +228,6 @@ class AtLeastOnce:
 
     def close(self, timeout: float) -> None:
         self._sink.flush(timeout)
-
-    def _dead_letter_undelivered(self) -> None:
-        """Records the broker refused for themselves become their requests' dead letters;
-        those refused only for a batch-mate are sent again, as they were. A batch still
-        being published waits for the next turn: only then is this thread the one sending
-        for it. Their reports may still arrive on a processing thread meanwhile:
-        ``take_undelivered`` and the tracker's queueing share its lock."""
-        waiting = self._undeliverable
-        for _ in range(len(waiting)):
-            tracker = waiting.popleft()
-            if not tracker.sealed:
-                waiting.append(tracker)
-                continue
-            pipeline = self._stages.pipelines[tracker.pipeline]
-            while (refused := tracker.take_undelivered()) is not None:
-                produced, why = refused
-                if why is None:  # refused only with a batch-mate: nothing wrong with it
-                    self._sink.resend(tracker, produced)
-                    continue
-                log.warning(
-                    "%s[%s] refused a record (%s): dead-lettering its request",
-                    produced.topic(),
-                    produced.partition(),
-                    why,
-                )
-                pipeline.dead_letter_undelivered(self._sink, tracker, produced, why)
 
 
 def commit_before_leaving(

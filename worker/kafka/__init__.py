@@ -1,6 +1,6 @@
 """Everything that talks to Kafka: the consumer (source), the producer (sink), the admin
-client, topics, record limits, headers, client logs, transactions, lag, stalled calls and
-group coverage.
+client, topics, record limits, headers, client logs, transactions, lag, stalled calls,
+group coverage, and a share group's consumer and configuration.
 
 ``ChildGroupReader`` and ``child_settings`` are read from ``group_reads`` on first use
 (``worker.core.lazy``): that module is also a child process's entry point, ``python -m
@@ -31,6 +31,12 @@ from worker.kafka.limits import (
     headers_size,
     record_size,
 )
+from worker.kafka.share_group import (
+    ShareGroupSettings,
+    describe_share_group,
+    prepare_share_group,
+)
+from worker.kafka.share_source import ShareSource, share_consumer_config
 from worker.kafka.sink import Headers, Sink, producer_config
 from worker.kafka.source import (
     Source,
@@ -63,6 +69,8 @@ __all__ = [
     "Headers",
     "LagStats",
     "RecordLimits",
+    "ShareGroupSettings",
+    "ShareSource",
     "Sink",
     "Source",
     "SourceHeaders",
@@ -71,14 +79,17 @@ __all__ = [
     "consumer_config",
     "coordinator_settling",
     "create_missing",
+    "describe_share_group",
     "end_of_partition",
     "fatal_error",
     "headers_size",
     "is_fatal",
     "position",
+    "prepare_share_group",
     "producer_config",
     "reason_header",
     "record_size",
+    "share_consumer_config",
     "trace_headers",
     "transactional_id",
     "transactional_producer",

@@ -1,5 +1,6 @@
 """The worker's loop: the ``Worker``, the micro-batcher, group membership, pausing,
-priority lanes and the processing threads.
+priority lanes and the processing threads; and the ``ShareWorker``, a share group's
+loop around the same processing threads.
 
 ``BatchSteps`` and the lane wiring are read from ``stages`` and ``lane_wiring`` on first
 use (``worker.core.lazy``): they import the pipeline (and with it numpy and redis), which
@@ -15,6 +16,8 @@ from worker.loop.batcher import Batcher
 from worker.loop.consumer_events import ConsumerEvents, RetiredBatches
 from worker.loop.membership import Membership
 from worker.loop.pausing import PausingManager, share_fetch_options
+from worker.loop.share_events import ShareEvents
+from worker.loop.share_worker import ShareParts, ShareWorker
 from worker.loop.threads import StageThreads
 from worker.loop.worker import Background, LoopParts, Worker
 
@@ -31,6 +34,9 @@ __all__ = [
     "Membership",
     "PausingManager",
     "RetiredBatches",
+    "ShareEvents",
+    "ShareParts",
+    "ShareWorker",
     "StageThreads",
     "Worker",
     "bind_lane_gauges",

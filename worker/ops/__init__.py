@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from worker.ops.health import HealthServer, HealthState, HttpEndpoint, reload_response
 from worker.ops.logs import setup_logging
-from worker.ops.metrics import THREAD_STAGES, CacheMetrics, Metrics, PipelineMetrics, ShadowMetrics
+from worker.ops.metrics import (
+    THREAD_STAGES,
+    CacheMetrics,
+    Metrics,
+    PipelineMetrics,
+    ShadowMetrics,
+    ShareMetrics,
+)
 from worker.ops.metrics_merge import MergedEndpoints
 from worker.ops.supervisor import (
     PROCESSES_ENV,
@@ -27,6 +34,7 @@ __all__ = [
     "Metrics",
     "PipelineMetrics",
     "ShadowMetrics",
+    "ShareMetrics",
     "Supervisor",
     "follow_supervisor",
     "parse_processes",

@@ -20,6 +20,7 @@ __all__ = [
     "Metrics",
     "PipelineMetrics",
     "ShadowMetrics",
+    "ShareMetrics",
 ]
 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -95,6 +96,17 @@ class CacheMetrics:
     hit_ratio: Gauge
     redis_errors: Counter
     corrupt_values: Counter
+
+
+@dataclass(frozen=True, slots=True)
+class ShareMetrics:
+    """Pre-bound children of one pipeline in a share group (``worker.loop.share_worker``)."""
+
+    accepted: Counter
+    released: Counter
+    redeliveries: Counter
+    lock_overruns: Counter
+    acknowledgement_errors: Counter
 
 
 class Metrics:
@@ -271,6 +283,34 @@ class Metrics:
             "Rejoins to make the group rebalance: partitions no member owned",
             registry=r,
         )
+        self.share_acknowledged = Counter(
+            "streamfer_share_acknowledged_records",
+            "Share groups: records this worker acknowledged, by type (accept: its result or "
+            "dead letter was delivered; release: not delivered, the broker delivers it again)",
+            ["pipeline", "type"],
+            registry=r,
+        )
+        self.share_redeliveries = Counter(
+            "streamfer_share_redeliveries",
+            "Share groups: records received on a second or later delivery (a lock expired, "
+            "or a member released them or died holding them)",
+            ["pipeline"],
+            registry=r,
+        )
+        self.share_lock_overruns = Counter(
+            "streamfer_share_lock_overruns",
+            "Share groups: records still being processed when their acquisition lock "
+            "expired; the broker may have delivered them to another member meanwhile",
+            ["pipeline"],
+            registry=r,
+        )
+        self.share_acknowledgement_errors = Counter(
+            "streamfer_share_acknowledgement_errors",
+            "Share groups: records whose acknowledgement the broker answered with an error "
+            "(they are delivered again)",
+            ["pipeline"],
+            registry=r,
+        )
         self.cache_hits = Counter(
             "streamfer_cache_hits",
             "Rows the output cache served instead of the model, by tier (memory, redis, or "
@@ -309,6 +349,16 @@ class Metrics:
             "(redis) and stored values that could not be read (corrupt)",
             ["pipeline", "kind"],
             registry=r,
+        )
+
+    def for_share(self, name: str) -> ShareMetrics:
+        acknowledged = self.share_acknowledged
+        return ShareMetrics(
+            accepted=acknowledged.labels(name, "accept"),
+            released=acknowledged.labels(name, "release"),
+            redeliveries=self.share_redeliveries.labels(name),
+            lock_overruns=self.share_lock_overruns.labels(name),
+            acknowledgement_errors=self.share_acknowledgement_errors.labels(name),
         )
 
     def for_cache(self, name: str) -> CacheMetrics:
@@ -393,6 +443,10 @@ METRIC_NAMES = (
     "streamfer_commit_failures_total",
     "streamfer_rebalances_total",
     "streamfer_group_rejoins_total",
+    "streamfer_share_acknowledged_records_total",
+    "streamfer_share_redeliveries_total",
+    "streamfer_share_lock_overruns_total",
+    "streamfer_share_acknowledgement_errors_total",
     "streamfer_cache_hits_total",
     "streamfer_cache_misses_total",
     "streamfer_cache_evictions_total",

@@ -34,6 +34,7 @@ __all__ = [
     "MAX_ID_LENGTH",
     "decode_requests",
     "encode_dead_letter",
+    "request_id_of",
     "result_tail",
 ]
 
@@ -245,6 +246,19 @@ class _Checker:
         return raw  # type: ignore[no-any-return]
 
 
+def request_id_of(value: bytes | None, shape: RequestShape, max_record_bytes: int) -> str | None:
+    """The id of a request that is not decoded as a whole (its dead letter names it), or
+    None where there is no readable one. Never raises."""
+    if not value or len(value) > max_record_bytes:
+        return None
+    try:
+        doc = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return None
+    rid = _at(doc, shape.id_path)
+    return rid if type(rid) is str and 0 < len(rid) <= MAX_ID_LENGTH else None
+
+
 def _at(doc: dict[str, Any], path: tuple[str, ...]) -> Any:
     """The value at a dotted path, or None when any step is missing or not an object."""
     node: Any = doc
@@ -292,6 +306,7 @@ def encode_dead_letter(
     worker_version: str,
     model: str | None,
     max_bytes: int = DEAD_LETTER_MAX_BYTES,
+    delivery_count: int | None = None,
 ) -> tuple[bytes, bytes | None]:
     """The dead-letter body and its Kafka key: why, where from, and as much of the
     original key and value as fits in ``max_bytes`` (body and key together, so the
@@ -301,7 +316,8 @@ def encode_dead_letter(
     letters keep the requests' partitioning); ``key_b64`` and ``value_b64`` then hold the
     original bytes, or their first bytes with ``key_truncated`` / ``value_truncated``
     set, or null. A value over ``max_value_bytes`` was never parsed and is left out;
-    ``source`` locates every original record."""
+    ``source`` locates every original record. ``delivery_count`` (a share group's
+    deliveries of the request) is written only when given."""
     value_bytes = len(value) if value is not None else 0
     doc: dict[str, Any] = {
         "pipeline": pipeline,
@@ -324,6 +340,8 @@ def encode_dead_letter(
         "worker_version": worker_version,
         "model": model,
     }
+    if delivery_count is not None:
+        doc["delivery_count"] = delivery_count
     room = max_bytes - len(orjson.dumps(doc))
     kafka_key = None
     if key is not None:

@@ -47,11 +47,14 @@ class DeadLetters:
         *,
         bare: bool = False,
         model: str | None = None,
+        delivery_count: int | None = None,
     ) -> None:
         """Send the dead letter of ``msg``, sized to what its topic takes; ``bare`` leaves
         the original key and value out (the dead letter itself was refused). ``model``
         (``name:version``) names the model version of the batch; default: the config's.
-        A request in ``tracker.refusals`` gets the dead letter recorded there instead."""
+        ``delivery_count``: a share group's deliveries of ``msg``, written into the dead
+        letter. A request in ``tracker.refusals`` gets the dead letter recorded there
+        instead."""
         cfg = self._config
         topic = cfg.dead_letter_topic
         source_topic, partition, offset = where = position(msg)
@@ -81,6 +84,7 @@ class DeadLetters:
             worker_version=__version__,
             model=model or self._model_tag,
             max_bytes=sink.limit(topic) - headers_size(headers),
+            delivery_count=delivery_count,
         )
         if not sink.send(tracker, topic, body, key, headers):
             tracker.sent += 1

@@ -34,12 +34,14 @@ from worker.inference import InferenceEngine, LiveModel, ModelSlot
 from worker.kafka import Sink
 from worker.ops import PipelineMetrics
 from worker.pipeline.canary import Canary
+from worker.pipeline.codec import request_id_of
 from worker.pipeline.dead_letters import DeadLetters
 from worker.pipeline.feeds import BatchFetcher, FeedPlan
 from worker.pipeline.hooks import BatchHooks
 from worker.pipeline.infer import InferStep
 from worker.pipeline.prepare import Prepared, PrepareStep
 from worker.pipeline.publish import PublishStep
+from worker.pipeline.request_shape import RequestShape
 from worker.pipeline.shadow import ShadowRunner
 
 __all__ = ["Pipeline", "Prepared"]
@@ -101,6 +103,7 @@ class Pipeline:
             on_feature_store=on_feature_store or (lambda _ok, _why: None),
         )
         self.dead_letters = DeadLetters(config, metrics)
+        self._shape = RequestShape.of(config)
         self.canary = canary
         self.shadow = shadow
         slot = self.slot
@@ -153,6 +156,24 @@ class Pipeline:
         """Send a result or dead letter for every message of the batch, then seal the
         tracker. Deliveries complete asynchronously on ``sink``; the tracker says when."""
         self._publish(prepared, sink, tracker)
+
+    def dead_letter_unserved(
+        self,
+        sink: Sink,
+        tracker: DeliveryTracker,
+        msg: Message,
+        code: str,
+        reason: str,
+        *,
+        delivery_count: int | None = None,
+    ) -> None:
+        """Dead-letter a request that is not served at all (stage ``consume``): a share
+        group's record on its last allowed delivery, say (``delivery_count``). Nothing of
+        it is decoded beyond its id; the caller seals ``tracker``."""
+        rid = request_id_of(msg.value(), self._shape, self.config.max_record_bytes)
+        self.dead_letters.send(
+            sink, tracker, msg, "consume", code, reason, rid, delivery_count=delivery_count
+        )
 
     def refusal_of(
         self, tracker: DeliveryTracker, produced: Message, why: str

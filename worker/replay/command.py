@@ -198,6 +198,13 @@ def run_replay(
     store.path(replay_id)  # validates the id
     if not resuming and store.exists(replay_id):
         raise ConfigError(f"replay {replay_id!r} exists already; continue it with --resume")
+    if config.kafka.share_group:
+        log.info(
+            "[kafka] share_group = true: the replay reads its range by assignment, as "
+            "consumer group %s of its own; share group %s and its records are left alone",
+            replay_group(replay_id),
+            config.kafka.group_id,
+        )
     consumer = Consumer(
         {
             **lookup_consumer_config(config.kafka, replay_group(replay_id)),

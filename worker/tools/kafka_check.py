@@ -3,7 +3,9 @@ before it runs.
 
 Each check is one line: the cluster answers (metadata within the timeout); every
 request, result and dead-letter topic exists; the consumer group can be described (the
-credentials may read it); and the producer can start: in exactly-once mode its
+credentials may read it), or for a share group (``[kafka] share_group``) its
+configuration, which says the broker serves share groups and where the group starts;
+and the producer can start: in exactly-once mode its
 transactions initialise (under a transactional id of its own, so a running worker is
 never fenced), otherwise it connects with the worker's producer settings. A check whose
 prerequisite failed is not run: one line says why the cluster is unusable.
@@ -21,7 +23,14 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from worker.config import WorkerConfig
-from worker.kafka import admin_client, coordinator_settling, producer_config, transactional_id
+from worker.errors import ConfigError
+from worker.kafka import (
+    admin_client,
+    coordinator_settling,
+    describe_share_group,
+    producer_config,
+    transactional_id,
+)
 
 __all__ = ["CheckLine", "check_kafka"]
 
@@ -84,7 +93,10 @@ def check_kafka(config: WorkerConfig, timeout: float = 10.0) -> list[CheckLine]:
             lines.append(
                 CheckLine(f"topic {topic}", True, f"{role}, {len(found.partitions)} partitions")
             )
-    lines.append(_check_group(admin.describe_consumer_groups, settings.group_id, timeout))
+    if settings.share_group:
+        lines.append(_check_share_group(config, admin, timeout))
+    else:
+        lines.append(_check_group(admin.describe_consumer_groups, settings.group_id, timeout))
     lines.append(_check_producer(config, timeout))
     return lines
 
@@ -116,6 +128,28 @@ def _check_group(describe: Callable[..., Any], group: str, timeout: float) -> Ch
     kind = getattr(found.type, "name", str(found.type)).lower()
     protocol = f"{kind} protocol, " if kind in ("classic", "consumer") else ""
     return CheckLine(name, True, f"{state}, {protocol}{len(found.members)} members")
+
+
+def _check_share_group(config: WorkerConfig, admin: Any, timeout: float) -> CheckLine:
+    """A share group has no members to describe with the consumer-group API: its
+    configuration says the broker serves share groups, and how the group behaves."""
+    settings = config.kafka
+    name = f"share group {settings.group_id}"
+    try:
+        found = describe_share_group(settings, timeout=timeout, admin=admin)
+    except KafkaException as exc:
+        return CheckLine(name, False, f"its configuration cannot be described: {_reason(exc)}")
+    except ConfigError as exc:
+        return CheckLine(name, False, str(exc))
+    start = found.get("share.auto.offset.reset", "latest")
+    wanted = settings.auto_offset_reset
+    moved = "" if start == wanted else f" (the worker sets {wanted} at start-up)"
+    return CheckLine(
+        name,
+        True,
+        f"starts at {start}{moved}, delivery limit {found.get('share.delivery.count.limit')}, "
+        f"record lock {found.get('share.record.lock.duration.ms')} ms",
+    )
 
 
 def _check_producer(config: WorkerConfig, timeout: float) -> CheckLine:

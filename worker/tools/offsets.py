@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -358,6 +359,19 @@ def _topics_of(config: WorkerConfig, pipeline: str | None) -> list[str]:
     return list(config.pipeline(pipeline).request_topics)
 
 
+def _say_share_group(config: WorkerConfig, group_id: str, out: TextIO) -> None:
+    """Offsets are a consumer group's: where the config names a share group, say that
+    its progress is the broker's share-partition state, which these commands neither
+    show nor move."""
+    if config.kafka.share_group and group_id == config.kafka.group_id:
+        out.write(
+            f"note: [kafka] share_group = true: {group_id!r} here is a consumer group's "
+            "committed offsets; the share group's progress is the broker's share-partition "
+            f"state (kafka-share-groups.sh --describe --group {group_id} shows it, "
+            "--reset-offsets moves it), which streamfer offsets neither shows nor moves\n"
+        )
+
+
 def _fmt(value: object) -> str:
     return "-" if value is None else str(value)
 
@@ -372,6 +386,7 @@ def show_command(
 ) -> int:
     """Print the lag table (or JSON) of the config's group or ``group``. Returns 0."""
     group_id = group or config.kafka.group_id
+    _say_share_group(config, group_id, out if not as_json else sys.stderr)
     topics = _topics_of(config, pipeline)
     offsets = KafkaOffsets.connect(config.kafka, group_id)
     try:
@@ -423,6 +438,7 @@ def reset_command(
     ``CommitError`` when the broker refuses the commit (a member joined meanwhile).
     """
     group_id = group or config.kafka.group_id
+    _say_share_group(config, group_id, out)
     topics = _topics_of(config, pipeline)
     state, members = group_members(config.kafka, group_id)
     if members or state not in ("empty", "dead"):

@@ -1,0 +1,209 @@
+"""One share-group poll in flight, from the poll until every record of it is acknowledged.
+
+A share consumer in explicit acknowledgement mode may not poll again before each record
+of its last poll is acknowledged, so the worker serves one poll at a time: its records
+are split into batches (``split``), each a ``Job`` for the processing threads, and
+``PollInFlight`` follows the jobs until each is accepted (its deliveries all succeeded)
+or released. ``LockBudget`` says how much of a poll the worker can finish within the
+group's record lock, from how fast it finished earlier ones. Plain bookkeeping: no I/O,
+the clock injected; the loop thread owns both.
+
+A member that dies holding a poll makes the broker deliver every record of it again,
+one delivery count higher. Where a record kills every member it goes to, its batch-mates
+would follow it to the group's last delivery, and become dead letters with it. So a
+record delivered ``isolated_from`` times or more is served alone, each acknowledged
+before the next starts (``serving_order``), in ascending offsets on an even delivery
+count and descending on an odd one: a killer stops a member holding only what comes
+after it one time and only what came before it the next, so its batch-mates are done
+within two deliveries and it reaches the last one alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from confluent_kafka import Message
+
+from worker.core import Clock, Job
+from worker.kafka import position
+
+__all__ = [
+    "LOCK_SHARE",
+    "LockBudget",
+    "PollInFlight",
+    "Settled",
+    "isolated_from",
+    "keep_within",
+    "serving_order",
+    "split",
+]
+
+LOCK_SHARE = 0.8
+"""The part of the record lock a poll may take before what has not started is released:
+the rest covers the last batch's publishing and the acknowledgement's way to the broker."""
+
+_MEASURED_SHARE = 0.1
+"""A poll counts towards the rate once it took this part of the budget: shorter ones
+measure the fixed costs of a turn more than the model."""
+
+
+def split(
+    records: Sequence[Message], route: Mapping[str, str], max_size: Mapping[str, int]
+) -> Iterator[tuple[str, list[Message]]]:
+    """The records of a poll as batches: by pipeline (``route``: topic -> pipeline), in
+    the order they came, each pipeline's cut into the fewest batches of at most its
+    ``max_size``, as even as can be (so the stages overlap on a poll of several)."""
+    by_pipeline: dict[str, list[Message]] = {}
+    for msg in records:
+        by_pipeline.setdefault(route[position(msg)[0]], []).append(msg)
+    for name, batch in by_pipeline.items():
+        parts = math.ceil(len(batch) / max_size[name])
+        size, extra = divmod(len(batch), parts)
+        start = 0
+        for i in range(parts):
+            end = start + size + (1 if i < extra else 0)
+            yield name, batch[start:end]
+            start = end
+
+
+State = Literal["held", "accepted", "released"]
+
+
+@dataclass(slots=True)
+class _Held:
+    job: Job
+    state: State = "held"
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """What ``PollInFlight.settle`` found: jobs to accept, and one that failed."""
+
+    accepted: list[Job] = field(default_factory=list)
+    failed: Job | None = None
+
+
+class PollInFlight:
+    """The jobs of one poll, each held until it is accepted or released."""
+
+    def __init__(self, jobs: Sequence[Job], polled_at: float, lock_s: float) -> None:
+        self._held = [_Held(job) for job in jobs]
+        self.polled_at = polled_at
+        self.lock_expires = polled_at + lock_s
+        """When the broker may hand these records to another member."""
+        self.records = sum(len(job.batch) for job in jobs)
+        self.over_budget = False
+        """Set once the poll outlived the lock budget and what had not started went back."""
+
+    def held(self) -> list[Job]:
+        """Jobs neither accepted nor released yet, in order."""
+        return [h.job for h in self._held if h.state == "held"]
+
+    @property
+    def open(self) -> bool:
+        return any(h.state == "held" for h in self._held)
+
+    def holds(self, jobs: Sequence[Job]) -> bool:
+        """Whether any of ``jobs`` is still held."""
+        wanted = {id(job) for job in jobs}
+        return any(h.state == "held" and id(h.job) in wanted for h in self._held)
+
+    def records_of(self, pipeline: str) -> int:
+        """Records of ``pipeline`` still held: its part of the worker's records in flight."""
+        return sum(
+            len(h.job.batch) for h in self._held if h.state == "held" and h.job.pipeline == pipeline
+        )
+
+    def settle(self) -> Settled:
+        """Mark the held jobs whose deliveries are all done as accepted, in any order (a
+        share group acknowledges records one by one); the first done job with errors is
+        returned as failed (the caller stops the worker) and stays held."""
+        accepted: list[Job] = []
+        failed = None
+        for h in self._held:
+            if h.state != "held" or not h.job.tracker.done:
+                continue
+            if h.job.tracker.errors:
+                failed = failed or h.job
+                continue
+            h.state = "accepted"
+            accepted.append(h.job)
+        return Settled(accepted, failed)
+
+    def release(self, jobs: Sequence[Job]) -> list[Job]:
+        """Mark those of ``jobs`` still held as released; returns them."""
+        wanted = {id(job) for job in jobs}
+        out = []
+        for h in self._held:
+            if h.state == "held" and id(h.job) in wanted:
+                h.state = "released"
+                out.append(h.job)
+        return out
+
+
+class LockBudget:
+    """How many records a poll may hold: what this worker finished within ``LOCK_SHARE``
+    of the lock, at the rate it finished earlier polls that were long enough to tell.
+    Unknown (no limit) until one was."""
+
+    def __init__(self, lock_s: float, clock: Clock, *, share: float = LOCK_SHARE) -> None:
+        self.seconds = lock_s * share
+        self._clock = clock
+        self._rate: float | None = None
+        """Records per second, smoothed over the measured polls."""
+
+    def observe(self, records: int, started: float) -> None:
+        """A poll of ``records`` was finished, begun at ``started``."""
+        elapsed = self._clock() - started
+        if elapsed < _MEASURED_SHARE * self.seconds or records <= 0:
+            return
+        rate = records / elapsed
+        self._rate = rate if self._rate is None else 0.5 * self._rate + 0.5 * rate
+
+    def room(self, at_least: int) -> int | None:
+        """Records a poll can finish in time (never below ``at_least``), or None while
+        unknown."""
+        if self._rate is None:
+            return None
+        return max(at_least, int(self._rate * self.seconds))
+
+
+def isolated_from(limit: int) -> int:
+    """The delivery count from which a record is served alone (see the module): two
+    deliveries before the group's ``limit``, never the first."""
+    return max(2, limit - 2)
+
+
+def serving_order(records: Sequence[Message], limit: int) -> tuple[list[Message], list[Message]]:
+    """A poll's records below the group's last delivery, as ``(batched, alone)``: those
+    delivered fewer than ``isolated_from(limit)`` times go in batches, as they came; the
+    others one at a time, by delivery count, then in ascending offsets on an even count
+    and descending on an odd one."""
+    first = isolated_from(limit)
+    batched, alone = [], []
+    for msg in records:
+        count = msg.delivery_count() or 1
+        if count < first:
+            batched.append(msg)
+        elif count < limit:
+            alone.append(msg)
+
+    def order(msg: Message) -> tuple[int, str, int, int]:
+        count = msg.delivery_count() or 1
+        topic, partition, offset = position(msg)
+        sign = 1 if count % 2 == 0 else -1
+        return count, topic, partition, sign * offset
+
+    alone.sort(key=order)
+    return batched, alone
+
+
+def keep_within(records: list[Message], room: int | None) -> tuple[list[Message], list[Message]]:
+    """``records`` cut at ``room``: those to serve (the oldest first, as they came) and
+    those to give back at once. Everything is served while ``room`` is unknown."""
+    if room is None or len(records) <= room:
+        return records, []
+    return records[:room], records[room:]

@@ -1,0 +1,421 @@
+"""The share-group worker: one member of a KIP-932 share group running the pipelines.
+
+A consumer group never uses more workers than its topics have partitions; a share group
+hands the records of one partition to every member, each acquired for the group's
+record lock and acknowledged one by one. ``ShareWorker`` runs the same pipelines,
+processing threads, sink and delivery tracking as ``Worker``, around a ``ShareSource``
+instead of offsets, a committer and rebalances. It is at-least-once: a record is
+ACCEPTed only once its result or dead letter is acknowledged by the broker; one not
+delivered is RELEASEd (the broker delivers it again, to any member); results are not in
+partition order.
+
+One poll at a time: in explicit acknowledgement mode every record of a poll must be
+acknowledged before the next, so a poll (``max.poll.records``, the in-flight bound) is
+what the worker holds. The loop thread takes a poll through these steps:
+
+1. A record on the group's last allowed delivery (``share.delivery.count.limit``)
+   becomes a ``redelivered`` dead letter (stage ``consume``) before anything runs it:
+   it may be what stopped the members it went to, and the broker would archive it.
+2. What the worker could not finish within ``LOCK_SHARE`` of the record lock, at the
+   rate it finished earlier polls (``LockBudget``), is released at once, for others.
+3. The rest is split into batches (``worker.loop.share_poll.split``), each a ``Job``
+   for the processing threads, whose stages overlap as in ``Worker``. A record
+   delivered nearly as often as the group allows (``isolated_from``) is served alone
+   after them, each acknowledged to the broker before the next starts, so that a record
+   that kills its members reaches its last delivery without its batch-mates
+   (``worker.loop.share_poll`` says how).
+4. The loop serves delivery reports (and dead-letters records the broker refuses for
+   themselves, through ``RefusedRecords``) and ACCEPTs each job whose deliveries all
+   succeeded, sending the acknowledgements at once. A failed delivery raises
+   ``SinkError``: the worker stops, releasing what was not delivered.
+5. At ``LOCK_SHARE`` of the lock, the jobs no stage has started are released; those
+   running go on, and records finished after their lock expired count as lock overruns
+   (the broker may have delivered them to another member meanwhile).
+
+Threads are as in ``Worker``: the loop thread owns the share consumer (its callbacks run
+inside its poll and commits, ``ShareEvents``), the three processing threads run the
+batches, delivery reports run wherever the producer is polled. ``stop()`` (a signal)
+lets the poll in flight finish for up to ``shutdown_timeout_s``; what is then left is
+released before the worker leaves the group.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from confluent_kafka import Message
+
+from worker.config import WorkerConfig
+from worker.core import Clock, Deadline, DeliveryTracker, Job, monotonic_clock
+from worker.delivery import RefusedRecords
+from worker.errors import SinkError
+from worker.kafka import ShareGroupSettings, ShareSource, Sink, position
+from worker.loop.share_events import ShareEvents
+from worker.loop.share_poll import LockBudget, PollInFlight, keep_within, serving_order, split
+from worker.loop.threads import StageThreads
+from worker.loop.worker import Background
+from worker.ops import HealthState, ShareMetrics
+
+__all__ = ["ShareParts", "ShareWorker", "UnservedLetters"]
+
+log = logging.getLogger(__name__)
+
+_SERVE_S = 0.005
+"""How long one turn of waiting for a poll's jobs waits for delivery reports."""
+_QUIET_S = 60.0
+"""A repeated warning (released surplus, lock overruns) is logged at most this often."""
+
+
+class UnservedLetters(Protocol):
+    """What the share loop asks of a pipeline (``Pipeline``): the dead letter of a request
+    it will not serve, and those of records the broker refused (``RefusedRecords``)."""
+
+    def dead_letter_unserved(
+        self,
+        sink: Sink,
+        tracker: DeliveryTracker,
+        msg: Message,
+        code: str,
+        reason: str,
+        *,
+        delivery_count: int | None = None,
+    ) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ShareParts:
+    """What the share loop drives, built by ``worker.compose.wire_share_worker``."""
+
+    source: ShareSource
+    sink: Sink
+    threads: StageThreads
+    refused: RefusedRecords
+    pipelines: Mapping[str, UnservedLetters]
+    events: ShareEvents
+    group: ShareGroupSettings
+    metrics: Mapping[str, ShareMetrics]
+    """Each pipeline's share-group metrics, by pipeline name."""
+
+
+class _Quiet:
+    """Warnings that repeat (released surplus, overruns) logged at most every ``_QUIET_S``."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._at: dict[str, float] = {}
+
+    def __call__(self, key: str, message: str, *args: object) -> None:
+        now = self._clock()
+        if now - self._at.get(key, -_QUIET_S) >= _QUIET_S:
+            self._at[key] = now
+            log.warning(message, *args)
+
+
+class ShareWorker:
+    """Runs pipelines for one member of a share group. Not thread-safe except ``stop``."""
+
+    def __init__(
+        self,
+        *,
+        config: WorkerConfig,
+        parts: ShareParts,
+        health: HealthState,
+        abort: threading.Event,
+        background: Sequence[Background] = (),
+        clock: Clock = monotonic_clock,
+    ) -> None:
+        """``abort`` is shared with the pipelines, as ``Worker``'s; ``background`` runs on
+        threads of its own while ``run`` runs (the model reloader, shadow models)."""
+        self.config = config
+        self.health = health
+        self._abort = abort
+        self._background = list(background)
+        self._source = parts.source
+        self._sink = parts.sink
+        self._threads = parts.threads
+        self._refused = parts.refused
+        self._pipelines = parts.pipelines
+        self._events = parts.events
+        self._metrics = parts.metrics
+        self._limit = parts.group.delivery_count_limit
+        self._lock_s = parts.group.record_lock_s
+        self._route = {t: p.name for p in config.pipelines for t in p.request_topics}
+        self._max_size = {p.name: p.batch.max_batch_size for p in config.pipelines}
+        self._budget = LockBudget(self._lock_s, clock)
+        self._clock = clock
+        self._poll_s = config.poll_timeout_ms / 1000.0
+        self._stop = threading.Event()
+        self._inflight: PollInFlight | None = None
+        self._unsubmitted: list[Job] = []
+        """Records of the poll in flight to serve alone, not handed to the stages yet."""
+        self._stopping: Deadline | None = None
+        """From the first look at a stop request: how long the poll in flight may take."""
+        self._active_at = clock()
+        """When records last came: burst mode stops after a long enough quiet."""
+        self._warn = _Quiet(clock)
+
+    # -- control -------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the loop to finish; safe from signal handlers and other threads."""
+        self.health.stopping = True
+        self._stop.set()
+
+    def records_of(self, pipeline: str) -> int:
+        """Records of ``pipeline`` this member holds (acquired, not acknowledged)."""
+        poll = self._inflight
+        return 0 if poll is None else poll.records_of(pipeline)
+
+    def run(self, *, burst_idle_s: float | None = None) -> None:
+        """Serve until ``stop()``; with ``burst_idle_s`` also stop after that long idle.
+
+        Raises the ``StreamferError`` that stopped it; what was not delivered is released
+        first, and the broker delivers it again."""
+        self._source.subscribe()
+        for part in self._background:
+            part.start()
+        try:
+            while not self._stop.is_set():
+                self.run_once()
+                if burst_idle_s is not None and self._idle_for(burst_idle_s):
+                    log.info("burst: idle for %.1fs, stopping", burst_idle_s)
+                    break
+        except BaseException:
+            self._abort.set()
+            raise
+        finally:
+            self._close()
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def run_once(self) -> None:
+        """One turn: a poll, and (when it brought records) serving it until each record
+        is acknowledged. Raises the error of a processing stage, a failed delivery
+        (SinkError) or a fatal consumer error."""
+        self._check_health()
+        records = self._source.poll(self._poll_s)
+        if not records:
+            self._refused.serve(0)
+            return
+        self._events.joined()
+        self._active_at = self._clock()
+        self._serve(records)
+
+    def _check_health(self) -> None:
+        self.health.turned()
+        self._threads.check()
+        self._events.raise_fatal()
+
+    def _serve(self, records: list[Message]) -> None:
+        polled_at = self._clock()
+        jobs = self._redelivered(records)
+        batched, alone = serving_order(records, self._limit)
+        kept, surplus = keep_within(batched, self._budget.room(max(self._max_size.values())))
+        if surplus:
+            self._give_back_surplus(surplus)
+        route, tracker = self._route, self._refused.tracker
+        served = [Job.close(name, b, tracker) for name, b in split(kept, route, self._max_size)]
+        singles = [Job.close(route[position(m)[0]], [m], tracker) for m in alone]
+        poll = self._inflight = PollInFlight(jobs + served + singles, polled_at, self._lock_s)
+        self._unsubmitted = list(singles)
+        for job in served:
+            self._threads.submit(job)
+        finished = self._wait(poll, jobs + served)
+        for job in singles:
+            if not finished:
+                break
+            if poll.holds([job]):  # not released at the lock budget
+                self._acknowledged()
+                self._unsubmitted.remove(job)
+                self._threads.submit(job)
+                finished = self._wait(poll, [job])
+        if singles and finished:
+            self._acknowledged()
+        if not poll.open:
+            self._inflight = None
+            self._budget.observe(len(kept), polled_at)
+
+    def _acknowledged(self) -> None:
+        """Wait until the broker has every acknowledgement made so far: a record served
+        alone (a suspected killer) must not cost those before it another delivery."""
+        refused = self._source.commit(min(5.0, self._lock_s))
+        if refused:
+            log.warning("the broker refused acknowledgements: %s", refused)
+
+    def _redelivered(self, records: list[Message]) -> list[Job]:
+        """Count records delivered before; dead-letter those on their last delivery.
+        Returns the jobs of those dead letters (sealed), one per pipeline."""
+        limit, route = self._limit, self._route
+        last: dict[str, list[Message]] = {}
+        for msg in records:
+            count = msg.delivery_count() or 1
+            if count > 1:
+                name = route[position(msg)[0]]
+                self._metrics[name].redeliveries.inc()
+                if count >= limit:
+                    last.setdefault(name, []).append(msg)
+        jobs = []
+        for name, batch in last.items():
+            job = Job.close(name, batch, self._refused.tracker)
+            for msg in batch:
+                count = msg.delivery_count() or limit
+                self._pipelines[name].dead_letter_unserved(
+                    self._sink,
+                    job.tracker,
+                    msg,
+                    "redelivered",
+                    _last_delivery(count, limit),
+                    delivery_count=count,
+                )
+            job.tracker.seal()
+            jobs.append(job)
+            log.warning(
+                "pipeline %s: %d records on their last allowed delivery (%d): dead-lettered "
+                "unprocessed (code redelivered)",
+                name,
+                len(batch),
+                limit,
+            )
+        return jobs
+
+    def _wait(self, poll: PollInFlight, jobs: Sequence[Job]) -> bool:
+        """Serve ``poll`` until each of ``jobs`` is acknowledged, releasing at the lock
+        budget what has not started; after ``stop()``, for up to the shutdown timeout.
+        False: the shutdown timeout passed first."""
+        lock_deadline = poll.polled_at + self._budget.seconds
+        while poll.holds(jobs):
+            self._check_health()
+            self._refused.serve(_SERVE_S)
+            self._settle(poll)
+            if not poll.over_budget and self._clock() >= lock_deadline:
+                poll.over_budget = True
+                self._release_unstarted(poll)
+            if self._stop.is_set():
+                if self._stopping is None:
+                    self._stopping = Deadline.after(self.config.shutdown_timeout_s, self._clock)
+                elif self._stopping.passed():
+                    log.warning(
+                        "stopping with %d batches of a poll unfinished after %.0fs; they are "
+                        "released and delivered again",
+                        len(poll.held()),
+                        self.config.shutdown_timeout_s,
+                    )
+                    return False
+        return True
+
+    def _settle(self, poll: PollInFlight) -> None:
+        """ACCEPT every job whose deliveries are done, and send the acknowledgements.
+        Raises SinkError for a job whose delivery failed (it stays held, to release)."""
+        settled = poll.settle()
+        if settled.accepted:
+            late = self._clock() > poll.lock_expires
+            for job in settled.accepted:
+                metrics = self._metrics[job.pipeline]
+                metrics.accepted.inc(self._source.accept(job.batch))
+                if late:
+                    metrics.lock_overruns.inc(len(job.batch))
+            self._source.send()
+            if late:
+                self._warn(
+                    "overrun",
+                    "records finished after their %gs record lock expired: the broker may "
+                    "have delivered them to another member too (lower max_in_flight_batches "
+                    "or max_batch_size, or raise the group's share.record.lock.duration.ms)",
+                    self._lock_s,
+                )
+        if settled.failed is not None:
+            errors = settled.failed.tracker.errors
+            raise SinkError(
+                f"{len(errors)} deliveries of a batch failed, not acknowledging it: "
+                + "; ".join(errors)
+            )
+
+    def _release_unstarted(self, poll: PollInFlight) -> None:
+        """The poll outlived the lock budget: release the jobs no stage has started."""
+        jobs = poll.release(self._threads.discard_queued() + self._unsubmitted)
+        self._unsubmitted = []
+        for job in jobs:
+            self._metrics[job.pipeline].released.inc(self._source.release(job.batch))
+        if jobs:
+            self._source.send()
+        self._warn(
+            "lock",
+            "a poll of %d records is not finished after %.0fs of its %gs record lock: "
+            "released the %d records no stage had started, for other members (lower "
+            "max_in_flight_batches or max_batch_size, or raise the group's "
+            "share.record.lock.duration.ms)",
+            poll.records,
+            self._budget.seconds,
+            self._lock_s,
+            sum(len(job.batch) for job in jobs),
+        )
+
+    def _give_back_surplus(self, surplus: list[Message]) -> None:
+        """Release at once what this poll brought beyond the lock budget."""
+        route, metrics = self._route, self._metrics
+        for msg in surplus:
+            metrics[route[position(msg)[0]]].released.inc(self._source.release([msg]))
+        self._source.send()
+        self._warn(
+            "surplus",
+            "a poll brought %d records more than this worker finishes within %.0fs of the "
+            "record lock; released them at once, for other members",
+            len(surplus),
+            self._budget.seconds,
+        )
+
+    def _idle_for(self, seconds: float) -> bool:
+        """Burst mode: a member, holds nothing, and nothing came for ``seconds``."""
+        return (
+            self.health.joined
+            and self._inflight is None
+            and self._clock() - self._active_at >= seconds
+        )
+
+    # -- shutdown ------------------------------------------------------------------------
+
+    def _close(self) -> None:
+        """Stop the processing threads, accept what was delivered, release the rest,
+        send the acknowledgements and leave the group."""
+        self._abort.set()
+        poll = self._inflight
+        if poll is not None:  # nothing of a queued job was produced: release it now
+            for job in poll.release(self._threads.discard_queued()):
+                self._metrics[job.pipeline].released.inc(self._source.release(job.batch))
+        if not self._threads.close(5.0):
+            log.warning("the processing thread did not finish")
+        for part in self._background:
+            if not part.stop(5.0):
+                log.warning("%s did not finish", type(part).__name__)
+        timeout = min(5.0, self.config.shutdown_timeout_s)
+        if poll is not None and poll.open:
+            try:
+                self._refused.finish(Deadline.after(timeout, self._clock), at_least_s=0.1)
+                for job in poll.settle().accepted:
+                    self._metrics[job.pipeline].accepted.inc(self._source.accept(job.batch))
+            except Exception:  # the records stay unaccepted: released below
+                log.exception("finishing the last deliveries failed")
+            for job in poll.release(poll.held()):
+                self._metrics[job.pipeline].released.inc(self._source.release(job.batch))
+        self._inflight = None
+        try:
+            refused = self._source.commit(timeout)
+            if refused:
+                log.warning("the broker refused the last acknowledgements: %s", refused)
+            self._source.close()
+        except Exception:  # close must not hide the error that brought us here
+            log.exception("closing the share consumer failed")
+        self._sink.flush(timeout)
+
+
+def _last_delivery(count: int, limit: int) -> str:
+    """The reason of a record's ``redelivered`` dead letter."""
+    return (
+        f"delivered {count} times, the share group's limit (share.delivery.count.limit = "
+        f"{limit}): dead-lettered before it is processed, since the broker archives it after "
+        "this delivery (it may be what stopped the members it was delivered to)"
+    )
