@@ -33,7 +33,7 @@ from confluent_kafka import (
 
 from worker.config import KafkaSettings
 from worker.kafka.client_logs import KAFKA_LOG
-from worker.kafka.source import end_of_partition
+from worker.kafka.source import without_errors
 
 __all__ = ["AcknowledgementAnswer", "ShareClient", "ShareSource", "share_consumer_config"]
 
@@ -120,17 +120,7 @@ class ShareSource:
         """The records of one poll (acquired for this member); blocks at most ``timeout``.
         A message that carries an error is skipped as ``end_of_partition`` says; a fatal
         one raises ``SourceError``."""
-        messages = list(self._poll(timeout))
-        if not any(m.error() is not None for m in messages):
-            return messages
-        good = []
-        for m in messages:
-            err = m.error()
-            if err is None:
-                good.append(m)
-            else:
-                end_of_partition(err, log)
-        return good
+        return without_errors(list(self._poll(timeout)), log)
 
     def accept(self, messages: Iterable[Message]) -> int:
         """ACCEPT each record: its result or dead letter is delivered. Returns how many

@@ -29,6 +29,7 @@ __all__ = [
     "fatal_error",
     "is_fatal",
     "position",
+    "without_errors",
 ]
 
 log = logging.getLogger(__name__)
@@ -94,9 +95,10 @@ def fatal_error(err: KafkaError) -> SourceError:
     )
 
 
-def _without_errors(messages: list[Message]) -> list[Message]:
-    """The records of ``messages``, skipping errors as ``end_of_partition`` does;
-    ``messages`` itself when none carries an error (the usual case, one pass)."""
+def without_errors(messages: list[Message], logger: logging.Logger = log) -> list[Message]:
+    """The records of ``messages``, skipping errors as ``end_of_partition`` does (warning
+    on ``logger``); ``messages`` itself when none carries an error (the usual case, one
+    pass)."""
     if not any(m.error() is not None for m in messages):
         return messages
     good = []
@@ -105,7 +107,7 @@ def _without_errors(messages: list[Message]) -> list[Message]:
         if err is None:
             good.append(m)
         else:
-            end_of_partition(err)
+            end_of_partition(err, logger)
     return good
 
 
@@ -352,7 +354,7 @@ class Source:
         """Up to ``max_messages`` records; blocks at most ``timeout`` seconds."""
         self._rejoin_if_asked()
         messages: list[Message] = self._consume(max_messages, timeout)
-        return _without_errors(messages)
+        return without_errors(messages)
 
     def consume_first(self, max_messages: int, timeout: float) -> list[Message]:
         """Like ``consume``, but returns as soon as one record is there, with whatever
@@ -370,7 +372,7 @@ class Source:
         messages = [first, *rest]
         if self._moved and (first.topic(), first.partition()) in self._moved:
             messages = rest
-        return _without_errors(messages)
+        return without_errors(messages)
 
     def seek(self, partition: TopicPartition) -> None:
         """Fetch ``partition`` from its offset next (a rewind); a record of it fetched
