@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import orjson
 import pytest
 
 from streamfer_dev.demo import make_requests
@@ -17,11 +18,13 @@ from streamfer_dev.harness import (
     Outcomes,
     WorkerProcess,
     collect_outcomes,
+    committed_offsets,
+    end_offsets,
     produce_requests,
     wait_for_assignment,
 )
 from tests.conftest import Topics
-from tests.integration.helpers import assert_committed_to_end
+from tests.integration.helpers import assert_committed_to_end, streamfer, wait_committed_to_end
 
 pytestmark = pytest.mark.integration
 
@@ -121,3 +124,34 @@ def test_a_killed_member_on_the_consumer_protocol_is_replaced(
     assert outcomes.lost(good) == [], logs
     assert outcomes.duplicates() <= 2 * 4 * 64, outcomes.duplicates()
     assert_committed_to_end(kafka_bootstrap, t.group, t.requests)
+
+
+def test_offsets_show_and_reset_a_stopped_consumer_protocol_group(
+    kafka_bootstrap: str,
+    entities: list[str],
+    fresh_topics: Callable[..., Topics],
+    write_config: Callable[..., Path],
+    tmp_path: Path,
+) -> None:
+    """``streamfer offsets`` reads and resets a group a consumer-protocol worker left (an
+    empty group of type consumer), and refuses while that worker is a member."""
+    t = fresh_topics(2)
+    config = write_config(t, group_protocol="consumer")
+    requests, good, _ = make_requests(200, entities, 0.0, seed=41)
+    produce_requests(kafka_bootstrap, t.requests, requests)
+    worker = WorkerProcess(config, tmp_path / "worker.log").start()
+    try:
+        wait_for_assignment([worker], 2, timeout=60)
+        collect_outcomes(kafka_bootstrap, t.results, t.dead_letters, good, timeout=60)
+        wait_committed_to_end(kafka_bootstrap, t.group, t.requests, timeout=30)
+        busy = streamfer("offsets", "reset", "--config", str(config), "--to-earliest", "--yes")
+        assert busy.returncode == 1 and "active members" in busy.stdout, busy.stdout
+    finally:
+        assert worker.terminate() == 0, worker.log_text()[-3000:]
+    ends = end_offsets(kafka_bootstrap, t.requests)
+    shown = streamfer("offsets", "show", "--config", str(config), "--json")
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert orjson.loads(shown.stdout)["lag"] == 0
+    reset = streamfer("offsets", "reset", "--config", str(config), "--to-earliest", "--yes")
+    assert reset.returncode == 0, reset.stdout + reset.stderr
+    assert committed_offsets(kafka_bootstrap, t.group, t.requests) == dict.fromkeys(ends, 0)
