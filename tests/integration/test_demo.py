@@ -21,6 +21,7 @@ KEYS = {
     "p50_ms",
     "p99_ms",
     "broker",
+    "share_group",
 }
 
 
