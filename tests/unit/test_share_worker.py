@@ -322,16 +322,51 @@ def test_split_cuts_each_pipelines_records_into_even_batches() -> None:
     assert [m.offset() for _, b in batches for m in b] == list(range(10))
 
 
-def test_the_lock_budget_learns_only_from_polls_long_enough_to_tell() -> None:
+def test_the_lock_budget_is_unknown_until_it_watched_long_enough() -> None:
     clock = Clock()
     budget = LockBudget(30.0, clock)  # 24 s
     assert budget.room(4) is None
-    budget.observe(10, clock.now - 0.5)  # a short poll: fixed costs, not the model
+    budget.observe(10, clock.now - 0.5)  # 0.5 s watched of the 2.4 s it needs
     assert budget.room(4) is None
-    budget.observe(1000, clock.now - 10.0)  # 100 records/s
-    assert budget.room(4) == 2400
+    budget.observe(1000, clock.now - 10.0)
+    # (0.8 x 10 + 1000) records over (0.8 x 0.5 + 10) s: 96.9 records/s for 24 s
+    assert budget.room(4) == 2326
     assert keep_within([request(i) for i in range(5)], 3)[1][0].offset() == 3
     assert keep_within([request(i) for i in range(5)], None)[1] == []
+
+
+def test_the_lock_budget_outgrows_one_slow_poll() -> None:
+    """A cold start or a Redis hiccup must not leave the budget stuck low: every later
+    poll counts, however short."""
+    clock = Clock()
+    budget = LockBudget(30.0, clock)  # 24 s
+    budget.observe(8, clock.now - 3.0)  # 2.7 records/s
+    assert budget.room(64) == 64
+    for _ in range(50):  # then 64 records every 64 ms: 1,000 records/s
+        budget.observe(64, clock.now - 0.064)
+    assert budget.room(64) > 20_000
+
+
+def test_the_lock_budget_counts_what_was_accepted_not_what_was_released(
+    classifier: DemoModel,
+) -> None:
+    """2 of 8 records finished in 10.5 s (the other 6 went back at the budget): the next
+    poll may hold what 2 records in 10.5 s says, not 8."""
+    clock = Clock()
+    rig = share_worker(classifier, batch=2, in_flight=4, lock_s=10.0, clock=clock)
+    rig.store.gate.clear()
+    rig.consumer.produce(8)
+    thread = threading.Thread(target=rig.worker.run_once, daemon=True)
+    thread.start()
+    wait_for(lambda: rig.consumer.polls == [8])
+    time.sleep(0.05)
+    clock.now += 8.5
+    wait_for(lambda: len(rig.consumer.released()) == 6)
+    clock.now += 2.0
+    rig.store.gate.set()
+    thread.join(10)
+    assert rig.consumer.accepted() == [0, 1]
+    assert rig.worker._budget.room(1) == 1  # 2 records / 10.5 s x 8 s = 1.5
 
 
 def test_a_poll_in_flight_accepts_every_delivered_batch_and_names_a_failed_one() -> None:

@@ -46,6 +46,13 @@ BROKER_SIDE_UNDER_SHARE = {
 """librdkafka settings a share group (KIP-932) takes from the group's configuration on
 the broker instead, each with the group config (or broker setting) that replaces it."""
 
+_SET_BY_THE_SHARE_WORKER = {
+    "share.acknowledgement.mode": "explicit, so that nothing is accepted before delivery",
+    "max.poll.records": "from the in-flight bound, max_in_flight_batches x max_batch_size",
+}
+"""Share consumer settings the at-least-once promise rests on; a raw option must not
+override them."""
+
 _TYPED = {
     "session_timeout_ms": "session.timeout.ms",
     "heartbeat_interval_ms": "heartbeat.interval.ms",
@@ -160,6 +167,12 @@ class KafkaSettings(Frozen):
             for where in ("options", "consumer_options")
             for name in getattr(self, where)
             if name in BROKER_SIDE_UNDER_SHARE
+        ]
+        refused += [
+            f"{where} {name!r} (the worker sets it: {why})"
+            for where in ("options", "consumer_options")
+            for name in getattr(self, where)
+            if (why := _SET_BY_THE_SHARE_WORKER.get(name)) is not None
         ]
         if refused:
             raise ValueError("share_group = true cannot use " + "; ".join(refused))

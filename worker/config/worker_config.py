@@ -127,6 +127,13 @@ class WorkerConfig(Frozen):
                 "is not fetched per pipeline, so a pipeline's share of the in-flight bound "
                 "cannot be kept; remove it (priorities still order the stages)"
             )
+        if self.statistics_interval_ms == 0:
+            raise ValueError(
+                "statistics_interval_ms = 0 with [kafka] share_group = true: a share-group "
+                "member learns from librdkafka's statistics that it joined (an empty topic "
+                "brings no records to tell it), so /readyz and --burst need them; leave it "
+                "at its default (5000) or set it above 0"
+            )
         return self
 
     @model_validator(mode="after")

@@ -151,8 +151,11 @@ def _limits(settings: KafkaSettings, shared: dict[str, str] | None) -> ShareGrou
             "" if given else "; set [kafka] share_delivery_count_limit if it differs",
         )
         return ShareGroupSettings(limit, DEFAULT_RECORD_LOCK_S)
-    limit = int(shared.get(_LIMIT, DEFAULT_DELIVERY_COUNT_LIMIT))
     lock_s = int(shared.get(_LOCK, DEFAULT_RECORD_LOCK_S * 1000)) / 1000.0
+    reported = shared.get(_LIMIT)
+    if reported is None:  # described, but silent on the limit: what the user gave stands
+        return ShareGroupSettings(given or DEFAULT_DELIVERY_COUNT_LIMIT, lock_s)
+    limit = int(reported)
     if given is not None and given != limit:
         log.warning(
             "[kafka] share_delivery_count_limit = %d, but share group %s's %s is %d: "

@@ -46,6 +46,8 @@ LOCK_SHARE = 0.8
 the rest covers the last batch's publishing and the acknowledgement's way to the broker."""
 
 _MEASURED_SHARE = 0.1
+_DECAY = 0.8
+"""How much a poll's records and seconds still weigh in the rate one poll later."""
 """A poll counts towards the rate once it took this part of the budget: shorter ones
 measure the fixed costs of a turn more than the model."""
 
@@ -97,6 +99,8 @@ class PollInFlight:
         self.records = sum(len(job.batch) for job in jobs)
         self.over_budget = False
         """Set once the poll outlived the lock budget and what had not started went back."""
+        self.accepted = 0
+        """Records accepted so far (what the worker finished of this poll)."""
 
     def held(self) -> list[Job]:
         """Jobs neither accepted nor released yet, in order."""
@@ -131,6 +135,7 @@ class PollInFlight:
                 continue
             h.state = "accepted"
             accepted.append(h.job)
+            self.accepted += len(h.job.batch)
         return Settled(accepted, failed)
 
     def release(self, jobs: Sequence[Job]) -> list[Job]:
@@ -145,30 +150,36 @@ class PollInFlight:
 
 
 class LockBudget:
-    """How many records a poll may hold: what this worker finished within ``LOCK_SHARE``
-    of the lock, at the rate it finished earlier polls that were long enough to tell.
-    Unknown (no limit) until one was."""
+    """How many records a poll may hold: what this worker finishes within ``LOCK_SHARE``
+    of the lock, at the rate it finished its recent polls. Unknown (no limit) until it
+    has watched polls for ``_MEASURED_SHARE`` of that time in all.
+
+    The rate is records over seconds, both summed over every poll with older polls
+    weighing less (``_DECAY`` per poll): a short poll moves it a little, many move it
+    far, so one slow poll (a cold start, a Redis hiccup) is outgrown, never stuck."""
 
     def __init__(self, lock_s: float, clock: Clock, *, share: float = LOCK_SHARE) -> None:
         self.seconds = lock_s * share
         self._clock = clock
-        self._rate: float | None = None
-        """Records per second, smoothed over the measured polls."""
+        self._records = 0.0
+        self._elapsed = 0.0
+        self._known = False
 
-    def observe(self, records: int, started: float) -> None:
-        """A poll of ``records`` was finished, begun at ``started``."""
-        elapsed = self._clock() - started
-        if elapsed < _MEASURED_SHARE * self.seconds or records <= 0:
-            return
-        rate = records / elapsed
-        self._rate = rate if self._rate is None else 0.5 * self._rate + 0.5 * rate
+    def observe(self, finished: int, started: float) -> None:
+        """A poll begun at ``started`` ended with ``finished`` records accepted (those it
+        released are not finished: counting them would overstate the rate)."""
+        elapsed = max(0.0, self._clock() - started)
+        self._records = _DECAY * self._records + finished
+        self._elapsed = _DECAY * self._elapsed + elapsed
+        if self._elapsed >= _MEASURED_SHARE * self.seconds:
+            self._known = True
 
     def room(self, at_least: int) -> int | None:
         """Records a poll can finish in time (never below ``at_least``), or None while
         unknown."""
-        if self._rate is None:
+        if not self._known or self._elapsed <= 0.0:
             return None
-        return max(at_least, int(self._rate * self.seconds))
+        return max(at_least, int(self._records / self._elapsed * self.seconds))
 
 
 def isolated_from(limit: int) -> int:

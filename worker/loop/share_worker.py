@@ -59,6 +59,7 @@ from worker.loop.share_poll import LockBudget, PollInFlight, keep_within, servin
 from worker.loop.threads import StageThreads
 from worker.loop.worker import Background
 from worker.ops import HealthState, ShareMetrics
+from worker.pipeline import Unserved
 
 __all__ = ["ShareParts", "ShareWorker", "UnservedLetters"]
 
@@ -152,6 +153,11 @@ class ShareWorker:
         self._inflight: PollInFlight | None = None
         self._unsubmitted: list[Job] = []
         """Records of the poll in flight to serve alone, not handed to the stages yet."""
+        self._sync_acks = False
+        """The poll in flight has records to serve alone: its acceptances go out only by
+        ``_acknowledged``'s synchronous commit, so that each single starts only once the
+        broker has every acceptance made before it (an asynchronous send would leave the
+        synchronous commit nothing to wait for)."""
         self._stopping: Deadline | None = None
         """From the first look at a stop request: how long the poll in flight may take."""
         self._active_at = clock()
@@ -222,6 +228,7 @@ class ShareWorker:
         singles = [Job.close(route[position(m)[0]], [m], tracker) for m in alone]
         poll = self._inflight = PollInFlight(jobs + served + singles, polled_at, self._lock_s)
         self._unsubmitted = list(singles)
+        self._sync_acks = bool(singles)
         for job in served:
             self._threads.submit(job)
         finished = self._wait(poll, jobs + served)
@@ -237,7 +244,8 @@ class ShareWorker:
             self._acknowledged()
         if not poll.open:
             self._inflight = None
-            self._budget.observe(len(kept), polled_at)
+            dead_lettered = sum(len(job.batch) for job in jobs)  # not processed: no measure
+            self._budget.observe(poll.accepted - dead_lettered, polled_at)
 
     def _acknowledged(self) -> None:
         """Wait until the broker has every acknowledgement made so far: a record served
@@ -261,6 +269,7 @@ class ShareWorker:
         jobs = []
         for name, batch in last.items():
             job = Job.close(name, batch, self._refused.tracker)
+            job.tracker.context = Unserved(batch)  # a refused dead letter goes again, bare
             for msg in batch:
                 count = msg.delivery_count() or limit
                 self._pipelines[name].dead_letter_unserved(
@@ -318,7 +327,8 @@ class ShareWorker:
                 metrics.accepted.inc(self._source.accept(job.batch))
                 if late:
                     metrics.lock_overruns.inc(len(job.batch))
-            self._source.send()
+            if not self._sync_acks:  # with singles to serve, _acknowledged sends them
+                self._source.send()
             if late:
                 self._warn(
                     "overrun",

@@ -15,7 +15,8 @@ refusal side on the loop thread once the batch is sealed.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import orjson
@@ -40,10 +41,19 @@ from worker.pipeline.dead_letters import DeadLetters
 from worker.pipeline.prepare import Prepared
 from worker.pipeline.shadow import ShadowBatch, ShadowRunner
 
-__all__ = ["PublishStep"]
+__all__ = ["PublishStep", "Unserved"]
 
 _CACHED = b',"cached":true'
 """Spliced into a result whose outputs came from the output cache."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unserved:
+    """The context of a tracker whose records are dead letters of requests never decoded
+    (a share group's record on its last delivery): where a dead letter the broker refuses
+    for itself finds its request, to be sent again without the original key and value."""
+
+    batch: Sequence[Message]
 
 
 class PublishStep:
@@ -223,6 +233,8 @@ class PublishStep:
         """The request behind a record the broker refused for itself and its dead letter
         (see ``DeadLetters.locate``), or why there is none. Once the batch is sealed."""
         prepared = tracker.context
+        if isinstance(prepared, Unserved):
+            return self._dead_letters.locate(produced, why, prepared.batch, (), ())
         if not isinstance(prepared, Prepared):
             return f"{produced.topic()}: refused ({why}) and its batch is unknown"
         decoded = prepared.decoded
@@ -234,6 +246,9 @@ class PublishStep:
         """Dead-letter the request behind a record the broker refused for itself (see
         ``DeadLetters.undelivered``). Loop thread, once the batch is sealed."""
         prepared = tracker.context
+        if isinstance(prepared, Unserved):
+            self._dead_letters.undelivered(sink, tracker, produced, why, prepared.batch, (), ())
+            return
         if not isinstance(prepared, Prepared):
             tracker.fail(f"{produced.topic()}: refused ({why}) and its batch is unknown")
             return
