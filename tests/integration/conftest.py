@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from streamfer_dev.harness import WorkerProcess, wait_for_assignment
+from streamfer_dev.schema_registry import local_schema_registry
 from streamfer_dev.stack import free_port
 from tests.conftest import Topics
 from tests.integration.recipes import FraudData
@@ -16,6 +17,15 @@ from tests.integration.served_mlp import PARTITIONS, config_text
 from tests.integration.test_bring_your_own_model import store_features
 
 MlpConfig = Callable[..., tuple[Path, int]]
+
+
+@pytest.fixture(scope="session")
+def schema_registry() -> Iterator[str]:
+    """The base URL of a Confluent-compatible Schema Registry (``SchemaRegistryClient``'s
+    ``url``): ``SCHEMA_REGISTRY_URL`` if set, else an Apicurio Registry started for the
+    session and stopped at its end."""
+    with local_schema_registry() as url:
+        yield url
 
 
 @pytest.fixture
