@@ -23,7 +23,7 @@ echo "streamfer floors: $(tr '\n' ' ' < .venv-floors/floors.txt)"
 # the oldest onnxruntime allowed (1.18, opset 21) refuses, so they stay contemporary.
 printf 'onnx<1.17\nskl2onnx<1.18\nscikit-learn<1.6\nprotobuf<5\nscipy<1.15\n' >> .venv-floors/floors.txt
 # The demo extra builds the tests' models; its packages may be any version that fits.
-.venv-floors/bin/python -m pip install -q -c .venv-floors/floors.txt -e '.[demo]' \
+.venv-floors/bin/python -m pip install -q -c .venv-floors/floors.txt -e '.[demo,registry]' \
     pytest pytest-timeout hypothesis jsonschema pyarrow
 .venv-floors/bin/python -m pip check
 exec .venv-floors/bin/python -m pytest -q tests/unit "$@"

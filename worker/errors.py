@@ -10,6 +10,7 @@ stage that refuses it returns why, and it becomes a dead letter.
     │   └── ModelMismatchError       the config does not fit the model's inputs
     ├── SourceError            the consumer failed (fatal Kafka error)
     ├── FeatureStoreError      the feature store is unreachable or answered nonsense
+    ├── SchemaRegistryError    the Schema Registry is unreachable or refuses the worker
     ├── EngineError            the model could not be loaded or run
     ├── SinkError              a result or dead letter was not acknowledged
     ├── CommitError            an offset commit failed
@@ -17,8 +18,9 @@ stage that refuses it returns why, and it becomes a dead letter.
     │                          beyond use, so the worker stops without closing it
     └── StackError             a local service (Kafka, Redis, Tansu) did not start
 
-Only ``FeatureStoreError`` is worth retrying in place (the batch waits for Redis); the
-others stop the worker, and what it had not committed is consumed again.
+Only ``FeatureStoreError`` and ``SchemaRegistryError`` are worth retrying in place (the
+batch waits for Redis or the registry); the others stop the worker, and what it had not
+committed is consumed again.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ __all__ = [
     "FeatureStoreConfigError",
     "FeatureStoreError",
     "ModelMismatchError",
+    "SchemaRegistryError",
     "SinkError",
     "SourceError",
     "StackError",
@@ -70,6 +73,12 @@ class SourceError(StreamferError):
 
 class FeatureStoreError(StreamferError):
     """The feature store could not be reached or answered unusable data."""
+
+
+class SchemaRegistryError(StreamferError):
+    """The Schema Registry could not be reached, timed out, failed (5xx) or refused the
+    worker's credentials while a batch needed a writer's schema. No record is at fault:
+    the batch waits and is retried, like a feature store outage."""
 
 
 class EngineError(StreamferError):

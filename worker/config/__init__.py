@@ -23,9 +23,11 @@ from worker.config.pipeline import (
     HooksSpec,
     PipelineConfig,
     Priority,
+    RequestFormat,
 )
 from worker.config.redaction import LIBRDKAFKA_SECRET_OPTIONS, redacted
 from worker.config.redis_url import redis_url_problem
+from worker.config.schema_registry import SchemaRegistrySettings
 from worker.config.worker_config import MetricsSettings, WorkerConfig, is_loopback
 
 __all__ = [
@@ -47,7 +49,9 @@ __all__ = [
     "PipelineConfig",
     "Priority",
     "RedisSettings",
+    "RequestFormat",
     "RequestMapping",
+    "SchemaRegistrySettings",
     "ShadowSpec",
     "TensorrtOptions",
     "WorkerConfig",

@@ -20,6 +20,7 @@ __all__ = [
     "HooksSpec",
     "PipelineConfig",
     "Priority",
+    "RequestFormat",
 ]
 
 
@@ -43,6 +44,9 @@ def _check_priority(value: Any) -> Any:
 
 Priority = Annotated[int | str, BeforeValidator(_check_priority)]
 """A pipeline's place in the model's queue: a name of ``PRIORITY_NAMES`` or an integer."""
+
+RequestFormat = Literal["json", "avro", "protobuf", "json-schema"]
+"""How a pipeline's request values are written (``PipelineConfig.request_format``)."""
 
 
 class BatchPolicy(Frozen):
@@ -108,6 +112,13 @@ class PipelineConfig(Frozen):
     cache: CacheSpec = CacheSpec()
     batch: BatchPolicy = BatchPolicy()
     max_record_bytes: int = Field(default=1_048_576, ge=64)
+    request_format: RequestFormat = "json"
+    """How request values are written: JSON, or Avro, Protobuf or JSON Schema records
+    framed for a Schema Registry (``[schema_registry]``), read with their writer's
+    schema (``worker.registry``)."""
+    request_protobuf: str | None = Field(default=None, pattern=_HOOK)
+    """With ``request_format = "protobuf"``: the generated message class the requests are,
+    ``package.module:Message``."""
     source_headers: bool = True
     """Results carry ``streamfer.request_id`` and ``streamfer.source_*`` headers. Off,
     only a request's ``traceparent`` is copied: each header costs the producer about a
@@ -174,6 +185,20 @@ class PipelineConfig(Frozen):
             raise ValueError(
                 "no lookups and no model.inputs: name the features (lookups, "
                 "request.features_array or model.inputs)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _protobuf_has_its_class(self) -> PipelineConfig:
+        if self.request_format == "protobuf" and self.request_protobuf is None:
+            raise ValueError(
+                'request_format = "protobuf" needs request_protobuf = "package.module:Message", '
+                "the generated class of the request message"
+            )
+        if self.request_format != "protobuf" and self.request_protobuf is not None:
+            raise ValueError(
+                f'request_protobuf is for request_format = "protobuf" (this pipeline reads '
+                f"{self.request_format})"
             )
         return self
 

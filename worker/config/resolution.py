@@ -40,7 +40,23 @@ def read_secret_files(cfg: WorkerConfig, base_dir: Path, source: str) -> WorkerC
         updates["url"] = read(rds.url_file, "redis.url_file")
     if rds.password_file is not None:
         updates["password"] = read(rds.password_file, "redis.password_file")
-    return cfg.model_copy(update={"kafka": kafka, "redis": rds.model_copy(update=updates)})
+    registry = cfg.schema_registry
+    if registry.basic_auth_user_info_file is not None:
+        registry = registry.model_copy(
+            update={
+                "basic_auth_user_info": read(
+                    registry.basic_auth_user_info_file,
+                    "schema_registry.basic_auth_user_info_file",
+                )
+            }
+        )
+    return cfg.model_copy(
+        update={
+            "kafka": kafka,
+            "redis": rds.model_copy(update=updates),
+            "schema_registry": registry,
+        }
+    )
 
 
 def resolve_and_check_models(cfg: WorkerConfig, base_dir: Path, source: str) -> WorkerConfig:

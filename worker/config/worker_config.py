@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 from worker.config.base import Frozen, owners
 from worker.config.connections import KafkaSettings, RedisSettings
 from worker.config.pipeline import PipelineConfig
+from worker.config.schema_registry import SchemaRegistrySettings
 from worker.errors import ConfigError
 
 __all__ = ["MetricsSettings", "WorkerConfig", "is_loopback"]
@@ -53,6 +54,7 @@ class WorkerConfig(Frozen):
 
     kafka: KafkaSettings = KafkaSettings()
     redis: RedisSettings = RedisSettings()
+    schema_registry: SchemaRegistrySettings = SchemaRegistrySettings()
     pipelines: list[PipelineConfig] = Field(min_length=1)
     delivery: Literal["at-least-once", "exactly-once"] = "at-least-once"
     transaction_interval_ms: float = Field(default=100.0, ge=0, le=60_000)
@@ -86,6 +88,20 @@ class WorkerConfig(Frozen):
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     metrics: MetricsSettings = MetricsSettings()
+
+    @model_validator(mode="after")
+    def _registry_where_needed(self) -> WorkerConfig:
+        needing = [
+            f"{p.name} ({p.request_format})"
+            for p in self.pipelines
+            if p.request_format in ("avro", "json-schema")
+        ]
+        if needing and self.schema_registry.url is None:
+            raise ValueError(
+                f"pipelines {', '.join(needing)} read requests framed for a Schema "
+                "Registry: set [schema_registry] url"
+            )
+        return self
 
     @model_validator(mode="after")
     def _topics_are_unambiguous(self) -> WorkerConfig:
