@@ -71,6 +71,7 @@ from worker.loop import (
 from worker.models import LoadedModel, ModelWatch, Reloader, load_candidates, open_parts, show_model
 from worker.ops import HealthState, Metrics
 from worker.pipeline import BatchHooks, Canary, FeedPlan, Pipeline, ShadowRunner
+from worker.registry import framed_decoders
 
 __all__ = ["build_worker", "wire_share_worker", "wire_worker"]
 
@@ -102,6 +103,7 @@ def build_worker(
     shadow_topics = [p.shadow.topic for p in config.pipelines if p.shadow is not None]
     outputs = [t for p in config.pipelines for t in (p.result_topic, p.dead_letter_topic)]
     limits = RecordLimits.read(config.kafka, outputs + shadow_topics)
+    decoders = framed_decoders(config)
     pipelines = []
     watches = []
     background: list[Background] = []
@@ -127,6 +129,8 @@ def build_worker(
             canary=parts.canary,
             shadow=shadow,
             cache=open_cache(p, config.redis, metrics, parts.engine),
+            framed=decoders.get(p.name),
+            on_schema_registry=health.schema_registry,
         )
         pipelines.append(pipeline)
         identity = pipeline.slot.for_batch().identity

@@ -21,7 +21,7 @@ LAYERS: list[set[str]] = [
     {"errors"},
     {"core"},
     {"config"},
-    {"kafka", "inference", "features", "ops"},
+    {"kafka", "inference", "features", "ops", "registry"},
     {"cache"},
     {"pipeline"},
     {"models"},

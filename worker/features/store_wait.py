@@ -7,6 +7,10 @@ backoff up to 30 s and no deadline, logged when it changes and once a minute: no
 is at fault, so none is dead-lettered, and stopping would only hand the batch to a
 worker that meets the same refusal. Problems of one entity are not errors here: they
 come back from the fetch as rejections.
+
+A Schema Registry that cannot give a batch its writers' schemas is waited out the same
+way by a wait of its own (``outage = SchemaRegistryError``, ``what = "schema
+registry"``): it is no fault of any record either.
 """
 
 from __future__ import annotations
@@ -48,8 +52,12 @@ class StoreWait:
         abort: threading.Event,
         errors: Counter,
         on_feature_store: Callable[[bool, str | None], None],
+        outage: type[Exception] = FeatureStoreError,
+        what: str = "feature store",
     ) -> None:
         self._pipeline = pipeline
+        self._outage = outage
+        self._what = what
         self._retry_s = retry_s
         self._abort = abort
         self._errors = errors
@@ -65,7 +73,7 @@ class StoreWait:
         while True:
             try:
                 answer = attempt()
-            except (FeatureStoreError, FeatureStoreConfigError) as exc:
+            except (self._outage, FeatureStoreConfigError) as exc:
                 self._errors.inc()
                 config = isinstance(exc, FeatureStoreConfigError)
                 first, longest = self.CONFIG_RETRY_S if config else (0.1, 5.0)
@@ -92,6 +100,6 @@ class StoreWait:
                 self._abort.wait(delay)
                 continue
             if problem is not None:
-                log.info("pipeline %s: feature store answers again", name)
+                log.info("pipeline %s: %s answers again", name, self._what)
                 self._on_feature_store(True, None)
             return answer

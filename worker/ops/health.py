@@ -84,6 +84,8 @@ class HealthState:
     feature_store_problem: str | None = None
     """Why the feature store is not usable, when something more specific than unreachable
     is known (Redis refuses this worker's user, say); shown by /readyz."""
+    schema_registry_problem: str | None = None
+    """Why the Schema Registry cannot give a batch its schemas, while it cannot."""
     stopping: bool = False
     stalled_call: str | None = None
     """A Kafka client call past its own timeout (``worker.kafka.call_watch``): the loop is
@@ -96,6 +98,10 @@ class HealthState:
         """The pipelines' ``on_feature_store`` callback: the store answers, or why not."""
         self.feature_store_problem = None if ok else problem
         self.feature_store_ok = ok
+
+    def schema_registry(self, ok: bool, problem: str | None = None) -> None:
+        """The pipelines' ``on_schema_registry`` callback: the registry answers, or why not."""
+        self.schema_registry_problem = None if ok else (problem or "unreachable")
 
     def broker(self, ok: bool, problem: str | None = None) -> None:
         """A broker answered (``ok``), or why none can be used."""
@@ -128,6 +134,8 @@ class HealthState:
         if not self.feature_store_ok:
             problem = self.feature_store_problem
             reasons.append(f"feature store: {problem}" if problem else "feature store unreachable")
+        if self.schema_registry_problem is not None:
+            reasons.append(f"schema registry: {self.schema_registry_problem}")
         if self.stopping:
             reasons.append("stopping")
         if not self.live():

@@ -30,6 +30,10 @@ class _JsonFormatter(logging.Formatter):
         return orjson.dumps(doc).decode()
 
 
+_PER_REQUEST_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2")
+"""The Schema Registry client's HTTP libraries log every request at INFO."""
+
+
 def setup_logging(
     fmt: Literal["text", "json"] = "text",
     level: int = logging.INFO,
@@ -48,3 +52,5 @@ def setup_logging(
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    for chatty in _PER_REQUEST_LOGGERS:
+        logging.getLogger(chatty).setLevel(max(level, logging.WARNING))

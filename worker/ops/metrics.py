@@ -65,6 +65,7 @@ class PipelineMetrics:
     feature_hits: Counter
     feature_misses: Counter
     feature_store_errors: Counter
+    schema_registry_errors: Counter
     dead_letters: Counter
     """Parent metric; labelled per code on the (rare) dead-letter path."""
     pipeline: str
@@ -154,6 +155,12 @@ class Metrics:
         self.feature_store_errors = Counter(
             "streamfer_feature_store_errors",
             "Failed feature-store round trips (retried)",
+            ["pipeline"],
+            registry=r,
+        )
+        self.schema_registry_errors = Counter(
+            "streamfer_schema_registry_errors",
+            "Batches that found the Schema Registry unusable (retried)",
             ["pipeline"],
             registry=r,
         )
@@ -392,6 +399,7 @@ class Metrics:
             feature_hits=self.feature_lookups.labels(name, "hit"),
             feature_misses=self.feature_lookups.labels(name, "miss"),
             feature_store_errors=self.feature_store_errors.labels(name),
+            schema_registry_errors=self.schema_registry_errors.labels(name),
             dead_letters=self.dead_letters,
             pipeline=name,
             canary_records=self.canary_records.labels(name),
@@ -419,6 +427,7 @@ METRIC_NAMES = (
     "streamfer_end_to_end_seconds",
     "streamfer_feature_lookups_total",
     "streamfer_feature_store_errors_total",
+    "streamfer_schema_registry_errors_total",
     "streamfer_model_info",
     "streamfer_inference_provider",
     "streamfer_model_reloads_total",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import orjson
@@ -26,6 +26,7 @@ import orjson
 from worker.core import DecodedRequests, Rejection, safe_text
 from worker.kafka import DEFAULT_MESSAGE_MAX_BYTES, RECORD_OVERHEAD
 from worker.pipeline.request_shape import RequestShape
+from worker.registry import RecordUndecodable
 
 __all__ = [
     "DEAD_LETTER_MAX_BYTES",
@@ -53,15 +54,21 @@ def decode_requests(
     values: Sequence[bytes | None],
     shape: RequestShape,
     max_record_bytes: int,
+    loads: Callable[[bytes], Any] | None = None,
 ) -> DecodedRequests:
-    """Parse and check one batch of request values. Never raises for bad input."""
+    """Parse and check one batch of request values. Never raises for bad input.
+
+    ``loads`` reads a value that is not JSON (a Schema Registry format's, from
+    ``FramedRequests.for_batch``) into the document a JSON request parses to; it raises
+    ``RecordUndecodable`` for a bad value."""
     rows: list[int] = []
     ids: list[str] = []
     entities: dict[str, list[str | None]] = {name: [] for name, _, _ in shape.lookups}
     inline: list[dict[str, Any] | None] = []
     docs: list[dict[str, Any]] = []
     rejections: list[Rejection] = []
-    loads = orjson.loads
+    if loads is None:
+        loads = orjson.loads
     check = _Checker(shape)
     # The common request, top-level id and one entity id and no inline features, is
     # taken here in a few dict look-ups; anything else goes through the full check.
@@ -94,6 +101,9 @@ def decode_requests(
             doc = loads(value)
         except orjson.JSONDecodeError as exc:
             rejections.append(Rejection(index, "decode", "invalid_json", f"not valid JSON: {exc}"))
+            continue
+        except RecordUndecodable as exc:
+            rejections.append(Rejection(index, "decode", exc.code, exc.reason))
             continue
         if type(doc) is not dict:
             rejections.append(

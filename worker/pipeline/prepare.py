@@ -32,6 +32,7 @@ from worker.pipeline.canary import Canary
 from worker.pipeline.codec import decode_requests
 from worker.pipeline.feeds import BatchFetcher, FeedPlan, Feeds, assemble
 from worker.pipeline.request_shape import RequestShape
+from worker.registry import FramedRequests
 
 __all__ = ["PrepareStep", "Prepared"]
 
@@ -109,8 +110,10 @@ class PrepareStep:
         metrics: PipelineMetrics,
         cache: OutputCache | None = None,
         canary: Canary | None = None,
+        framed: tuple[FramedRequests, StoreWait] | None = None,
     ) -> None:
         self._name = config.name
+        self._framed = framed
         self._max_record_bytes = config.max_record_bytes
         self._plan = plan
         self._shape = RequestShape.of(config, plan.kinds)
@@ -138,9 +141,16 @@ class PrepareStep:
             timings.wait_ms = max(0.0, time.time() * 1000.0 - first_ts)
             m.queue_seconds.observe(timings.wait_ms / 1000.0)
 
-        decoded = decode_requests(
-            [msg.value() for msg in batch], self._shape, self._max_record_bytes
-        )
+        values = [msg.value() for msg in batch]
+        if self._framed is None:
+            decoded = decode_requests(values, self._shape, self._max_record_bytes)
+        else:
+            framed, registry_wait = self._framed
+            decoded = registry_wait.call(
+                lambda: decode_requests(
+                    values, self._shape, self._max_record_bytes, framed.for_batch(values)
+                )
+            )
         t_decoded = _perf()
         timings.decode_ms = (t_decoded - started) * 1000.0
         m.decode_seconds.observe(timings.decode_ms / 1000.0)

@@ -28,7 +28,7 @@ from confluent_kafka import Message
 from worker.cache import OutputCache
 from worker.config import PipelineConfig
 from worker.core import DeliveryTracker, PartitionKey, Refusal, next_offsets
-from worker.errors import ConfigError
+from worker.errors import ConfigError, SchemaRegistryError
 from worker.features import FeatureStore, OneStore, StoreWait
 from worker.inference import InferenceEngine, LiveModel, ModelSlot
 from worker.kafka import Sink
@@ -43,6 +43,7 @@ from worker.pipeline.prepare import Prepared, PrepareStep
 from worker.pipeline.publish import PublishStep
 from worker.pipeline.request_shape import RequestShape
 from worker.pipeline.shadow import ShadowRunner
+from worker.registry import FramedRequests
 
 __all__ = ["Pipeline", "Prepared"]
 
@@ -73,6 +74,8 @@ class Pipeline:
         canary: Canary | None = None,
         shadow: ShadowRunner | None = None,
         cache: OutputCache | None = None,
+        framed: FramedRequests | None = None,
+        on_schema_registry: Callable[[bool, str | None], None] | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -103,6 +106,17 @@ class Pipeline:
             on_feature_store=on_feature_store or (lambda _ok, _why: None),
         )
         self.dead_letters = DeadLetters(config, metrics)
+        registry_wait = None
+        if framed is not None:
+            registry_wait = StoreWait(
+                self.name,
+                retry_s=retry_feature_store_s,
+                abort=abort or threading.Event(),
+                errors=metrics.schema_registry_errors,
+                on_feature_store=on_schema_registry or (lambda _ok, _why: None),
+                outage=SchemaRegistryError,
+                what="schema registry",
+            )
         self._shape = RequestShape.of(config)
         self.canary = canary
         self.shadow = shadow
@@ -116,6 +130,7 @@ class Pipeline:
             metrics=metrics,
             cache=cache,
             canary=canary,
+            framed=None if framed is None or registry_wait is None else (framed, registry_wait),
         )
         self._infer = InferStep(
             slot=slot, hooks=hooks, metrics=metrics, cache=cache, canary=canary, shadow=shadow

@@ -30,6 +30,7 @@ from worker.kafka import admin_client, create_missing, producer_config
 from worker.models import open_parts
 from worker.ops import Metrics
 from worker.pipeline import Pipeline
+from worker.registry import framed_decoders
 from worker.replay.pace import Progress, RateLimiter
 from worker.replay.plan import (
     ReplayOptions,
@@ -276,6 +277,7 @@ def _run_locked(
         raise
     metrics = Metrics()
     abort = threading.Event()
+    framed = framed_decoders(config.model_copy(update={"pipelines": [pipeline_cfg]}))
     pipeline = Pipeline(
         pipeline_cfg.model_copy(
             update={
@@ -291,6 +293,7 @@ def _run_locked(
         hooks=hooks,
         retry_feature_store_s=30.0,
         abort=abort,
+        framed=framed.get(pipeline_cfg.name),
     )
     sink = ReplaySink(
         Producer(producer_config(config.kafka)), plan.replay_id, plan.dead_letter_topic

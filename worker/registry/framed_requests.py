@@ -1,0 +1,230 @@
+"""Requests framed for a Schema Registry: Avro, Protobuf or JSON Schema records in the
+Confluent wire format (magic byte 0, a 4-byte big-endian schema id, the payload).
+
+Each batch first resolves the schema ids it carries, once per new id (the client caches
+them by id for the life of the process): an id the registry does not know, or one whose
+schema is of another type, makes its records dead letters (``unknown_schema``,
+``wrong_schema_type``), while a registry that cannot answer is an outage the whole batch
+waits out (``SchemaRegistryError``). Then each value is decoded by confluent-kafka's
+deserializer for its format with the writer's schema, and becomes the same plain
+document a JSON request parses to, so the request mapping, lookups and inline features
+read it unchanged.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable, Sequence
+from io import BytesIO
+from typing import TYPE_CHECKING, Any, Literal
+
+import orjson
+
+from worker.config import PipelineConfig, WorkerConfig
+from worker.errors import ConfigError
+from worker.registry.client import NOT_FOUND, open_registry, outage, status_of
+from worker.registry.undecodable import RecordUndecodable
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message as ProtoMessage
+
+__all__ = [
+    "FRAMED_FORMATS",
+    "FramedRequests",
+    "decoder_for",
+    "framed_decoders",
+    "load_message_type",
+]
+
+FramedFormat = Literal["avro", "protobuf", "json-schema"]
+FRAMED_FORMATS: dict[str, str] = {"avro": "AVRO", "protobuf": "PROTOBUF", "json-schema": "JSON"}
+"""Each framed request format, and the registry's name for its schema type."""
+_INVALID = {"avro": "invalid_avro", "protobuf": "invalid_protobuf", "json-schema": "invalid_json"}
+_UNKNOWN_RECHECK_S = 30.0
+"""An id the registry did not know is asked for again after this long (it may be
+registered since); until then its records are dead letters without a round trip."""
+_MISSING = object()
+
+
+def _no_subject(ctx: object, record_name: object) -> None:
+    return None
+
+
+_WRITERS_SCHEMA: dict[str, Any] = {"subject.name.strategy": _no_subject}
+"""No subject, so no reader schema: every record is read with the schema it was written
+with (its id), and no subject's latest version is fetched per topic."""
+
+
+def framed_decoders(config: WorkerConfig) -> dict[str, FramedRequests]:
+    """The decoder of every pipeline whose requests are framed, by pipeline name; the
+    registry client (``open_registry``) is opened once and shared."""
+    framed = [p for p in config.pipelines if p.request_format != "json"]
+    if not framed:
+        return {}
+    client = open_registry(config.schema_registry)
+    return {p.name: d for p in framed if (d := decoder_for(p, client)) is not None}
+
+
+def decoder_for(p: PipelineConfig, client: Any | None) -> FramedRequests | None:
+    """The decoder of pipeline ``p``'s framed requests; None for JSON requests."""
+    fmt = p.request_format
+    if fmt == "json":
+        return None
+    message_type = None
+    if fmt == "protobuf" and p.request_protobuf is not None:
+        message_type = load_message_type(p.request_protobuf, f"pipelines.{p.name}.request_protobuf")
+    return FramedRequests(fmt, client, message_type=message_type)
+
+
+def load_message_type(target: str, field: str) -> type[ProtoMessage]:
+    """The generated Protobuf message class ``package.module:Message``."""
+    from google.protobuf.message import Message as ProtoMessage
+
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # an import runs the user's module: anything may fail
+        raise ConfigError(
+            f"{field}: cannot import {module_name!r} ({type(exc).__name__}: {exc}); it must "
+            "be installed or on PYTHONPATH"
+        ) from exc
+    found = getattr(module, attr, None)
+    if not (isinstance(found, type) and issubclass(found, ProtoMessage)):
+        raise ConfigError(f"{field}: {target!r} is not a generated Protobuf message class")
+    return found
+
+
+class FramedRequests:
+    """Decodes one pipeline's framed requests; ``for_batch`` once per batch, then the
+    function it returns once per value (it raises ``RecordUndecodable``)."""
+
+    def __init__(
+        self,
+        fmt: FramedFormat,
+        client: Any | None,
+        *,
+        message_type: type[ProtoMessage] | None = None,
+    ) -> None:
+        from confluent_kafka.schema_registry.avro import AvroDeserializer
+        from confluent_kafka.schema_registry.json_schema import JSONDeserializer
+        from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
+
+        from worker.registry.proto_docs import message_doc
+
+        self._format = fmt
+        self._client = client
+        self._schema_type = FRAMED_FORMATS[fmt]
+        self._invalid = _INVALID[fmt]
+        self._known: dict[int, str | None] = {}
+        """Schema ids resolved: None when usable, else why not (another schema type)."""
+        self._unknown: dict[int, float] = {}
+        """Schema ids the registry did not know, and when to ask again."""
+        self._avro: dict[int, Any] = {}
+        """Avro writer schemas without references, parsed by fastavro once per id: their
+        records are read by ``fastavro.schemaless_reader`` directly, a third of the
+        deserializer's cost per record (which runs its subject, rule and schema-cache
+        steps for every record). A schema with references goes through the deserializer."""
+        self._to_doc: Callable[[Any], Any] = _same
+        if fmt == "protobuf":
+            if message_type is None:
+                raise ConfigError('request_format = "protobuf" needs request_protobuf')
+            # no registry client: the message class is the reader's schema, and the
+            # payload's message indexes are read from the frame (schema ids are
+            # checked against the registry in ``for_batch`` all the same)
+            self._decode: Callable[[bytes, None], Any] = ProtobufDeserializer(
+                message_type, {"use.deprecated.format": False, **_WRITERS_SCHEMA}
+            )
+            self._to_doc = message_doc
+        elif client is None:
+            raise ConfigError(f'request_format = "{fmt}" needs [schema_registry] url')
+        elif fmt == "avro":
+            from fastavro import schemaless_reader
+
+            self._decode = AvroDeserializer(client, conf=_WRITERS_SCHEMA)
+            self._read_avro: Callable[..., Any] = schemaless_reader
+        else:
+            self._decode = JSONDeserializer(
+                None, schema_registry_client=client, conf=_WRITERS_SCHEMA, json_decode=orjson.loads
+            )
+
+    def for_batch(self, values: Sequence[bytes | None]) -> Callable[[bytes], Any]:
+        """Resolve the batch's new schema ids; raises SchemaRegistryError while the
+        registry cannot answer, before any record is judged."""
+        if self._client is not None:
+            known, unknown = self._known, self._unknown
+            now = time.monotonic()
+            for raw in {v[1:5] for v in values if v and len(v) > 5 and v[0] == 0}:
+                schema_id = int.from_bytes(raw, "big")
+                if schema_id not in known and unknown.get(schema_id, 0.0) <= now:
+                    self._resolve(schema_id, now)
+        return self._loads
+
+    def _resolve(self, schema_id: int, now: float) -> None:
+        client: Any = self._client
+        try:
+            schema = client.get_schema(schema_id)
+        except Exception as exc:  # the client raises httpx's errors as well as its own
+            if status_of(exc) == NOT_FOUND:
+                self._unknown[schema_id] = now + _UNKNOWN_RECHECK_S
+                return
+            raise outage(exc, f"fetching schema id {schema_id}") from exc
+        self._unknown.pop(schema_id, None)
+        kind = schema.schema_type or "AVRO"
+        if kind == "AVRO" == self._schema_type and not schema.references:
+            self._avro[schema_id] = _parsed_avro(schema.schema_str)
+        self._known[schema_id] = (
+            None
+            if kind == self._schema_type
+            else f"schema id {schema_id} is a {kind} schema; this pipeline reads "
+            f"{self._format} ({self._schema_type}) requests"
+        )
+
+    def _loads(self, value: bytes) -> Any:
+        if len(value) <= 5 or value[0] != 0:
+            raise RecordUndecodable(
+                "not_schema_framed",
+                f"record value is not in the Schema Registry wire format (byte 0, a 4-byte "
+                f"schema id, the {self._format} payload): it starts with {value[:6]!r}",
+            )
+        schema_id = int.from_bytes(value[1:5], "big")
+        if self._client is not None:
+            problem = self._known.get(schema_id, _MISSING)
+            if problem is _MISSING:
+                raise RecordUndecodable(
+                    "unknown_schema", f"schema id {schema_id} is not in the schema registry"
+                )
+            if problem is not None:
+                raise RecordUndecodable("wrong_schema_type", str(problem))
+        try:
+            parsed = self._avro.get(schema_id) if self._avro else None
+            if parsed is not None:
+                stream = BytesIO(value)
+                stream.seek(5)  # past the frame: byte 0 and the schema id
+                decoded = self._read_avro(stream, parsed, None)
+            else:
+                decoded = self._decode(value, None)
+        except Exception as exc:  # a corrupt payload fails anywhere in the decoder
+            status = status_of(exc)
+            if (status is not None and status != NOT_FOUND) or _is_transport(exc):
+                raise outage(exc, "reading a schema a record refers to") from exc
+            raise RecordUndecodable(
+                self._invalid,
+                f"not a valid {self._format} record for its schema ({type(exc).__name__}: {exc})",
+            ) from None
+        return self._to_doc(decoded)
+
+
+def _parsed_avro(schema_str: str | None) -> Any:
+    from fastavro import parse_schema
+
+    return parse_schema(orjson.loads(schema_str or "null"))
+
+
+def _same(doc: Any) -> Any:
+    return doc
+
+
+def _is_transport(exc: BaseException) -> bool:
+    """httpx's network errors (the registry client's transport), without importing it."""
+    return any(t.__name__ == "TransportError" for t in type(exc).__mro__)
