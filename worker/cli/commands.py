@@ -100,7 +100,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     import orjson
 
     from worker.config import load_config, redacted
-    from worker.tools import CheckLine, check_kafka, check_pipeline
+    from worker.tools import CheckLine, check_kafka, check_pipeline, check_registry
 
     lines: list[CheckLine] = []
     try:
@@ -124,6 +124,10 @@ def cmd_check(args: argparse.Namespace) -> int:
             if not args.json:
                 for line in lines[-1 - len(checked.signature) :]:
                     print(line.text(), flush=True)
+        for line in check_registry(config):
+            lines.append(line)
+            if not args.json:
+                print(line.text(), flush=True)
     except StreamferError as exc:
         print(f"streamfer: {exc}", file=sys.stderr)
         return 2

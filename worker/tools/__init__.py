@@ -34,6 +34,7 @@ if TYPE_CHECKING:
         parse_offset_bound,
         resolve_ranges,
     )
+    from worker.tools.registry_check import check_registry
 
 __all__ = [
     "Bounds",
@@ -46,6 +47,7 @@ __all__ = [
     "ResetTarget",
     "check_kafka",
     "check_pipeline",
+    "check_registry",
     "inspect_model",
     "load_features",
     "lookup_consumer_config",
@@ -76,6 +78,7 @@ __getattr__ = lazy_names(
         "reset_command": "offsets",
         "show_command": "offsets",
         "ProgressLine": "progress",
+        "check_registry": "registry_check",
         "Bounds": "ranges",
         "OffsetLookup": "ranges",
         "PartitionRange": "ranges",
