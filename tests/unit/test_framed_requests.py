@@ -14,10 +14,14 @@ from typing import Any
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
-from confluent_kafka.schema_registry.common._httpx_compat import httpx  # httpx or httpx2
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+
+try:  # the registry client's transport: httpx2 from confluent-kafka 2.16, httpx before
+    import httpx2 as httpx
+except ImportError:
+    import httpx  # type: ignore[no-redef]
 
 from streamfer_dev.request_messages import ScoreRequest
 from worker.config import SchemaRegistrySettings
