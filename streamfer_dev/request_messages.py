@@ -17,7 +17,23 @@ from typing import Any
 from google.protobuf import descriptor_pb2, descriptor_pool
 from google.protobuf.message_factory import GetMessageClass
 
-__all__ = ["PROTO_SCHEMA", "ScoreRequest"]
+__all__ = ["AVRO_SCHEMA", "PROTO_SCHEMA", "ScoreRequest"]
+
+AVRO_SCHEMA: dict[str, Any] = {
+    "type": "record",
+    "name": "ScoreRequest",
+    "namespace": "streamfer.examples",
+    "fields": [
+        {"name": "id", "type": "string"},
+        {"name": "entity", "type": ["null", "string"], "default": None},
+        {
+            "name": "features",
+            "type": ["null", {"type": "map", "values": "double"}],
+            "default": None,
+        },
+    ],
+}
+"""The same request as an Avro record: an entity id, or features inline."""
 
 PROTO_SCHEMA = """syntax = "proto3";
 package streamfer.examples;

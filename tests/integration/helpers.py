@@ -7,7 +7,9 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -133,3 +135,25 @@ def scrape_metrics(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
         for family in text_string_to_metric_families(text.decode())
         for s in family.samples
     }
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    """Status and body of a GET on the worker's metrics server (/readyz, say)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return int(resp.status), bytes(resp.read()).decode()
+    except urllib.error.HTTPError as exc:
+        try:
+            return int(exc.code), bytes(exc.read()).decode()
+        finally:
+            exc.close()
+
+
+def eventually(check: Callable[[], bool], timeout: float = 60.0) -> bool:
+    """Whether ``check()`` turns true within ``timeout`` seconds (tried every 0.5 s)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.5)
+    return False

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,6 +29,8 @@ from streamfer_dev.modelgen import DemoModel
 from tests.conftest import Topics
 from tests.integration.helpers import (
     assert_valid,
+    eventually,
+    http_get,
     streamfer,
     validator,
     wait_committed_to_end,
@@ -225,8 +224,8 @@ def test_permission_taken_away_at_run_time_makes_the_worker_wait_not_dead_letter
             t.requests,
             [request(rid, entities[n]) for n, rid in enumerate(sorted(ids))],
         )
-        assert _eventually(lambda: "NOPERM" in worker.log_text()), worker.log_text()[-3000:]
-        assert _eventually(lambda: _status(port, "/readyz") == 503)
+        assert eventually(lambda: "NOPERM" in worker.log_text()), worker.log_text()[-3000:]
+        assert eventually(lambda: _status(port, "/readyz") == 503)
         body = _body(port, "/readyz")
         assert "feature store: Redis refused HMGET" in body and "NOPERM" in body, body
         assert _status(port, "/healthz") == 200
@@ -235,7 +234,7 @@ def test_permission_taken_away_at_run_time_makes_the_worker_wait_not_dead_letter
 
         client.execute_command("ACL", "SETUSER", user, "+hmget")
         outcomes = served(kafka_bootstrap, t, ids, timeout=90)
-        assert _eventually(lambda: _status(port, "/readyz") == 200)
+        assert eventually(lambda: _status(port, "/readyz") == 200)
         assert worker.alive(), worker.log_text()[-3000:]
         wait_committed_to_end(kafka_bootstrap, t.group, t.requests)
     finally:
@@ -249,29 +248,9 @@ def test_permission_taken_away_at_run_time_makes_the_worker_wait_not_dead_letter
     assert f"ACL SETUSER {user} +hmget ~features:*" in refusals[0]
 
 
-def _get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
-            return int(resp.status), bytes(resp.read()).decode()
-    except urllib.error.HTTPError as exc:
-        try:
-            return int(exc.code), bytes(exc.read()).decode()
-        finally:
-            exc.close()
-
-
 def _status(port: int, path: str) -> int:
-    return _get(port, path)[0]
+    return http_get(port, path)[0]
 
 
 def _body(port: int, path: str) -> str:
-    return _get(port, path)[1]
-
-
-def _eventually(check: Callable[[], bool], timeout: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.5)
-    return False
+    return http_get(port, path)[1]

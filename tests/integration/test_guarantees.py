@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -22,7 +21,7 @@ from streamfer_dev.harness import (
 )
 from streamfer_dev.stack import free_port, start_redis, start_tansu
 from tests.conftest import Topics
-from tests.integration.helpers import streamfer
+from tests.integration.helpers import eventually, streamfer
 
 pytestmark = pytest.mark.integration
 
@@ -239,11 +238,11 @@ def test_readyz_turns_unready_while_redis_is_down_and_ready_after(
                     for n, i in enumerate(sorted(ids))
                 ],
             )
-            assert _eventually(lambda: _status(port, "/readyz") == 503)
+            assert eventually(lambda: _status(port, "/readyz") == 503)
             assert _ready_metric(port) == 0.0
             assert _status(port, "/healthz") == 200
             redis_svc = start_redis(port=redis_port, persist_dir=tmp_path / "redis")
-            assert _eventually(lambda: _status(port, "/readyz") == 200)
+            assert eventually(lambda: _status(port, "/readyz") == 200)
             assert _ready_metric(port) == 1.0
             outcomes = collect_outcomes(kafka_bootstrap, t.results, t.dead_letters, ids, timeout=60)
             assert outcomes.lost(ids) == []
@@ -268,12 +267,3 @@ def _status(port: int, path: str) -> int:
             return int(resp.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
-
-
-def _eventually(check: Callable[[], bool], timeout: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.5)
-    return False

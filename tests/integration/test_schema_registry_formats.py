@@ -15,9 +15,6 @@ import os
 import re
 import signal
 import struct
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -37,28 +34,15 @@ from streamfer_dev.harness import (
     wait_for_assignment,
 )
 from streamfer_dev.modelgen import DemoModel
-from streamfer_dev.request_messages import ScoreRequest
+from streamfer_dev.request_messages import AVRO_SCHEMA, ScoreRequest
 from streamfer_dev.schema_registry import start_schema_registry
 from streamfer_dev.stack import Service
 from tests.conftest import Topics
-from tests.integration.helpers import assert_valid, streamfer, validator
+from tests.integration.helpers import assert_valid, eventually, http_get, streamfer, validator
 
 pytestmark = pytest.mark.integration
 
-AVRO_V1 = {
-    "type": "record",
-    "name": "ScoreRequest",
-    "namespace": "streamfer.examples",
-    "fields": [
-        {"name": "id", "type": "string"},
-        {"name": "entity", "type": ["null", "string"], "default": None},
-        {
-            "name": "features",
-            "type": ["null", {"type": "map", "values": "double"}],
-            "default": None,
-        },
-    ],
-}
+AVRO_V1 = AVRO_SCHEMA
 AVRO_V2 = {
     **AVRO_V1,
     "fields": [*AVRO_V1["fields"], {"name": "channel", "type": "string", "default": "web"}],
@@ -367,8 +351,8 @@ def test_a_frozen_registry_holds_batches_back_and_loses_nothing(
         assert served.lost({r[0] for r in first}) == []
         os.kill(own_registry.pid, signal.SIGSTOP)
         produce_requests(kafka_bootstrap, t.requests, later)
-        assert _eventually(lambda: _get(port, "/readyz")[0] == 503), worker.log_text()[-3000:]
-        body = _get(port, "/readyz")[1]
+        assert eventually(lambda: http_get(port, "/readyz")[0] == 503), worker.log_text()[-3000:]
+        body = http_get(port, "/readyz")[1]
         assert "schema registry" in body, body
         held = collect_outcomes(
             kafka_bootstrap, t.results, t.dead_letters, {r[0] for r in later}, timeout=5
@@ -377,7 +361,7 @@ def test_a_frozen_registry_holds_batches_back_and_loses_nothing(
         assert not held_back & set(held.results) and not held.dead_letters  # not refused
         os.kill(own_registry.pid, signal.SIGCONT)
         out = collect_outcomes(kafka_bootstrap, t.results, t.dead_letters, ids, timeout=90)
-        assert _eventually(lambda: _get(port, "/readyz")[0] == 200)
+        assert eventually(lambda: http_get(port, "/readyz")[0] == 200)
         assert worker.alive(), worker.log_text()[-3000:]
     finally:
         os.kill(own_registry.pid, signal.SIGCONT)
@@ -387,23 +371,3 @@ def test_a_frozen_registry_holds_batches_back_and_loses_nothing(
     assert out.lost(ids) == [], log[-3000:]
     assert not out.dead_letters
     assert "schema registry" in log and "answers again" in log, log[-3000:]
-
-
-def _get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
-            return int(resp.status), bytes(resp.read()).decode()
-    except urllib.error.HTTPError as exc:
-        try:
-            return int(exc.code), bytes(exc.read()).decode()
-        finally:
-            exc.close()
-
-
-def _eventually(check: Callable[[], bool], timeout: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.2)
-    return False

@@ -23,7 +23,7 @@ try:  # the registry client's transport: httpx2 from confluent-kafka 2.16, httpx
 except ImportError:
     import httpx  # type: ignore[no-redef]
 
-from streamfer_dev.request_messages import ScoreRequest
+from streamfer_dev.request_messages import AVRO_SCHEMA, ScoreRequest
 from worker.config import SchemaRegistrySettings
 from worker.core.types import DecodedRequests
 from worker.errors import ConfigError, SchemaRegistryError
@@ -32,20 +32,7 @@ from worker.pipeline.request_shape import RequestShape
 from worker.registry import FramedRequests
 
 CTX = SerializationContext("requests", MessageField.VALUE)
-AVRO_REQUEST = {
-    "type": "record",
-    "name": "ScoreRequest",
-    "namespace": "streamfer.examples",
-    "fields": [
-        {"name": "id", "type": "string"},
-        {"name": "entity", "type": ["null", "string"], "default": None},
-        {
-            "name": "features",
-            "type": ["null", {"type": "map", "values": "double"}],
-            "default": None,
-        },
-    ],
-}
+AVRO_REQUEST = AVRO_SCHEMA
 JSON_REQUEST = {
     "type": "object",
     "properties": {"id": {"type": "string"}, "entity": {"type": "string"}},

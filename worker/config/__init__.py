@@ -28,6 +28,7 @@ from worker.config.pipeline import (
 from worker.config.redaction import LIBRDKAFKA_SECRET_OPTIONS, redacted
 from worker.config.redis_url import redis_url_problem
 from worker.config.schema_registry import SchemaRegistrySettings
+from worker.config.targets import import_target
 from worker.config.worker_config import MetricsSettings, WorkerConfig, is_loopback
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "ShadowSpec",
     "TensorrtOptions",
     "WorkerConfig",
+    "import_target",
     "is_loopback",
     "list_versions",
     "load_config",

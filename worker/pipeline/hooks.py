@@ -13,7 +13,6 @@ become dead letters (``model_error``), while the others publish.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -22,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from worker.config import HooksSpec
+from worker.config import HooksSpec, import_target
 from worker.errors import ConfigError, EngineError
 
 __all__ = ["BatchHooks", "PostprocessHook", "PrepareHook", "load_hooks"]
@@ -123,15 +122,8 @@ def load_hooks(spec: HooksSpec, where: str) -> BatchHooks:
 def _load(target: str | None, field: str) -> Any:
     if target is None:
         return None
-    module_name, _, attr = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # an import runs the user's module: anything may fail
-        raise ConfigError(
-            f"{field}: cannot import {module_name!r} ({type(exc).__name__}: {exc}); it must "
-            "be installed or on PYTHONPATH"
-        ) from exc
-    hook = getattr(module, attr, None)
+    hook = import_target(target, field)
     if not callable(hook):
+        module_name, _, attr = target.partition(":")
         raise ConfigError(f"{field}: module {module_name!r} has no function {attr!r}")
     return hook

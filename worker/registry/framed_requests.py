@@ -13,7 +13,6 @@ read it unchanged.
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections.abc import Callable, Sequence
 from io import BytesIO
@@ -21,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
-from worker.config import PipelineConfig, WorkerConfig
+from worker.config import PipelineConfig, WorkerConfig, import_target
 from worker.errors import ConfigError
 from worker.registry.client import NOT_FOUND, open_registry, outage, status_of
 from worker.registry.undecodable import RecordUndecodable
@@ -81,15 +80,7 @@ def load_message_type(target: str, field: str) -> type[ProtoMessage]:
     """The generated Protobuf message class ``package.module:Message``."""
     from google.protobuf.message import Message as ProtoMessage
 
-    module_name, _, attr = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # an import runs the user's module: anything may fail
-        raise ConfigError(
-            f"{field}: cannot import {module_name!r} ({type(exc).__name__}: {exc}); it must "
-            "be installed or on PYTHONPATH"
-        ) from exc
-    found = getattr(module, attr, None)
+    found = import_target(target, field)
     if not (isinstance(found, type) and issubclass(found, ProtoMessage)):
         raise ConfigError(f"{field}: {target!r} is not a generated Protobuf message class")
     return found
