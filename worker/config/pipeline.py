@@ -4,6 +4,7 @@ cache needs a deterministic model and no hooks, a shadow its own topic, ...)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError, model_validator
@@ -119,6 +120,18 @@ class PipelineConfig(Frozen):
     request_protobuf: str | None = Field(default=None, pattern=_HOOK)
     """With ``request_format = "protobuf"``: the generated message class the requests are,
     ``package.module:Message``."""
+    result_format: Literal["json", "avro"] = "json"
+    """How results are written: JSON, or Avro framed for the Schema Registry (the same
+    fields; ``worker.registry.avro_results``). Dead letters stay JSON."""
+    result_schema: Path | None = None
+    """With ``result_format = "avro"``: the result's Avro schema (an ``.avsc`` file);
+    None derives it from the model's outputs."""
+    auto_register: bool = False
+    """With ``result_format = "avro"``: register the result schema under its subject at
+    start-up; otherwise it must be registered there already."""
+    result_subject_strategy: Literal["topic", "record", "topic_record"] = "topic"
+    """The result schema's subject: ``<result_topic>-value`` (topic), the record's full
+    name (record) or both (topic_record)."""
     source_headers: bool = True
     """Results carry ``streamfer.request_id`` and ``streamfer.source_*`` headers. Off,
     only a request's ``traceparent`` is copied: each header costs the producer about a
@@ -199,6 +212,33 @@ class PipelineConfig(Frozen):
             raise ValueError(
                 f'request_protobuf is for request_format = "protobuf" (this pipeline reads '
                 f"{self.request_format})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _avro_results_are_sound(self) -> PipelineConfig:
+        if self.result_format == "json":
+            given = [
+                name
+                for name, default in (
+                    ("result_schema", None),
+                    ("auto_register", False),
+                    ("result_subject_strategy", "topic"),
+                )
+                if getattr(self, name) != default
+            ]
+            if given:
+                raise ValueError(f'{", ".join(given)}: for result_format = "avro" only')
+            return self
+        if self.cache.enabled:
+            raise ValueError(
+                'result_format = "avro" with cache.enabled = true: the cache keeps results '
+                "as JSON; turn one of them off"
+            )
+        if self.hooks.postprocess is not None and self.result_schema is None:
+            raise ValueError(
+                'result_format = "avro" with hooks.postprocess needs result_schema: the '
+                "hook decides the outputs, so they cannot be derived from the model's"
             )
         return self
 

@@ -84,7 +84,10 @@ def resolve_and_check_models(cfg: WorkerConfig, base_dir: Path, source: str) -> 
             for role, spec in (("canary", p.canary), ("shadow", p.shadow))
             if spec is not None
         }
-        pipelines.append(p.model_copy(update={"model": model, **candidates}))
+        extra: dict[str, Any] = {}
+        if p.result_schema is not None and not p.result_schema.is_absolute():
+            extra["result_schema"] = base_dir / p.result_schema
+        pipelines.append(p.model_copy(update={"model": model, **candidates, **extra}))
     return cfg.model_copy(update={"pipelines": pipelines})
 
 

@@ -101,6 +101,12 @@ class WorkerConfig(Frozen):
                 f"pipelines {', '.join(needing)} read requests framed for a Schema "
                 "Registry: set [schema_registry] url"
             )
+        writing = [p.name for p in self.pipelines if p.result_format == "avro"]
+        if writing and self.schema_registry.url is None:
+            raise ValueError(
+                f'pipelines {", ".join(writing)} write result_format = "avro": set '
+                "[schema_registry] url"
+            )
         return self
 
     @model_validator(mode="after")
