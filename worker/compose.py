@@ -70,8 +70,8 @@ from worker.loop import (
 )
 from worker.models import LoadedModel, ModelWatch, Reloader, load_candidates, open_parts, show_model
 from worker.ops import HealthState, Metrics
-from worker.pipeline import BatchHooks, Canary, FeedPlan, Pipeline, ShadowRunner
-from worker.registry import framed_decoders
+from worker.pipeline import BatchHooks, Canary, FeedPlan, Pipeline, ShadowRunner, result_encoder
+from worker.registry import framed_decoders, needs_registry, open_registry
 
 __all__ = ["build_worker", "wire_share_worker", "wire_worker"]
 
@@ -103,7 +103,8 @@ def build_worker(
     shadow_topics = [p.shadow.topic for p in config.pipelines if p.shadow is not None]
     outputs = [t for p in config.pipelines for t in (p.result_topic, p.dead_letter_topic)]
     limits = RecordLimits.read(config.kafka, outputs + shadow_topics)
-    decoders = framed_decoders(config)
+    schema_registry = open_registry(config.schema_registry) if needs_registry(config) else None
+    decoders = framed_decoders(config, schema_registry)
     pipelines = []
     watches = []
     background: list[Background] = []
@@ -130,6 +131,7 @@ def build_worker(
             shadow=shadow,
             cache=open_cache(p, config.redis, metrics, parts.engine),
             framed=decoders.get(p.name),
+            avro_results=result_encoder(p, schema_registry, parts.engine, parts.plan),
             on_schema_registry=health.schema_registry,
         )
         pipelines.append(pipeline)

@@ -8,6 +8,7 @@ from worker.pipeline.canary import Canary
 from worker.pipeline.feeds import FeedPlan, InputFeed
 from worker.pipeline.hooks import BatchHooks, load_hooks
 from worker.pipeline.publish import Unserved
+from worker.pipeline.result_format import result_encoder
 from worker.pipeline.shadow import ShadowRunner
 from worker.pipeline.steps import Pipeline
 
@@ -20,4 +21,5 @@ __all__ = [
     "ShadowRunner",
     "Unserved",
     "load_hooks",
+    "result_encoder",
 ]

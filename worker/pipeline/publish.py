@@ -40,6 +40,7 @@ from worker.pipeline.codec import result_tail
 from worker.pipeline.dead_letters import DeadLetters
 from worker.pipeline.prepare import Prepared
 from worker.pipeline.shadow import ShadowBatch, ShadowRunner
+from worker.registry import AvroResults
 
 __all__ = ["PublishStep", "Unserved"]
 
@@ -68,8 +69,10 @@ class PublishStep:
         metrics: PipelineMetrics,
         cache: OutputCache | None = None,
         shadow: ShadowRunner | None = None,
+        avro: AvroResults | None = None,
     ) -> None:
         self._config = config
+        self._avro = avro
         self._slot = slot
         self._dead_letters = dead_letters
         self._metrics = metrics
@@ -178,6 +181,8 @@ class PublishStep:
         room = sink.limit(topic)
         roomy = room - MAX_RESULT_HEADERS_BYTES
         keyed_only = sink.limit.needs_key(topic)
+        avro = self._avro
+        metas = [m.meta for m in models]
         instead = 0  # dead letters sent in place of results
         known = tracker.refusals  # results the broker refused on an earlier try
         rows_out = zip(good.tolist(), outs, marks, split, strict=True)
@@ -205,15 +210,25 @@ class PublishStep:
                 )
                 instead += 1
                 continue
-            head = dumps(
-                {
-                    "id": rid,
-                    "key": key.decode("utf-8", "replace") if key is not None else None,
-                    "outputs": out,
-                    "request_ts_ms": msg.timestamp()[1],
-                }
-            )
-            value = head[:-1] + mark + tails[by_canary]
+            fields = {
+                "id": rid,
+                "key": key.decode("utf-8", "replace") if key is not None else None,
+                "outputs": out,
+                "request_ts_ms": msg.timestamp()[1],
+            }
+            if avro is None:
+                value = dumps(fields)[:-1] + mark + tails[by_canary]
+            else:
+                try:
+                    value = avro.encode({**fields, "model": metas[by_canary], **shared})
+                except Exception as exc:  # fastavro's for a value the schema does not take
+                    why = f"result does not fit the result schema ({type(exc).__name__}: {exc})"
+                    tag = tags[by_canary]
+                    dead_letter(
+                        sink, tracker, msg, "publish", "result_unencodable", why, rid, model=tag
+                    )
+                    instead += 1
+                    continue
             headers = headers_of(msg, rid)
             # headers are small and bounded: only a large record needs the exact sum
             if (

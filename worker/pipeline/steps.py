@@ -43,7 +43,7 @@ from worker.pipeline.prepare import Prepared, PrepareStep
 from worker.pipeline.publish import PublishStep
 from worker.pipeline.request_shape import RequestShape
 from worker.pipeline.shadow import ShadowRunner
-from worker.registry import FramedRequests
+from worker.registry import AvroResults, FramedRequests
 
 __all__ = ["Pipeline", "Prepared"]
 
@@ -75,6 +75,7 @@ class Pipeline:
         shadow: ShadowRunner | None = None,
         cache: OutputCache | None = None,
         framed: FramedRequests | None = None,
+        avro_results: AvroResults | None = None,
         on_schema_registry: Callable[[bool, str | None], None] | None = None,
     ) -> None:
         self.config = config
@@ -142,6 +143,7 @@ class Pipeline:
             metrics=metrics,
             cache=cache,
             shadow=shadow,
+            avro=avro_results,
         )
 
     def handle(

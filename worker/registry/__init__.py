@@ -13,7 +13,8 @@ from worker.core import lazy_names
 from worker.registry.undecodable import RecordUndecodable
 
 if TYPE_CHECKING:
-    from worker.registry.client import open_registry, outage, registry_client
+    from worker.registry.avro_results import AvroResults, derived_schema
+    from worker.registry.client import needs_registry, open_registry, outage, registry_client
     from worker.registry.framed_requests import (
         FRAMED_FORMATS,
         FramedRequests,
@@ -24,11 +25,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FRAMED_FORMATS",
+    "AvroResults",
     "FramedRequests",
     "RecordUndecodable",
     "decoder_for",
+    "derived_schema",
     "framed_decoders",
     "load_message_type",
+    "needs_registry",
     "open_registry",
     "outage",
     "registry_client",
@@ -37,12 +41,15 @@ __all__ = [
 __getattr__ = lazy_names(
     __name__,
     {
+        "AvroResults": "avro_results",
+        "derived_schema": "avro_results",
         "FRAMED_FORMATS": "framed_requests",
         "FramedRequests": "framed_requests",
         "decoder_for": "framed_requests",
         "framed_decoders": "framed_requests",
         "load_message_type": "framed_requests",
         "open_registry": "client",
+        "needs_registry": "client",
         "outage": "client",
         "registry_client": "client",
     },

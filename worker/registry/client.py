@@ -9,13 +9,21 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from worker.config import SchemaRegistrySettings
+from worker.config import SchemaRegistrySettings, WorkerConfig
 from worker.errors import ConfigError, SchemaRegistryError
 
 if TYPE_CHECKING:
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
-__all__ = ["NOT_FOUND", "open_registry", "outage", "registry_client", "status_of"]
+__all__ = [
+    "NOT_FOUND",
+    "is_transport",
+    "needs_registry",
+    "open_registry",
+    "outage",
+    "registry_client",
+    "status_of",
+]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +62,11 @@ def status_of(exc: BaseException) -> int | None:
     return status if isinstance(status, int) and status > 0 else None
 
 
+def needs_registry(config: WorkerConfig) -> bool:
+    """Whether a pipeline reads framed requests or writes Avro results."""
+    return any(p.request_format != "json" or p.result_format != "json" for p in config.pipelines)
+
+
 def open_registry(settings: SchemaRegistrySettings) -> SchemaRegistryClient | None:
     """The client when ``[schema_registry] url`` is set, after one call that shows
     whether the registry answers: credentials it refuses stop the worker (ConfigError,
@@ -69,3 +82,9 @@ def open_registry(settings: SchemaRegistrySettings) -> SchemaRegistryClient | No
             raise ConfigError(f"[schema_registry]: {problem}") from None
         log.warning("%s; batches that need a schema wait for it", problem)
     return client
+
+
+def is_transport(exc: BaseException) -> bool:
+    """httpx's (or httpx2's) network errors, the registry client's transport, without
+    importing it."""
+    return any(t.__name__ == "TransportError" for t in type(exc).__mro__)

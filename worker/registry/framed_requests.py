@@ -22,7 +22,7 @@ import orjson
 
 from worker.config import PipelineConfig, WorkerConfig, import_target
 from worker.errors import ConfigError
-from worker.registry.client import NOT_FOUND, open_registry, outage, status_of
+from worker.registry.client import NOT_FOUND, is_transport, outage, status_of
 from worker.registry.undecodable import RecordUndecodable
 
 if TYPE_CHECKING:
@@ -55,14 +55,10 @@ _WRITERS_SCHEMA: dict[str, Any] = {"subject.name.strategy": _no_subject}
 with (its id), and no subject's latest version is fetched per topic."""
 
 
-def framed_decoders(config: WorkerConfig) -> dict[str, FramedRequests]:
-    """The decoder of every pipeline whose requests are framed, by pipeline name; the
-    registry client (``open_registry``) is opened once and shared."""
-    framed = [p for p in config.pipelines if p.request_format != "json"]
-    if not framed:
-        return {}
-    client = open_registry(config.schema_registry)
-    return {p.name: d for p in framed if (d := decoder_for(p, client)) is not None}
+def framed_decoders(config: WorkerConfig, client: Any | None) -> dict[str, FramedRequests]:
+    """The decoder of every pipeline whose requests are framed, by pipeline name, all
+    sharing ``client`` (``open_registry``'s)."""
+    return {p.name: d for p in config.pipelines if (d := decoder_for(p, client)) is not None}
 
 
 def decoder_for(p: PipelineConfig, client: Any | None) -> FramedRequests | None:
@@ -197,7 +193,7 @@ class FramedRequests:
                 decoded = self._decode(value, None)
         except Exception as exc:  # a corrupt payload fails anywhere in the decoder
             status = status_of(exc)
-            if (status is not None and status != NOT_FOUND) or _is_transport(exc):
+            if (status is not None and status != NOT_FOUND) or is_transport(exc):
                 raise outage(exc, "reading a schema a record refers to") from exc
             raise RecordUndecodable(
                 self._invalid,
@@ -214,8 +210,3 @@ def _parsed_avro(schema_str: str | None) -> Any:
 
 def _same(doc: Any) -> Any:
     return doc
-
-
-def _is_transport(exc: BaseException) -> bool:
-    """httpx's network errors (the registry client's transport), without importing it."""
-    return any(t.__name__ == "TransportError" for t in type(exc).__mro__)

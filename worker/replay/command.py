@@ -29,8 +29,8 @@ from worker.errors import ConfigError, SourceError, StreamferError
 from worker.kafka import admin_client, create_missing, producer_config
 from worker.models import open_parts
 from worker.ops import Metrics
-from worker.pipeline import Pipeline
-from worker.registry import framed_decoders
+from worker.pipeline import Pipeline, result_encoder
+from worker.registry import framed_decoders, needs_registry, open_registry
 from worker.replay.pace import Progress, RateLimiter
 from worker.replay.plan import (
     ReplayOptions,
@@ -277,15 +277,18 @@ def _run_locked(
         raise
     metrics = Metrics()
     abort = threading.Event()
-    framed = framed_decoders(config.model_copy(update={"pipelines": [pipeline_cfg]}))
+    replayed = pipeline_cfg.model_copy(
+        update={
+            "result_topic": plan.output_topic,
+            "dead_letter_topic": plan.dead_letter_topic,
+            "model": model,
+        }
+    )
+    only = config.model_copy(update={"pipelines": [replayed]})
+    schema_registry = open_registry(config.schema_registry) if needs_registry(only) else None
+    framed = framed_decoders(only, schema_registry)
     pipeline = Pipeline(
-        pipeline_cfg.model_copy(
-            update={
-                "result_topic": plan.output_topic,
-                "dead_letter_topic": plan.dead_letter_topic,
-                "model": model,
-            }
-        ),
+        replayed,
         store=features,
         engine=engine,
         plan=feed_plan,
@@ -294,6 +297,7 @@ def _run_locked(
         retry_feature_store_s=30.0,
         abort=abort,
         framed=framed.get(pipeline_cfg.name),
+        avro_results=result_encoder(replayed, schema_registry, engine, feed_plan),
     )
     sink = ReplaySink(
         Producer(producer_config(config.kafka)), plan.replay_id, plan.dead_letter_topic
