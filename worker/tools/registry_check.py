@@ -1,5 +1,5 @@
 """``streamfer check``'s Schema Registry lines: the registry answers, and what it holds
-for each pipeline that reads framed requests.
+for each pipeline that reads framed requests or writes Avro results.
 
 A framed request is read by the schema id it carries, so no subject is required; the
 subject a TopicNameStrategy producer registers under (``<topic>-value``) is reported
@@ -18,10 +18,11 @@ __all__ = ["check_registry"]
 
 
 def check_registry(config: WorkerConfig) -> list[CheckLine]:
-    """The lines; empty when no pipeline reads framed requests. Raises ConfigError for
+    """The lines; empty when no pipeline uses the registry. Raises ConfigError for
     a Protobuf class that does not import."""
     framed = [p for p in config.pipelines if p.request_format != "json"]
-    if not framed:
+    writing = [p for p in config.pipelines if p.result_format == "avro"]
+    if not framed and not writing:
         return []
     for p in framed:
         if p.request_protobuf is not None:
@@ -30,10 +31,15 @@ def check_registry(config: WorkerConfig) -> list[CheckLine]:
     if settings.url is None:  # protobuf alone may go without one
         return [CheckLine("schema registry", True, "none configured; schema ids go unchecked")]
     with registry_client(settings) as client:
-        return _lines(config, client, framed)
+        return _lines(config, client, framed, writing)
 
 
-def _lines(config: WorkerConfig, client: Any, framed: list[PipelineConfig]) -> list[CheckLine]:
+def _lines(
+    config: WorkerConfig,
+    client: Any,
+    framed: list[PipelineConfig],
+    writing: list[PipelineConfig],
+) -> list[CheckLine]:
     settings = config.schema_registry
     try:
         subjects = set(client.get_subjects())
@@ -72,4 +78,18 @@ def _lines(config: WorkerConfig, client: Any, framed: list[PipelineConfig]) -> l
                     + ("" if kind == expected else f"; this pipeline reads {expected}"),
                 )
             )
+    for p in writing:
+        name = f"pipeline {p.name} result schema"
+        if p.result_subject_strategy != "topic":
+            detail = f"subject by the {p.result_subject_strategy} strategy, found at start-up"
+            lines.append(CheckLine(name, True, detail))
+            continue
+        subject = f"{p.result_topic}-value"
+        if subject in subjects:
+            detail = f"subject {subject} exists; the worker finds its schema there at start-up"
+        elif p.auto_register:
+            detail = f"no subject {subject} yet: the worker registers it at start-up"
+        else:
+            detail = f"no subject {subject}: register the result schema, or set auto_register"
+        lines.append(CheckLine(name, subject in subjects or p.auto_register, detail))
     return lines
