@@ -15,13 +15,16 @@ import os
 import re
 import signal
 import struct
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
-from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
@@ -78,7 +81,9 @@ def framed_config(
 ) -> Path:
     path: Path = write_config(t, max_wait_ms=20, extra='[metrics]\nhost = "127.0.0.1"\nport = 0\n')
     timeout = more.pop("timeout_s", "5")
-    lines = [f'request_format = "{fmt}"'] + [f'{k} = "{v}"' for k, v in more.items()]
+    lines = [f'request_format = "{fmt}"'] + [
+        f"{k} = {v}" if v in ("true", "false") else f'{k} = "{v}"' for k, v in more.items()
+    ]
     text = path.read_text().replace(
         "max_record_bytes =", "\n".join(lines) + "\nmax_record_bytes =", 1
     )
@@ -180,6 +185,80 @@ def test_avro_requests_are_served_and_every_bad_record_is_a_dead_letter(
         assert by_id[f"i{n}"] == by_id[f"a{n}"], (n, by_id[f"i{n}"], by_id[f"a{n}"])
 
 
+def read_docs(
+    bootstrap: str, topic: str, decode: Callable[[bytes], Any], count: int, timeout: float = 60
+) -> list[dict[str, Any]]:
+    """The first ``count`` records of ``topic`` (one partition), each through ``decode``."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"reader-{topic}", "enable.auto.commit": False}
+    )
+    docs: list[dict[str, Any]] = []
+    try:
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        deadline = time.monotonic() + timeout
+        while len(docs) < count and time.monotonic() < deadline:
+            docs += [decode(m.value()) for m in consumer.consume(500, 0.5) if m.error() is None]
+    finally:
+        consumer.close()
+    return docs
+
+
+def test_results_in_avro_carry_the_json_results_fields(
+    kafka_bootstrap: str,
+    schema_registry: str,
+    clients: Callable[[str], SchemaRegistryClient],
+    entities: list[str],
+    fresh_topics: Callable[..., Topics],
+    write_config: Callable[..., Path],
+    tmp_path: Path,
+) -> None:
+    client = clients(schema_registry)
+    requests = [
+        (f"r{n}", f"k{n}".encode(), orjson.dumps({"id": f"r{n}", "entity": entities[n]}))
+        for n in range(30)
+    ]
+    requests.append(("bad", None, b"{not json"))
+    ids = {f"r{n}" for n in range(30)}
+    as_json, as_avro = fresh_topics(1), fresh_topics(1)
+    refused = framed_config(write_config, as_avro, schema_registry, "json", result_format="avro")
+    run = streamfer("run", "--config", str(refused), "--burst-idle-s", "2", timeout=120)
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert f"not registered under subject {as_avro.results}-value" in run.stderr
+    assert "set auto_register = true" in run.stderr
+
+    positions = produce_requests(kafka_bootstrap, as_json.requests, requests)
+    config = framed_config(write_config, as_json, schema_registry, "json")
+    out, _ = run_until_served(
+        config, tmp_path / "json.log", kafka_bootstrap, as_json, ids, {positions["bad"]}
+    )
+    plain = {d["id"]: d for d in out.result_docs}
+
+    produce_requests(kafka_bootstrap, as_avro.requests, requests)
+    config = framed_config(
+        write_config, as_avro, schema_registry, "json", result_format="avro", auto_register="true"
+    )
+    worker = WorkerProcess(config, tmp_path / "avro.log").start()
+    try:
+        wait_for_assignment([worker], 1, timeout=90)
+        ctx = SerializationContext(as_avro.results, MessageField.VALUE)
+        decode = AvroDeserializer(client)
+        results = read_docs(kafka_bootstrap, as_avro.results, lambda v: decode(v, ctx), 30)
+        dead = read_docs(kafka_bootstrap, as_avro.dead_letters, orjson.loads, 1)
+    finally:
+        code = worker.terminate()
+    assert code == 0, worker.log_text()[-3000:]
+    avro = {d["id"]: d for d in results}
+    assert len(results) == 30 and set(avro) == ids == set(plain)
+    for rid in ids:
+        a, j = avro[rid], plain[rid]
+        assert a["outputs"] == j["outputs"], rid  # the same values, as Avro and as JSON
+        assert (a["key"], a["model"], a["pipeline"]) == (j["key"], j["model"], j["pipeline"])
+        assert a["request_ts_ms"] > 0 and set(a["timings_ms"]) == set(j["timings_ms"])
+    assert [d["code"] for d in dead] == ["invalid_json"]  # dead letters stay JSON
+    latest = client.get_latest_version(f"{as_avro.results}-value")
+    assert latest.schema.schema_type in (None, "AVRO")
+
+
 def test_json_schema_and_protobuf_requests_are_served(
     kafka_bootstrap: str,
     schema_registry: str,
@@ -252,6 +331,15 @@ def test_check_names_the_registry_and_each_request_subject(
         rf"ok: pipeline demo schema: subject {avro_topics.requests}-value: version \d+, "
         r"schema id \d+ \(AVRO\)",
         run.stdout,
+    ), run.stdout
+    results = framed_config(
+        write_config, avro_topics, schema_registry, "avro", result_format="avro"
+    )
+    run = streamfer("check", "--config", str(results), "--skip-kafka")
+    assert run.returncode == 1, run.stdout + run.stderr[-2000:]
+    assert (
+        f"FAIL: pipeline demo result schema: no subject {avro_topics.results}-value: register"
+        in run.stdout
     ), run.stdout
     wrong = framed_config(write_config, json_topics, schema_registry, "avro")
     run = streamfer("check", "--config", str(wrong), "--skip-kafka")
