@@ -108,7 +108,8 @@ class AvroResults:
             "topic_record": topic_record_subject_name_strategy,
         }[p.result_subject_strategy]
         ctx = SerializationContext(p.result_topic, MessageField.VALUE)
-        full_name = schema.get("namespace", "") + "." + schema["name"]
+        name, namespace = str(schema.get("name", "")), schema.get("namespace")
+        full_name = f"{namespace}.{name}" if namespace and "." not in name else name
         self.subject: str = strategy(ctx, full_name) or f"{p.result_topic}-value"
         serializer = AvroSerializer(
             client,
