@@ -27,7 +27,7 @@ from typing import Any
 
 import redis
 from confluent_kafka import Producer
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import SchemaRegistryClient, topic_subject_name_strategy
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
@@ -92,8 +92,9 @@ def _run(
         [(t, args.partitions) for t in topics.values()]
         + [(f"{t}-dlq", 1) for t in topics.values()],
     )
-    registry = SchemaRegistryClient({"url": registry_url})
-    avro = AvroSerializer(registry, json.dumps(AVRO_REQUEST))
+    registry = SchemaRegistryClient({"url": registry_url, "timeout": 10})
+    topic_subjects = {"subject.name.strategy": topic_subject_name_strategy}
+    avro = AvroSerializer(registry, json.dumps(AVRO_REQUEST), conf=topic_subjects)
     ctx = SerializationContext(topics["avro"], MessageField.VALUE)
     encoded = {
         "json": [json.dumps(d, separators=(",", ":")).encode() for d in docs],

@@ -15,10 +15,18 @@ from typing import Any
 
 import fastavro
 import pytest
-from confluent_kafka.schema_registry import Schema, SchemaRegistryClient, SchemaRegistryError
+from confluent_kafka.schema_registry import (
+    Schema,
+    SchemaRegistryClient,
+    SchemaRegistryError,
+    topic_subject_name_strategy,
+)
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext, SerializationError
+
+TOPIC_SUBJECTS = {"subject.name.strategy": topic_subject_name_strategy}
+"""Subjects by topic, with no association lookup first (see test_schema_registry_formats)."""
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +54,7 @@ ORDER: dict[str, Any] = {
 
 @pytest.fixture
 def client(schema_registry: str) -> Iterator[SchemaRegistryClient]:
-    with SchemaRegistryClient({"url": schema_registry}) as c:
+    with SchemaRegistryClient({"url": schema_registry, "timeout": 10}) as c:
         yield c
 
 
@@ -72,7 +80,7 @@ def test_avro_round_trips_in_the_confluent_wire_format(
     assert client.get_latest_version(subject).schema_id == registered
 
     record: dict[str, Any] = {"entity_id": "e-1", "amount": 12.5, "tags": ["a"], "note": None}
-    payload = AvroSerializer(client, schema_str)(record, ctx)
+    payload = AvroSerializer(client, schema_str, conf=TOPIC_SUBJECTS)(record, ctx)
     assert payload is not None
     assert schema_id(payload) == registered  # the same schema: the id registered above
     body = io.BytesIO()
@@ -80,7 +88,7 @@ def test_avro_round_trips_in_the_confluent_wire_format(
     assert payload[5:] == body.getvalue()  # plain Avro binary after the 5-byte header
 
     # a client that has seen nothing fetches the writer's schema by id
-    with SchemaRegistryClient({"url": schema_registry}) as fresh:
+    with SchemaRegistryClient({"url": schema_registry, "timeout": 10}) as fresh:
         assert AvroDeserializer(fresh)(payload, ctx) == record
 
 
@@ -104,12 +112,12 @@ def test_json_schema_round_trips_and_rejects_an_invalid_record(
 ) -> None:
     ctx = SerializationContext(topic(), MessageField.VALUE)
     record = {"id": 7, "item": "book"}
-    payload = JSONSerializer(json.dumps(ORDER), client)(record, ctx)
+    payload = JSONSerializer(json.dumps(ORDER), client, conf=TOPIC_SUBJECTS)(record, ctx)
     assert payload is not None
     assert schema_id(payload) == client.get_latest_version(f"{ctx.topic}-value").schema_id
     assert json.loads(payload[5:]) == record
 
-    with SchemaRegistryClient({"url": schema_registry}) as fresh:
+    with SchemaRegistryClient({"url": schema_registry, "timeout": 10}) as fresh:
         deserialize = JSONDeserializer(None, schema_registry_client=fresh)
         assert deserialize(payload, ctx) == record
         with pytest.raises(SerializationError):
