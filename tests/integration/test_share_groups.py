@@ -208,7 +208,11 @@ def test_a_record_that_kills_every_worker_ends_as_one_redelivered_dead_letter(
         )
         done.set()
         supervisor.join(10)
-        wait_for_assignment(slots, 1, timeout=60)  # a worker started last has joined
+        # every slot's worker has joined, the one the supervisor started last too: in a
+        # share group each member owns the one partition, so "2 partitions" waits for
+        # both (1 let this go on while one was still starting up, and the SIGTERM meant
+        # to drain it killed it: exit -15)
+        wait_for_assignment(slots, len(slots), timeout=60)
     finally:
         done.set()
         if supervisor.is_alive():
