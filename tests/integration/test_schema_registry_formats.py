@@ -378,7 +378,7 @@ def test_an_avro_topic_is_replayed_like_a_json_one(
     v1 = AvroSerializer(client, json.dumps(AVRO_V1), conf=TOPIC_SUBJECTS)
     records = [(f"p{n}", None, v1({"id": f"p{n}", "entity": entities[n]}, ctx)) for n in range(60)]
     records.append(("plain", None, b'{"id": "plain"}'))
-    produce_requests(kafka_bootstrap, t.requests, records)
+    positions = produce_requests(kafka_bootstrap, t.requests, records)
     config = framed_config(write_config, t, schema_registry, "avro")
     proc = streamfer(
         "replay",
@@ -402,6 +402,7 @@ def test_an_avro_topic_is_replayed_like_a_json_one(
         f"{t.results}.replay.1",
         f"{t.dead_letters}.replay.1",
         {f"p{n}" for n in range(60)},
+        {positions["plain"]},  # and its dead letter: the results alone may come in first
         timeout=30,
         keep_docs=True,
     )
