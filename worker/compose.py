@@ -133,6 +133,7 @@ def build_worker(
             framed=decoders.get(p.name),
             avro_results=result_encoder(p, schema_registry, parts.engine, parts.plan),
             on_schema_registry=health.schema_registry,
+            on_model=health.model_for(p.name),
         )
         pipelines.append(pipeline)
         identity = pipeline.slot.for_batch().identity

@@ -149,6 +149,8 @@ class OutputCache:
                 missing = [r for r in missing if r not in late]
         first: dict[bytes, int] = {}
         run, repeats = rows.run, rows.repeats
+        run.clear()  # a batch held for its model is asked again
+        repeats.clear()
         for r in missing:
             earlier = first.setdefault(keys[r], r)
             if earlier == r:

@@ -113,6 +113,11 @@ class PipelineConfig(Frozen):
     cache: CacheSpec = CacheSpec()
     batch: BatchPolicy = BatchPolicy()
     max_record_bytes: int = Field(default=1_048_576, ge=64)
+    pause_after_model_failures: int = Field(default=3, ge=1, le=1_000)
+    """Before the model has answered any row: how many batches in a row it may refuse
+    every row of (each dead-lettered) before the pipeline takes it for a fault of the
+    model and waits instead. Once it has answered a row, a refused batch is tested on
+    that row and waits at once (``worker.pipeline.model_faults``)."""
     request_format: RequestFormat = "json"
     """How request values are written: JSON, or Avro, Protobuf or JSON Schema records
     framed for a Schema Registry (``[schema_registry]``), read with their writer's

@@ -86,6 +86,8 @@ class HealthState:
     is known (Redis refuses this worker's user, say); shown by /readyz."""
     schema_registry_problem: str | None = None
     """Why the Schema Registry cannot give a batch its schemas, while it cannot."""
+    model_problems: dict[str, str] = field(default_factory=dict)
+    """Pipelines whose batches wait for a fault of their model, and why."""
     stopping: bool = False
     stalled_call: str | None = None
     """A Kafka client call past its own timeout (``worker.kafka.call_watch``): the loop is
@@ -102,6 +104,17 @@ class HealthState:
     def schema_registry(self, ok: bool, problem: str | None = None) -> None:
         """The pipelines' ``on_schema_registry`` callback: the registry answers, or why not."""
         self.schema_registry_problem = None if ok else (problem or "unreachable")
+
+    def model_for(self, pipeline: str) -> Callable[[bool, str | None], None]:
+        """A pipeline's ``on_model`` callback: its model takes batches, or why not."""
+
+        def on_model(ok: bool, problem: str | None) -> None:
+            if ok:
+                self.model_problems.pop(pipeline, None)
+            else:
+                self.model_problems[pipeline] = problem or "the model fails"
+
+        return on_model
 
     def broker(self, ok: bool, problem: str | None = None) -> None:
         """A broker answered (``ok``), or why none can be used."""
@@ -136,6 +149,7 @@ class HealthState:
             reasons.append(f"feature store: {problem}" if problem else "feature store unreachable")
         if self.schema_registry_problem is not None:
             reasons.append(f"schema registry: {self.schema_registry_problem}")
+        reasons.extend(list(self.model_problems.values()))  # a copy: another thread writes it
         if self.stopping:
             reasons.append("stopping")
         if not self.live():

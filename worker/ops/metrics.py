@@ -70,6 +70,8 @@ class PipelineMetrics:
     """Parent metric; labelled per code on the (rare) dead-letter path."""
     pipeline: str
     canary_records: Counter
+    model_failed_batches: Counter
+    model_paused: Gauge
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +184,21 @@ class Metrics:
             "New model versions or changed model files: loaded (now serving) or refused "
             "(failed to load, warm or fit the pipeline; the previous one keeps serving)",
             ["pipeline", "result"],
+            registry=r,
+        )
+        self.model_failed_batches = Counter(
+            "streamfer_model_failed_batches",
+            "Batches the pipeline's model refused every row of while nothing showed the "
+            "records at fault (a row it answered before was refused too, or it had "
+            "answered none yet)",
+            ["pipeline"],
+            registry=r,
+        )
+        self.model_paused = Gauge(
+            "streamfer_model_paused",
+            "1 while a pipeline holds a batch for a fault of its model (its partitions "
+            "pause as the in-flight bound fills; nothing is dead-lettered)",
+            ["pipeline"],
             registry=r,
         )
         self.canary_records = Counter(
@@ -403,6 +420,8 @@ class Metrics:
             dead_letters=self.dead_letters,
             pipeline=name,
             canary_records=self.canary_records.labels(name),
+            model_failed_batches=self.model_failed_batches.labels(name),
+            model_paused=self.model_paused.labels(name),
         )
 
     def for_shadow(self, name: str) -> ShadowMetrics:
@@ -431,6 +450,8 @@ METRIC_NAMES = (
     "streamfer_model_info",
     "streamfer_inference_provider",
     "streamfer_model_reloads_total",
+    "streamfer_model_failed_batches_total",
+    "streamfer_model_paused",
     "streamfer_canary_records_total",
     "streamfer_shadow_batches_total",
     "streamfer_shadow_label_agreement",

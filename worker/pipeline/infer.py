@@ -6,7 +6,9 @@ the ``ModelSlot`` once, so the whole batch runs on (and names) one model version
 while ``worker.models.reloader`` swaps it. From there it picks one of three ways through
 ``ModelCalls`` (``worker.pipeline.model_calls``): the rows the output cache lacks, a
 canary's share and the rest, or the whole batch; a failing row is isolated by bisection
-and refused alone. It runs on the second stage thread and produces nothing.
+and refused alone, and a batch that meets a fault of the model waits for it
+(``worker.pipeline.model_faults``), trying again on the model the slot holds then. It
+runs on the second stage thread and produces nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from worker.ops import PipelineMetrics
 from worker.pipeline.canary import Canary
 from worker.pipeline.hooks import BatchHooks
 from worker.pipeline.model_calls import ModelCalls
+from worker.pipeline.model_faults import ModelFault, ModelFaults, ModelFaultWait
 from worker.pipeline.prepare import Prepared
 from worker.pipeline.shadow import ShadowRunner
 
@@ -39,10 +42,12 @@ class InferStep:
         cache: OutputCache | None = None,
         canary: Canary | None = None,
         shadow: ShadowRunner | None = None,
+        faults: tuple[ModelFaults, ModelFaultWait] | None = None,
     ) -> None:
         self._slot = slot
         self._hooks = hooks
-        self._calls = ModelCalls(hooks)
+        self._calls = ModelCalls(hooks, None if faults is None else faults[0])
+        self._wait = None if faults is None else faults[1]
         self._metrics = metrics
         self._cache = cache
         self._canary = canary
@@ -50,36 +55,49 @@ class InferStep:
 
     def __call__(self, prepared: Prepared) -> Prepared:
         """Score ``prepared``'s rows; see ``Pipeline.infer``."""
+        if not len(prepared.good):
+            live = self._slot.for_batch()
+            prepared.model, prepared.engine = live.identity, live.engine
+            return prepared
+        started = _perf()
+        try:
+            self._score(prepared)
+        except ModelFault as fault:
+            if self._wait is None:
+                raise
+            assert prepared.model is not None
+            self._wait.hold(fault, prepared.model, lambda: self._score(prepared))
+        prepared.timings.infer_ms = (_perf() - started) * 1000.0
+        self._metrics.infer_seconds.observe(prepared.timings.infer_ms / 1000.0)
+        if self._shadow is None:
+            prepared.feeds = {}
+        return prepared
+
+    def _score(self, prepared: Prepared) -> None:
+        """One try of the batch on the model the slot holds now."""
         live = self._slot.for_batch()
         prepared.model, prepared.engine = live.identity, live.engine
-        if len(prepared.good):
-            started = _perf()
-            docs = prepared.decoded.docs
-            shadow = self._shadow
-            wants = self._hooks.active or (shadow is not None and shadow.wants_requests)
-            requests = [docs[g] for g in prepared.good.tolist()] if wants else []
-            split = prepared.canary
-            if prepared.cached is not None:
-                assert self._cache is not None
-                prepared.failed = self._calls.uncached(
-                    self._cache, prepared.cached, prepared.feeds, live.engine
-                )
-            elif split is None or self._canary is None:
-                prepared.outputs, prepared.failed = self._calls.run(
-                    live.engine, prepared.feeds, requests
-                )
-            else:
-                candidate = self._canary.slot.for_batch()
-                prepared.candidate = candidate.identity
-                prepared.candidate_engine = candidate.engine
-                prepared.outputs, prepared.failed = self._calls.split(
-                    (live.engine, candidate.engine), prepared.feeds, requests, split
-                )
-                self._metrics.canary_records.inc(int(split.sum()))
-            prepared.timings.infer_ms = (_perf() - started) * 1000.0
-            self._metrics.infer_seconds.observe(prepared.timings.infer_ms / 1000.0)
-            if shadow is None:
-                prepared.feeds = {}
-            elif wants:
-                prepared.requests = requests
-        return prepared
+        docs = prepared.decoded.docs
+        shadow = self._shadow
+        wants = self._hooks.active or (shadow is not None and shadow.wants_requests)
+        requests = [docs[g] for g in prepared.good.tolist()] if wants else []
+        split = prepared.canary
+        if prepared.cached is not None:
+            assert self._cache is not None
+            prepared.failed = self._calls.uncached(
+                self._cache, prepared.cached, prepared.feeds, live.engine
+            )
+        elif split is None or self._canary is None:
+            prepared.outputs, prepared.failed = self._calls.run(
+                live.engine, prepared.feeds, requests, watched=True
+            )
+        else:
+            candidate = self._canary.slot.for_batch()
+            prepared.candidate = candidate.identity
+            prepared.candidate_engine = candidate.engine
+            prepared.outputs, prepared.failed = self._calls.split(
+                (live.engine, candidate.engine), prepared.feeds, requests, split
+            )
+            self._metrics.canary_records.inc(int(split.sum()))
+        if shadow is not None and wants:
+            prepared.requests = requests

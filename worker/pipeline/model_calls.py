@@ -4,7 +4,8 @@ share).
 
 ``ModelCalls.run`` calls the hooks and the engine once for the whole batch; an
 EngineError makes it try again on halves until the failing rows are isolated, so the
-other rows still publish. ``uncached`` runs only the rows neither cache tier holds, each
+other rows still publish, unless the model itself is at fault
+(``worker.pipeline.model_faults``). ``uncached`` runs only the rows neither cache tier holds, each
 distinct input once; ``split`` runs a canary's rows on its engine and the others on the
 pipeline's, and joins their outputs back in row order.
 """
@@ -22,6 +23,7 @@ from worker.errors import EngineError
 from worker.inference import InferenceEngine, Outputs
 from worker.pipeline.feeds import Feeds
 from worker.pipeline.hooks import BatchHooks
+from worker.pipeline.model_faults import ModelFaults
 
 __all__ = ["ModelCalls"]
 
@@ -30,36 +32,90 @@ Failed = dict[int, str]
 
 
 class ModelCalls:
-    """Runs one pipeline's batches (and parts of them) through an engine and its hooks."""
+    """Runs one pipeline's batches (and parts of them) through an engine and its hooks.
 
-    def __init__(self, hooks: BatchHooks) -> None:
+    With ``faults``, a batch on the pipeline's own model (``watched``) that fails as a
+    whole is judged first (``worker.pipeline.model_faults``): a fault of the model raises
+    ModelFault instead of dead-lettering every row."""
+
+    def __init__(self, hooks: BatchHooks, faults: ModelFaults | None = None) -> None:
         self._hooks = hooks
+        self._faults = faults
 
     def run(
-        self, engine: InferenceEngine, feeds: Feeds, requests: list[dict[str, Any]]
+        self,
+        engine: InferenceEngine,
+        feeds: Feeds,
+        requests: list[dict[str, Any]],
+        *,
+        watched: bool = False,
     ) -> tuple[Outputs, Failed]:
         """Run the hooks and the model; on failure bisect so only the failing rows are
         refused."""
-        hooks = self._hooks
+        faults = self._faults if watched else None
         try:
-            if not hooks.active:
-                return engine.infer(feeds), {}
-            return hooks.after(requests, engine.infer(hooks.before(requests, feeds))), {}
+            outputs = self._call(engine, feeds, requests)
         except EngineError as exc:
-            n = len(next(iter(feeds.values())))
-            if n == 1:
-                return {}, {0: str(exc)}
-            half = n // 2
-            left, left_failed = self.run(
-                engine, {k: v[:half] for k, v in feeds.items()}, requests[:half]
-            )
-            right, right_failed = self.run(
-                engine, {k: v[half:] for k, v in feeds.items()}, requests[half:]
-            )
-            failed = dict(left_failed)
-            failed.update({half + i: why for i, why in right_failed.items()})
-            halves = ((np.arange(half), left), (np.arange(half, n), right))
-            return _scatter(halves, n), failed
+            if faults is None:
+                return self._bisect(engine, feeds, requests, exc)
+            return self._judged(faults, engine, feeds, requests, exc)
+        if faults is not None:
+            faults.answered(feeds, requests)
+        return outputs, {}
+
+    def _call(
+        self, engine: InferenceEngine, feeds: Feeds, requests: list[dict[str, Any]]
+    ) -> Outputs:
+        hooks = self._hooks
+        if not hooks.active:
+            return engine.infer(feeds)
+        return hooks.after(requests, engine.infer(hooks.before(requests, feeds)))
+
+    def _judged(
+        self,
+        faults: ModelFaults,
+        engine: InferenceEngine,
+        feeds: Feeds,
+        requests: list[dict[str, Any]],
+        exc: EngineError,
+    ) -> tuple[Outputs, Failed]:
+        """A batch the model refused as a whole: the model's fault (raised) or its rows'."""
+        known = faults.known_good
+        if known is not None:
+            try:
+                self._call(engine, known.feeds, known.requests)
+            except EngineError as probe:
+                raise faults.refused_known(str(exc), str(probe)) from exc
+        outputs, failed = self._bisect(engine, feeds, requests, exc)
+        n = len(next(iter(feeds.values())))
+        if len(failed) < n:
+            faults.answered(feeds, requests, next(r for r in range(n) if r not in failed))
+        elif known is None:
+            faults.refused_all(str(exc))
+        return outputs, failed
+
+    def _bisect(
+        self,
+        engine: InferenceEngine,
+        feeds: Feeds,
+        requests: list[dict[str, Any]],
+        exc: EngineError,
+    ) -> tuple[Outputs, Failed]:
+        """Halves of a batch that failed as a whole, each run (and bisected) on its own."""
+        n = len(next(iter(feeds.values())))
+        if n == 1:
+            return {}, {0: str(exc)}
+        half = n // 2
+        left, left_failed = self.run(
+            engine, {k: v[:half] for k, v in feeds.items()}, requests[:half]
+        )
+        right, right_failed = self.run(
+            engine, {k: v[half:] for k, v in feeds.items()}, requests[half:]
+        )
+        failed = dict(left_failed)
+        failed.update({half + i: why for i, why in right_failed.items()})
+        halves = ((np.arange(half), left), (np.arange(half, n), right))
+        return _scatter(halves, n), failed
 
     def uncached(
         self, cache: OutputCache, rows: CachedRows, feeds: Feeds, engine: InferenceEngine
@@ -72,7 +128,10 @@ class ModelCalls:
         if len(run):
             whole = len(run) == len(rows.keys)
             outputs, failed = self.run(
-                engine, feeds if whole else {k: v[run] for k, v in feeds.items()}, []
+                engine,
+                feeds if whole else {k: v[run] for k, v in feeds.items()},
+                [],
+                watched=True,
             )
         cache.settle(rows, outputs, failed)
         return rows.failed

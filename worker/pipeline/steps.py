@@ -39,6 +39,7 @@ from worker.pipeline.dead_letters import DeadLetters
 from worker.pipeline.feeds import BatchFetcher, FeedPlan
 from worker.pipeline.hooks import BatchHooks
 from worker.pipeline.infer import InferStep
+from worker.pipeline.model_faults import ModelFaults, ModelFaultWait
 from worker.pipeline.prepare import Prepared, PrepareStep
 from worker.pipeline.publish import PublishStep
 from worker.pipeline.request_shape import RequestShape
@@ -77,6 +78,7 @@ class Pipeline:
         framed: FramedRequests | None = None,
         avro_results: AvroResults | None = None,
         on_schema_registry: Callable[[bool, str | None], None] | None = None,
+        on_model: Callable[[bool, str | None], None] | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -133,8 +135,22 @@ class Pipeline:
             canary=canary,
             framed=None if framed is None or registry_wait is None else (framed, registry_wait),
         )
+        faults = ModelFaults(config.pause_after_model_failures, metrics.model_failed_batches)
+        fault_wait = ModelFaultWait(
+            self.name,
+            abort=abort or threading.Event(),
+            paused=metrics.model_paused,
+            on_model=on_model or (lambda _ok, _why: None),
+            model=lambda: slot.for_batch().identity,
+        )
         self._infer = InferStep(
-            slot=slot, hooks=hooks, metrics=metrics, cache=cache, canary=canary, shadow=shadow
+            slot=slot,
+            hooks=hooks,
+            metrics=metrics,
+            cache=cache,
+            canary=canary,
+            shadow=shadow,
+            faults=(faults, fault_wait),
         )
         self._publish = PublishStep(
             config,
