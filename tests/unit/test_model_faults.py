@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -98,24 +98,42 @@ def paused(metrics: Metrics) -> float:
     return metrics.model_paused.labels("p")._value.get()  # type: ignore[no-any-return]
 
 
+Setup = tuple[BreakableEngine, Readiness, Pipeline]
+
+
+@pytest.fixture
+def broken_after_serving(
+    make_pipeline: PipelineFactory,
+    sink: FakeSink,
+    classifier: DemoModel,
+    onnx_engine: OnnxEngine,
+    abort: threading.Event,
+) -> Callable[[int], Setup]:
+    """A pipeline whose engine served ``n`` rows in one batch and then broke."""
+
+    def make(n: int) -> Setup:
+        engine = BreakableEngine(onnx_engine)
+        readiness = Readiness()
+        pipeline = make_pipeline(engine, abort=abort, on_model=readiness)
+        handle(pipeline, rows(classifier, range(n)), sink)
+        engine.broken = True
+        engine.calls.clear()
+        return engine, readiness, pipeline
+
+    return make
+
+
 def failed_batches(metrics: Metrics) -> float:
     return metrics.model_failed_batches.labels("p")._value.get()  # type: ignore[no-any-return]
 
 
 def test_a_model_that_breaks_holds_the_batch_after_two_calls_and_serves_it_once_fixed(
-    make_pipeline: PipelineFactory,
+    broken_after_serving: Callable[[int], Setup],
     sink: FakeSink,
     classifier: DemoModel,
-    onnx_engine: OnnxEngine,
     metrics: Metrics,
-    abort: threading.Event,
 ) -> None:
-    engine = BreakableEngine(onnx_engine)
-    readiness = Readiness()
-    pipeline = make_pipeline(engine, abort=abort, on_model=readiness)
-    handle(pipeline, rows(classifier, range(8)), sink)
-    engine.broken = True
-    engine.calls.clear()
+    engine, readiness, pipeline = broken_after_serving(8)
 
     held = in_thread(pipeline, rows(classifier, range(8, 72), start=200), sink)
     assert readiness.held.wait(5)
@@ -134,19 +152,14 @@ def test_a_model_that_breaks_holds_the_batch_after_two_calls_and_serves_it_once_
 
 
 def test_a_reload_during_the_hold_serves_the_batch_on_the_new_model_at_once(
-    make_pipeline: PipelineFactory,
+    broken_after_serving: Callable[[int], Setup],
     sink: FakeSink,
     classifier: DemoModel,
     onnx_engine: OnnxEngine,
-    abort: threading.Event,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(ModelFaultWait, "RETRY_S", (60.0, 60.0))  # only a reload frees it
-    engine = BreakableEngine(onnx_engine)
-    readiness = Readiness()
-    pipeline = make_pipeline(engine, abort=abort, on_model=readiness)
-    handle(pipeline, rows(classifier, range(4)), sink)
-    engine.broken = True
+    _engine, readiness, pipeline = broken_after_serving(4)
     held = in_thread(pipeline, rows(classifier, range(4, 20), start=200), sink)
     assert readiness.held.wait(5)
 
@@ -163,17 +176,12 @@ def test_a_reload_during_the_hold_serves_the_batch_on_the_new_model_at_once(
 
 
 def test_a_stopping_worker_ends_the_hold_and_publishes_nothing_of_the_batch(
-    make_pipeline: PipelineFactory,
+    broken_after_serving: Callable[[int], Setup],
     sink: FakeSink,
     classifier: DemoModel,
-    onnx_engine: OnnxEngine,
     abort: threading.Event,
 ) -> None:
-    engine = BreakableEngine(onnx_engine)
-    readiness = Readiness()
-    pipeline = make_pipeline(engine, abort=abort, on_model=readiness)
-    handle(pipeline, rows(classifier, range(4)), sink)
-    engine.broken = True
+    _engine, readiness, pipeline = broken_after_serving(4)
     raised: list[BaseException] = []
 
     def run() -> None:
