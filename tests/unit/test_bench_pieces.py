@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from benchmarks.pieces import MANIFEST, PieceError, join, main, read_manifest, split, store
 
+ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 64 * 1024
 
 
@@ -105,3 +108,24 @@ def test_the_cli_prints_progress_and_fails_naming_the_piece(
     assert "holds 1 of 3; lacks [1, 3]" in capsys.readouterr().out
     assert main(["join", str(tmp_path / "s"), "--out", str(tmp_path / "o")]) == 1
     assert "2 of 3 pieces missing: 1 (w.whl.part01), 3 (w.whl.part03)" in capsys.readouterr().err
+
+
+def test_gpu_check_stops_on_a_missing_piece_before_installing(tmp_path: Path) -> None:
+    split(_file(tmp_path / "w.whl", 2 * LIMIT), tmp_path / "pieces", LIMIT)
+    store(tmp_path / "pieces" / "01", tmp_path / "store")
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "STREAMFER_GPU_PIECES": str(tmp_path / "store"),
+        "STREAMFER_GPU_SITE": str(tmp_path / "site"),
+    }
+    done = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert "1 of 2 pieces missing: 2 (w.whl.part02)" in done.stderr
+    assert not (tmp_path / "site").exists()
