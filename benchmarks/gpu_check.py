@@ -53,10 +53,11 @@ WHEEL_SIZES = {
     "onnxruntime-gpu 1.31.1 cp312 manylinux_2_28_x86_64 (CUDA 13, cuDNN 9)": 255_569_273,
     "onnxruntime-gpu 1.23.2 cp311 manylinux x86_64": 300_525_715,
 }
-"""Bytes, read with ``pip download --no-deps`` on 2026-12-01. TensorRT's libraries
-(``tensorrt-cu12/13-libs``) are on NVIDIA's index only (the PyPI ``tensorrt-cu13`` is a
-0.0.0a0 placeholder, ``tensorrt-cu12`` a 17 kB sdist that fetches them from
-pypi.nvidia.com at install) and could not be reached from here; they are larger still."""
+"""Bytes, read with ``pip download --no-deps`` on 2026-12-01: more than one device call
+carries, so ``benchmarks/gpu_prepare.sh`` cuts the first into pieces (``benchmarks.pieces``).
+TensorRT's libraries (``tensorrt-cu12/13-libs``) have no wheel on PyPI (checked with
+``pip download --only-binary=:all:`` on 2026-12-03), only on NVIDIA's index, which could
+not be reached from here; they are larger still."""
 CARRY_LIMIT = 64 * 1024 * 1024
 """What one run may carry to the device machine, the repository included."""
 
@@ -554,9 +555,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch_rows(report, model, x, ref, args.budget_s)
     if any(name.startswith(("ORT CUDA", "ORT TensorRT")) for name, _ in report.skipped):
         report.notes.append(
-            "the GPU builds of ONNX Runtime cannot be carried to a machine that takes "
-            f"{CARRY_LIMIT // (1024 * 1024)} MiB per run: "
+            "the GPU builds of ONNX Runtime are larger than the "
+            f"{CARRY_LIMIT // (1024 * 1024)} MiB one device call carries ("
             + "; ".join(f"{name}: {size:,} bytes" for name, size in WHEEL_SIZES.items())
+            + "): bash benchmarks/gpu_prepare.sh cuts one into pieces and prints the calls "
+            "that carry them (benchmarks/README.md)"
         )
     text = render(report)
     print(text)
