@@ -1,6 +1,7 @@
-"""``streamfer model optimize``: FP16 and INT8 copies of real models, the accuracy report
-against FP32, refusals (nothing to convert, a drop over --max-drop, float16 overflow),
-and bad rows.
+"""``streamfer model optimize``: FP16 and INT8 copies of real models, each written file
+passing ``onnx.checker``'s full check, the accuracy report against FP32, refusals
+(nothing to convert, a drop over --max-drop, float16 overflow, a copy failing the
+checker), and bad rows.
 
 Tolerances, measured here (onnxruntime 1.32, x86-64), rows differing from FP32 and the
 max score difference: the digits MLP 0 of 1797 and 5e-4 in FP16, 1 of 359 held-out rows
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
 
 from tests.integration.recipes import NUMERIC, fraud_data, torch_style_mlp
@@ -50,6 +52,12 @@ def zipmap(models: Path) -> tuple[Path, Path]:
     return path, write_csv(models / "zipmap.csv", rows)
 
 
+def checked(path: Path) -> Path:
+    """``path``, once it passes onnx.checker's full check (shape inference included)."""
+    onnx.checker.check_model(str(path), full_check=True)
+    return path
+
+
 def optimize(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any], str]:
     """(exit code, the JSON report or {}, stderr)."""
     code = main(["model", "optimize", *args])
@@ -80,7 +88,7 @@ def test_an_onnx_helper_mlp_passes_and_is_written_beside_it(
     )
     assert code == 0, err
     written = model.with_name(f"digits.{mode[2:]}.onnx")
-    assert report["written"] == str(written) and report["refused"] is None
+    assert report["written"] == str(checked(written)) and report["refused"] is None
     assert report["rows"] == (1797 // 5 if mode == "--int8" and rows == "--calibration" else 1797)
     assert report["agreement"] >= agreement
     assert report["labels_from"] == "argmax(probabilities)"
@@ -109,7 +117,7 @@ def test_zipmap_scores_of_a_default_skl2onnx_export_are_compared(
         capsys, str(model), mode, "--calibration", str(csv), "--output", "copy.onnx", *FAST
     )
     assert code == 0, err
-    assert report["written"] == "copy.onnx"
+    assert report["written"] == str(checked(Path("copy.onnx")))
     assert [p.name for p in tmp_path.iterdir()] == ["copy.onnx"]  # nothing else left here
     if mode == "--int8":  # shape inference typed every activation: no fallback note
         assert report["note"] is None and report["changed"].endswith(" activation quantizers")
@@ -138,7 +146,29 @@ def test_the_text_report(zipmap: tuple[Path, Path], capsys: pytest.CaptureFixtur
     assert f"compared on  113 rows held out of {csv} (every 5th; the other 456 calibrate)" in text
     assert "agree with FP32" in text and "from output_label" in text
     assert "(output output_probability)" in text
-    assert "rows/s" in text and "p99 ms" in text and f"written      {out}" in text
+    assert "rows/s" in text and "p99 ms" in text and f"written      {checked(out)}" in text
+
+
+def test_a_copy_failing_the_checker_is_named_and_not_written(
+    zipmap: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Without the sort the FP16 converter's graph fails the checker (its Casts come
+    after the nodes reading them): the command says which file, and writes nothing."""
+    import worker.tools.model_optimize as model_optimize
+
+    monkeypatch.setattr(model_optimize, "sort_nodes", lambda graph: None)
+    model, csv = zipmap
+    out = tmp_path / "unsorted.onnx"
+    code, _, err = optimize(
+        capsys, str(model), "--fp16", "--eval", str(csv), "--output", str(out), *FAST
+    )
+    assert code == 1
+    assert f"{out} (the fp16 copy of {model}; not written) fails onnx.checker (full check)" in err
+    assert "topologically sorted" in err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_pure_tree_ensemble_has_nothing_to_convert(

@@ -18,6 +18,10 @@ labels stay within ``max_drop`` of the FP32 model's on held-out rows.
   static QDQ (int8 weights and activations, MinMax ranges) with calibration rows, else
   dynamic (int8 weights, activations quantized per batch at run time).
 
+The FP16 converter leaves nodes out of topological order; they are sorted back, and
+every copy passes ``onnx.checker``'s full check before it is compared, or the command
+fails (EngineError) naming the file and writing nothing.
+
 The comparison rows are ``eval_rows``, or else every 5th calibration row, held out of
 calibration (FP16 fits nothing, so it compares on every calibration row). The copy is
 made in a temporary directory and copied to ``output`` only when accepted: a refused
@@ -41,6 +45,7 @@ import numpy.typing as npt
 from worker.config import ModelSpec
 from worker.errors import ConfigError
 from worker.inference import Feeds, OnnxEngine
+from worker.tools.model_check import check_model_file, sort_nodes
 from worker.tools.model_compare import SPEED_BATCH, Comparison, compare_models
 from worker.tools.model_inspect import ONNX_DOMAIN, load_onnx
 from worker.tools.model_rows import ModelRows, read_model_rows
@@ -203,6 +208,7 @@ def optimize_model(path: Path, options: OptimizeOptions) -> OptimizeOutcome:
             conversion = convert_fp16(model, made, path)
         else:
             conversion = quantize_int8(path, made, calibration, Path(work))
+        check_model_file(made, f"{output} (the {options.mode} copy of {path}; not written)")
         comparison = compare_models(
             reference,
             _engine(made),
@@ -275,6 +281,7 @@ def convert_fp16(model: Any, output: Path, source: Path) -> Conversion:
     _float_data_to_raw(model)
     before = _weights(model, _FLOAT)
     converted = convert_float_to_float16(model, keep_io_types=True, op_block_list=sorted(blocked))
+    sort_nodes(converted.graph)  # the converter appends its Casts after their readers
     after = _weights(converted, _FLOAT16)
     if not after:
         raise ConfigError(
