@@ -1,13 +1,16 @@
 """``streamfer model optimize``: FP16 and INT8 copies of real models, each written file
-passing ``onnx.checker``'s full check, the accuracy report against FP32, refusals
-(nothing to convert, a drop over --max-drop, float16 overflow, a copy failing the
+passing ``onnx.checker``'s full check, the accuracy report against FP32, regressors and
+one-column models held to output tolerances, refusals (nothing to convert, a drop over
+--max-drop, a difference over a tolerance, float16 overflow, a copy failing the
 checker), and bad rows.
 
 Tolerances, measured here (onnxruntime 1.32, x86-64), rows differing from FP32 and the
 max score difference: the digits MLP 0 of 1797 and 5e-4 in FP16, 1 of 359 held-out rows
 and 0.073 in static INT8, 8 of 1797 and 0.081 in dynamic INT8; the skl2onnx MLP 0 rows in
-all three, 8e-4 (FP16) and 0.035 (INT8). The bounds below leave room for other CPUs'
-kernels.
+all three, 8e-4 (FP16) and 0.035 (INT8). Outputs with no label, max and mean absolute
+difference: the random one-column MLP (values to 6) 0.0023 and 5.6e-4 in FP16, 0.13 and
+0.030 in dynamic INT8; the skl2onnx diabetes regressor (values to 124) 0.047 and 0.0050
+in FP16. The bounds below leave room for other CPUs' kernels.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from tests.unit.onnx_models import (
     near_tie_mlp,
     regression_mlp,
     sklearn_mlp,
+    sklearn_regressor,
     write_csv,
 )
 from worker.cli import main
@@ -202,16 +206,121 @@ def test_a_drop_over_max_drop_writes_nothing(
     assert not list(tmp_path.glob("*.partial"))
 
 
-def test_one_score_column_gives_no_label_to_compare(
+@pytest.fixture(scope="module")
+def regressor(models: Path) -> tuple[Path, Path]:
+    path, rows = sklearn_regressor(models / "diabetes.onnx")
+    return path, write_csv(models / "diabetes.csv", rows)
+
+
+def test_a_regressor_is_held_to_the_output_tolerances(
+    regressor: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its outputs reach 124, so FP16's rounding is more than the defaults (made for
+    outputs of order one) allow: refused, naming the measured and allowed values."""
+    model, csv = regressor
+    out = tmp_path / "copy.onnx"
+    code, report, err = optimize(
+        capsys, str(model), "--fp16", "--eval", str(csv), "--output", str(out), *FAST
+    )
+    assert code == 1 and not out.exists()
+    assert report["labels_from"] is None and report["agreeing"] is None
+    assert report["agreement"] is None and report["allowed_rows"] is None
+    assert (report["max_abs_diff"], report["max_mean_abs_diff"]) == (0.01, 0.001)
+    assert report["scores_from"] == "variable" and report["max_abs_output"] > 100
+    measured = report["max_score_diff"], report["mean_score_diff"]
+    assert 0.01 < measured[0] < 0.5 and 0.001 < measured[1] < 0.05
+    assert (
+        f"outputs differ from FP32's by up to {measured[0]:.4g}, more than --max-abs-diff "
+        "0.01 allows; " in err
+    )
+    assert (
+        f"outputs differ from FP32's by {measured[1]:.4g} on average, more than "
+        f"--max-mean-abs-diff 0.001 allows (FP32's outputs reach {report['max_abs_output']:.4g})"
+        "; nothing written" in err
+    )
+
+
+@pytest.mark.parametrize(
+    ("flag", "measured", "phrase"),
+    [
+        ("--max-abs-diff", "max_score_diff", "by up to {:.4g}"),
+        ("--max-mean-abs-diff", "mean_score_diff", "by {:.4g} on average"),
+    ],
+)
+def test_a_tolerance_just_under_the_difference_refuses_and_just_over_passes(
+    regressor: tuple[Path, Path],
+    tmp_path: Path,
+    flag: str,
+    measured: str,
+    phrase: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    model, csv = regressor
+    out = tmp_path / "copy.onnx"
+    loose = ["--max-abs-diff", "1", "--max-mean-abs-diff", "1"]
+    args = [str(model), "--fp16", "--eval", str(csv), "--output", str(out), *loose, *FAST]
+    code, report, err = optimize(capsys, *args)
+    assert code == 0, err
+    diff = report[measured]
+    under, over = diff * (1 - 1e-3), diff * (1 + 1e-3)
+    out.unlink()
+    code, report, err = optimize(capsys, *args, flag, repr(under))
+    assert code == 1 and not out.exists()
+    assert report[measured] == diff and report[flag[2:].replace("-", "_")] == under
+    assert f"outputs differ from FP32's {phrase.format(diff)}, more than {flag} {under:g}" in err
+    code, report, err = optimize(capsys, *args, flag, repr(over))
+    assert code == 0, err
+    assert report["written"] == str(checked(out)) and report[measured] == diff
+
+
+def test_one_output_column_passes_fp16_with_the_defaults_and_not_int8(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Outputs of order one: FP16's rounding is within 0.01 and 0.001; dynamic INT8's is
+    not. The text report says which tolerances held it."""
+    model, rows = regression_mlp(tmp_path / "value.onnx")
+    csv = write_csv(tmp_path / "rows.csv", rows)
+    code, report, err = optimize(capsys, str(model), "--fp16", "--eval", str(csv), *FAST)
+    assert code == 0, err
+    assert report["written"] == str(checked(model.with_name("value.fp16.onnx")))
+    assert report["labels_from"] is None and report["scores_from"] == "value"
+    assert 0 < report["max_score_diff"] <= 0.01 and 0 < report["mean_score_diff"] <= 0.001
+    code = main(["model", "optimize", str(model), "--int8", "--eval", str(csv), "--speed-s", "0.1"])
+    out, err = capsys.readouterr()
+    assert code == 1 and not model.with_name("value.int8.onnx").exists()
+    assert "labels       none (no label output, one output column): outputs compared" in out
+    assert "outputs      max |diff| " in out and "(--max-abs-diff 0.01), mean " in out
+    assert "(--max-mean-abs-diff 0.001) (output value)" in out
+    assert "more than --max-mean-abs-diff 0.001 allows" in err and "nothing written" in err
+
+
+def test_inputs_beyond_float16_refuse_a_model_with_no_label(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     model, rows = regression_mlp(tmp_path / "value.onnx")
+    rows[:3, 0] = 1e5
     csv = write_csv(tmp_path / "rows.csv", rows)
-    code, _, err = optimize(capsys, str(model), "--int8", "--eval", str(csv), *FAST)
-    assert code == 2
-    assert "no label output and no output with two or more score columns" in err
-    assert "'value' of shape (100, 1)" in err
-    assert not model.with_name("value.int8.onnx").exists()
+    code, report, err = optimize(
+        capsys, str(model), "--fp16", "--eval", str(csv), "--max-abs-diff", "1e9", *FAST
+    )
+    assert code == 1 and report["unsafe_rows"] == 3
+    assert "3 of 100 rows have inputs beyond float16's +-65504" in err
+
+
+def test_a_classifier_is_held_to_a_tolerance_given(
+    digits: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model, csv = digits
+    out = tmp_path / "copy.onnx"
+    code, report, err = optimize(
+        capsys,
+        *(str(model), "--fp16", "--eval", str(csv), "--output", str(out)),
+        *("--max-abs-diff", "1e-6", *FAST),
+    )
+    assert code == 1 and not out.exists()
+    assert report["agreement"] == 1.0 and report["max_abs_diff"] == 1e-6
+    assert report["max_mean_abs_diff"] is None
+    assert "more than --max-abs-diff 1e-06 allows" in err and "labels differ" not in err
 
 
 def test_inputs_beyond_float16_count_as_differing(
@@ -269,9 +378,19 @@ def test_bad_rows_exit_2_naming_them(
         (["--int8"], "--int8 needs rows to compare on: give --calibration FILE.csv (static"),
         (["--fp16", "--eval", "missing.csv"], "missing.csv: no such file"),
         (["--fp16", "--eval", "x.csv", "--max-drop", "2"], "--max-drop must be between 0 and 1"),
+        (["--fp16", "--eval", "x.csv", "--max-abs-diff", "-1"], "--max-abs-diff must be a finite"),
+        (["--fp16", "--eval", "x.csv", "--max-mean-abs-diff", "inf"], "must be a finite number"),
         (["--fp16", "--eval", "x.csv", "--output", "{model}"], "is the model itself"),
     ],
-    ids=["fp16 without rows", "int8 without rows", "missing rows", "max-drop", "overwrite"],
+    ids=[
+        "fp16 without rows",
+        "int8 without rows",
+        "missing rows",
+        "max-drop",
+        "max-abs-diff",
+        "max-mean-abs-diff",
+        "overwrite",
+    ],
 )
 def test_bad_usage_exits_2(
     digits: tuple[Path, Path],
