@@ -7,6 +7,8 @@
 - ``sklearn_mlp``: ``StandardScaler`` + ``MLPClassifier`` on the breast-cancer data, as
   skl2onnx exports it by default: ZipMap on, so the scores are one ``{class: p}`` map
   per row, and the scaler is an ai.onnx.ml op.
+- ``sklearn_regressor``: ``StandardScaler`` + ``MLPRegressor`` on the diabetes data, as
+  skl2onnx exports it by default: one output column, values up to about 300.
 - ``near_tie_mlp``: a random MLP of the same shape whose two classes' logits differ by
   about 1e-3, so any quantization flips labels; ``regression_mlp``: one output column.
 - ``random_mlp``: a small random MLP; the same shape with another seed is another
@@ -35,6 +37,7 @@ __all__ = [
     "random_mlp",
     "regression_mlp",
     "sklearn_mlp",
+    "sklearn_regressor",
     "three_feature_pipeline",
     "write_csv",
 ]
@@ -152,18 +155,32 @@ def three_feature_pipeline(model: Path, **fields: Any) -> PipelineConfig:
 
 def sklearn_mlp(path: Path) -> tuple[Path, Rows]:
     """skl2onnx's default export of scaler + MLP on the breast-cancer data (ZipMap on)."""
-    from skl2onnx import to_onnx
     from sklearn.datasets import load_breast_cancer
-    from sklearn.exceptions import ConvergenceWarning
     from sklearn.neural_network import MLPClassifier
+
+    mlp = MLPClassifier(hidden_layer_sizes=(16,), max_iter=100, random_state=0)
+    return _scaled_export(path, mlp, load_breast_cancer())
+
+
+def sklearn_regressor(path: Path) -> tuple[Path, Rows]:
+    """skl2onnx's default export of scaler + MLP regressor on the diabetes data."""
+    from sklearn.datasets import load_diabetes
+    from sklearn.neural_network import MLPRegressor
+
+    mlp = MLPRegressor(hidden_layer_sizes=(16,), max_iter=200, random_state=0)
+    return _scaled_export(path, mlp, load_diabetes())
+
+
+def _scaled_export(path: Path, estimator: Any, data: Any) -> tuple[Path, Rows]:
+    """``StandardScaler`` + ``estimator`` fitted on ``data`` (a scikit-learn dataset),
+    exported by skl2onnx with its defaults."""
+    from skl2onnx import to_onnx
+    from sklearn.exceptions import ConvergenceWarning
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    data = load_breast_cancer()
     x = data.data.astype(np.float32)
-    model = make_pipeline(
-        StandardScaler(), MLPClassifier(hidden_layer_sizes=(16,), max_iter=100, random_state=0)
-    )
+    model = make_pipeline(StandardScaler(), estimator)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         model.fit(x, data.target)

@@ -45,6 +45,8 @@ def cmd_model_optimize(args: argparse.Namespace) -> int:
         eval_rows=args.eval,
         output=args.output,
         max_drop=args.max_drop,
+        max_abs_diff=args.max_abs_diff,
+        max_mean_abs_diff=args.max_mean_abs_diff,
         speed_seconds=args.speed_s,
     )
     try:

@@ -215,8 +215,9 @@ def _add_model_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         "optimize",
         help="an FP16 or INT8 copy, compared with the FP32 model on held-out rows",
         description="CSV rows: a header, then columns filling the model's inputs in its "
-        "input order. Exit codes: 0 written, 1 refused (the label drop exceeds --max-drop; "
-        "nothing written) or failed, 2 bad usage or input.",
+        "input order. A classifier is held to --max-drop, a model with no label (a "
+        "regressor, one output column) to --max-abs-diff and --max-mean-abs-diff. Exit "
+        "codes: 0 written, 1 refused (nothing written) or failed, 2 bad usage or input.",
     )
     optimize.add_argument("file", type=Path, help="the FP32 .onnx file")
     mode = optimize.add_mutually_exclusive_group(required=True)
@@ -246,6 +247,22 @@ def _add_model_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         default=0.01,
         metavar="SHARE",
         help="largest share of rows whose label may change (0.01)",
+    )
+    optimize.add_argument(
+        "--max-abs-diff",
+        type=float,
+        default=None,
+        metavar="X",
+        help="largest absolute difference of any output value from FP32's (0.01 for a "
+        "model with no label, such as a regressor; a classifier's only when given)",
+    )
+    optimize.add_argument(
+        "--max-mean-abs-diff",
+        type=float,
+        default=None,
+        metavar="X",
+        help="largest mean absolute difference of the outputs from FP32's (0.001 for a "
+        "model with no label; a classifier's only when given)",
     )
     optimize.add_argument(
         "--speed-s", type=float, default=2.0, metavar="S", help="seconds of timing per model (2)"

@@ -4,12 +4,15 @@
 
 - label agreement: the share of rows whose label matches FP32's. The label is the
   model's ``label`` output (as the engine names a classifier's outputs), or else the
-  argmax of its scores (the ``scores`` output, or its first float output), which needs at
-  least two score columns. A row whose scores are not finite (an FP16 overflow, say)
-  counts as disagreeing whatever its label, and so does a row the caller marks
-  ``unsafe`` (inputs beyond float16's range, which the CPU provider cannot show);
-- the max and mean absolute difference of the scores (ZipMap scores included: the
-  engine turns them into a matrix in class order);
+  argmax of its scores (the ``scores`` output, or its first float output) when they have
+  at least two columns; a model with neither (a regressor, a single output column) has
+  no label, and only its outputs are compared. A row whose outputs are not finite (an
+  FP16 overflow, say) counts as disagreeing whatever its label, and so does a row the
+  caller marks ``unsafe`` (inputs beyond float16's range, which the CPU provider cannot
+  show);
+- the max and mean absolute difference of the float outputs, over the rows where both
+  models' are finite (ZipMap scores included: the engine turns them into a matrix in
+  class order);
 - speed on this machine: rows/s and p99 ms per batch at batch 256, each model on ONNX
   Runtime CPU with one intra-op thread, as a worker runs it. The two models take turns in
   short rounds, so a neighbour's load falls on both.
@@ -28,7 +31,7 @@ from worker.errors import ConfigError
 from worker.inference import Feeds, OnnxEngine
 from worker.tools.model_rows import ModelRows
 
-__all__ = ["SPEED_BATCH", "Comparison", "Speed", "compare_models", "labels_and_scores"]
+__all__ = ["SPEED_BATCH", "Comparison", "Speed", "compare_models", "labels_of"]
 
 SPEED_BATCH = 256
 _ROUNDS = 4
@@ -46,27 +49,31 @@ class Speed:
 @dataclass(frozen=True, slots=True)
 class Comparison:
     rows: int
-    agreeing: int
-    labels_from: str
-    """The model output that gave the labels, or ``argmax(<output>)``."""
+    agreeing: int | None
+    """Rows whose label agrees; None for a model with no label."""
+    labels_from: str | None
+    """The model output that gave the labels, ``argmax(<output>)``, or None."""
     scores_from: str | None
-    """The model output compared as scores."""
+    """The model outputs whose differences were measured, comma-separated."""
     max_score_diff: float | None
     mean_score_diff: float | None
+    """None when no row has finite outputs in both models."""
+    max_abs_output: float | None
+    """The largest absolute FP32 output among those rows: the scale of the differences."""
     nonfinite_rows: int
-    """Rows whose optimized scores hold NaN or inf (FP32's are finite)."""
+    """Rows whose optimized outputs hold NaN or inf (FP32's are finite)."""
     unsafe_rows: int
     """Rows counted as disagreeing whatever the answers (see ``compare_models``)."""
     reference_speed: Speed
     candidate_speed: Speed
 
     @property
-    def agreement(self) -> float:
-        return self.agreeing / self.rows
+    def agreement(self) -> float | None:
+        return None if self.agreeing is None else self.agreeing / self.rows
 
     @property
-    def drop(self) -> float:
-        return 1.0 - self.agreement
+    def drop(self) -> float | None:
+        return None if self.agreeing is None else 1.0 - self.agreeing / self.rows
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "agreement": self.agreement, "drop": self.drop}
@@ -83,24 +90,25 @@ def compare_models(
     """Answers of both engines on ``rows``, and ``seconds`` of timing each; rows marked
     in ``unsafe`` count as disagreeing.
 
-    Raises ConfigError when the model gives nothing to take a label from (no label
-    output and fewer than two score columns), EngineError when a model fails to run.
+    Raises ConfigError when the model has neither a label nor a float output to compare,
+    EngineError when a model fails to run.
     """
     ref = _run(reference, rows)
     got = _run(candidate, rows)
-    ref_labels, ref_scores, label_field, score_field = labels_and_scores(ref)
-    labels, scores, _, _ = labels_and_scores(got)
-    output_of = reference.outputs
-    scores_from = None if score_field is None else output_of[score_field]
-    labels_from = output_of[label_field] if label_field else f"argmax({scores_from})"
-    same = ref_labels == labels
+    ref_labels, labels_from = labels_of(ref, reference.outputs)
+    labels, _ = labels_of(got, reference.outputs)
+    floats = [k for k, v in ref.items() if v.dtype.kind == "f"]
+    scores_from = ", ".join(reference.outputs[k] for k in floats) or None
+    same = np.ones(rows.count, dtype=bool)
+    if ref_labels is not None and labels is not None:
+        same &= ref_labels == labels
     if unsafe is not None:
         same &= ~unsafe
-    max_diff = mean_diff = None
+    max_diff = mean_diff = scale = None
     nonfinite = 0
-    if ref_scores is not None and scores is not None:
-        a = ref_scores.reshape(rows.count, -1).astype(np.float64)
-        b = scores.reshape(rows.count, -1).astype(np.float64)
+    if floats:
+        a = np.hstack([ref[k].reshape(rows.count, -1) for k in floats]).astype(np.float64)
+        b = np.hstack([got[k].reshape(rows.count, -1) for k in floats]).astype(np.float64)
         ref_ok, got_ok = np.isfinite(a).all(axis=1), np.isfinite(b).all(axis=1)
         nonfinite = int((ref_ok & ~got_ok).sum())
         same &= got_ok | ~ref_ok
@@ -108,14 +116,16 @@ def compare_models(
         if both.any():
             diff = np.abs(a[both] - b[both])
             max_diff, mean_diff = float(diff.max()), float(diff.mean())
+            scale = float(np.abs(a[both]).max())
     ref_speed, cand_speed = _speeds(reference, candidate, rows.tiled(SPEED_BATCH), seconds)
     return Comparison(
         rows=rows.count,
-        agreeing=int(same.sum()),
+        agreeing=None if labels_from is None else int(same.sum()),
         labels_from=labels_from,
         scores_from=scores_from,
         max_score_diff=max_diff,
         mean_score_diff=mean_diff,
+        max_abs_output=scale,
         nonfinite_rows=nonfinite,
         unsafe_rows=0 if unsafe is None else int(unsafe.sum()),
         reference_speed=ref_speed,
@@ -123,24 +133,28 @@ def compare_models(
     )
 
 
-def labels_and_scores(
-    outputs: Outputs,
-) -> tuple[npt.NDArray[Any], npt.NDArray[Any] | None, str | None, str | None]:
-    """(labels, scores or None, the label field or None for an argmax of the scores,
-    the scores' field or None); fields are the engine's result fields."""
-    floats = [k for k, v in outputs.items() if v.dtype.kind == "f"]
-    field = "scores" if "scores" in outputs else floats[0] if floats else None
-    scores = outputs[field] if field is not None else None
+def labels_of(
+    outputs: Outputs, output_of: dict[str, str]
+) -> tuple[npt.NDArray[Any] | None, str | None]:
+    """(labels, where they come from: a model output or ``argmax(<output>)``), or
+    (None, None) when the model has no ``label`` and no float output of two or more
+    columns; ``output_of`` maps the engine's result fields to model outputs.
+
+    Raises ConfigError when the model has no label and no float output at all.
+    """
     if "label" in outputs:
-        return outputs["label"], scores, "label", field
-    if scores is None or scores.ndim != 2 or scores.shape[1] < 2:
-        shape = None if scores is None else scores.shape
+        return outputs["label"], output_of["label"]
+    floats = [k for k, v in outputs.items() if v.dtype.kind == "f"]
+    if not floats:
         raise ConfigError(
-            f"the model has no label output and no output with two or more score columns "
-            f"(outputs {sorted(outputs)}, scores {field!r} of shape {shape}): label agreement "
-            "cannot be measured, and --max-drop guards label agreement"
+            f"the model has no label output and no float output (outputs {sorted(outputs)}): "
+            "there is nothing to compare"
         )
-    return scores.argmax(axis=1), scores, None, field
+    field = "scores" if "scores" in outputs else floats[0]
+    scores = outputs[field]
+    if scores.ndim != 2 or scores.shape[1] < 2:
+        return None, None
+    return scores.argmax(axis=1), f"argmax({output_of[field]})"
 
 
 def _run(engine: OnnxEngine, rows: ModelRows) -> Outputs:

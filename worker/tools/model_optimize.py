@@ -1,5 +1,7 @@
 """``streamfer model optimize``: an FP16 or INT8 copy of a model, written only when its
-labels stay within ``max_drop`` of the FP32 model's on held-out rows.
+answers on held-out rows stay close to the FP32 model's: a classifier's labels within
+``max_drop``, a model with no label (a regressor) within the output tolerances (see
+``worker.tools.model_tolerance``).
 
 - FP16: ONNX Runtime's own converter (``onnxruntime.transformers.float16``) with float32
   inputs and outputs kept, so a worker feeds the copy exactly as it fed the original.
@@ -18,6 +20,10 @@ labels stay within ``max_drop`` of the FP32 model's on held-out rows.
   static QDQ (int8 weights and activations, MinMax ranges) with calibration rows, else
   dynamic (int8 weights, activations quantized per batch at run time).
 
+The FP16 converter leaves nodes out of topological order; they are sorted back, and
+every copy passes ``onnx.checker``'s full check before it is compared, or the command
+fails (EngineError) naming the file and writing nothing.
+
 The comparison rows are ``eval_rows``, or else every 5th calibration row, held out of
 calibration (FP16 fits nothing, so it compares on every calibration row). The copy is
 made in a temporary directory and copied to ``output`` only when accepted: a refused
@@ -27,7 +33,6 @@ raise ``ConfigError``.
 
 from __future__ import annotations
 
-import math
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -41,9 +46,11 @@ import numpy.typing as npt
 from worker.config import ModelSpec
 from worker.errors import ConfigError
 from worker.inference import Feeds, OnnxEngine
+from worker.tools.model_check import check_model_file, sort_nodes
 from worker.tools.model_compare import SPEED_BATCH, Comparison, compare_models
 from worker.tools.model_inspect import ONNX_DOMAIN, load_onnx
 from worker.tools.model_rows import ModelRows, read_model_rows
+from worker.tools.model_tolerance import Verdict, check_tolerances, judge
 
 __all__ = ["Conversion", "OptimizeOptions", "OptimizeOutcome", "optimize_model"]
 
@@ -72,6 +79,10 @@ class OptimizeOptions:
     output: Path | None = None
     """Default ``<stem>.fp16.onnx`` / ``<stem>.int8.onnx`` next to the model."""
     max_drop: float = 0.01
+    max_abs_diff: float | None = None
+    max_mean_abs_diff: float | None = None
+    """Output tolerances; None: the default for a model with no label, none for a
+    classifier (``worker.tools.model_tolerance``)."""
     speed_seconds: float = 2.0
     """Timing per model; the two take turns."""
 
@@ -95,22 +106,18 @@ class OptimizeOutcome:
     sizes: tuple[int, int]
     """Bytes of the FP32 file and of the optimized one."""
     max_drop: float
-    allowed_rows: int
-    """Rows that may disagree: ``floor(max_drop * rows)``."""
-    written: bool
+    verdict: Verdict
     speed_seconds: float
+
+    @property
+    def written(self) -> bool:
+        return not self.verdict.refusals
 
     @property
     def refused(self) -> str | None:
         if self.written:
             return None
-        c = self.comparison
-        beyond = f", {c.unsafe_rows} of them for inputs beyond float16" if c.unsafe_rows else ""
-        return (
-            f"{c.rows - c.agreeing} of {c.rows} labels differ from FP32's{beyond} (drop "
-            f"{c.drop:.4f}), more than --max-drop {self.max_drop:g} allows "
-            f"({self.allowed_rows} rows); nothing written"
-        )
+        return "; ".join(self.verdict.refusals) + "; nothing written"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -124,7 +131,9 @@ class OptimizeOutcome:
             **self.comparison.as_dict(),
             "size_bytes": {"fp32": self.sizes[0], self.mode: self.sizes[1]},
             "max_drop": self.max_drop,
-            "allowed_rows": self.allowed_rows,
+            "allowed_rows": self.verdict.allowed_rows,
+            "max_abs_diff": self.verdict.max_abs_diff,
+            "max_mean_abs_diff": self.verdict.max_mean_abs_diff,
             "written": str(self.output) if self.written else None,
             "refused": self.refused,
         }
@@ -139,22 +148,13 @@ class OptimizeOutcome:
         ]
         if self.conversion.note:
             lines.append(f"note         {self.conversion.note}")
-        lines += [
-            f"compared on  {self.rows_from}",
-            f"labels       {c.agreeing} of {c.rows} agree with FP32 ({100 * c.agreement:.2f}%, "
-            f"from {c.labels_from}): drop {c.drop:.4f}, --max-drop {self.max_drop:g}",
-        ]
-        if c.max_score_diff is not None:
-            lines.append(
-                f"scores       max |diff| {c.max_score_diff:.3g}, mean {c.mean_score_diff:.3g} "
-                f"(output {c.scores_from})"
-            )
+        lines += [f"compared on  {self.rows_from}", self._labels_line(), *self._diff_lines()]
         if c.nonfinite_rows:
-            lines.append(f"non-finite   {c.nonfinite_rows} rows have NaN or inf scores")
+            lines.append(f"non-finite   {c.nonfinite_rows} rows have NaN or inf outputs")
         if c.unsafe_rows:
             lines.append(
                 f"float16      {c.unsafe_rows} rows have inputs beyond +-65504, inf once cast "
-                "to float16: counted as differing"
+                f"to float16{': counted as differing' if c.agreeing is not None else ''}"
             )
         lines += [
             f"speed        ONNX Runtime CPU, 1 intra-op thread, batch {SPEED_BATCH}, "
@@ -168,6 +168,35 @@ class OptimizeOutcome:
         ]
         return "\n".join(lines)
 
+    def _labels_line(self) -> str:
+        c = self.comparison
+        if c.agreeing is None:
+            return "labels       none (no label output, one output column): outputs compared"
+        share = c.agreeing / c.rows
+        return (
+            f"labels       {c.agreeing} of {c.rows} agree with FP32 ({100 * share:.2f}%, "
+            f"from {c.labels_from}): drop {1 - share:.4f}, --max-drop {self.max_drop:g}"
+        )
+
+    def _diff_lines(self) -> list[str]:
+        c, v = self.comparison, self.verdict
+        if c.max_score_diff is None or c.mean_score_diff is None:
+            return []
+        bound = {
+            flag: f" (--{flag} {allowed:g})" if allowed is not None else ""
+            for flag, allowed in (
+                ("max-abs-diff", v.max_abs_diff),
+                ("max-mean-abs-diff", v.max_mean_abs_diff),
+            )
+        }
+        line = (
+            f"max |diff| {c.max_score_diff:.3g}{bound['max-abs-diff']}, mean "
+            f"{c.mean_score_diff:.3g}{bound['max-mean-abs-diff']} (output {c.scores_from})"
+        )
+        if c.agreeing is not None:
+            return [f"scores       {line}"]
+        return [f"outputs      {line}", f"{'':13}FP32's outputs reach {c.max_abs_output:.4g}"]
+
 
 def optimize_model(path: Path, options: OptimizeOptions) -> OptimizeOutcome:
     """Convert, compare and, when the drop is within ``max_drop``, write the copy.
@@ -175,8 +204,7 @@ def optimize_model(path: Path, options: OptimizeOptions) -> OptimizeOutcome:
     Raises ConfigError for bad options, rows or a model with nothing to convert;
     EngineError when a model does not load or run.
     """
-    if not 0.0 <= options.max_drop <= 1.0:
-        raise ConfigError(f"--max-drop must be between 0 and 1, not {options.max_drop}")
+    check_tolerances(options.max_drop, options.max_abs_diff, options.max_mean_abs_diff)
     if not options.speed_seconds > 0:
         raise ConfigError(f"--speed-s must be positive, not {options.speed_seconds}")
     if options.calibration is None and options.eval_rows is None:
@@ -203,6 +231,7 @@ def optimize_model(path: Path, options: OptimizeOptions) -> OptimizeOutcome:
             conversion = convert_fp16(model, made, path)
         else:
             conversion = quantize_int8(path, made, calibration, Path(work))
+        check_model_file(made, f"{output} (the {options.mode} copy of {path}; not written)")
         comparison = compare_models(
             reference,
             _engine(made),
@@ -210,9 +239,10 @@ def optimize_model(path: Path, options: OptimizeOptions) -> OptimizeOutcome:
             seconds=options.speed_seconds,
             unsafe=_beyond_float16(compared) if options.mode == "fp16" else None,
         )
-        allowed = math.floor(options.max_drop * comparison.rows + 1e-9)
-        written = comparison.rows - comparison.agreeing <= allowed
-        if written:
+        verdict = judge(
+            comparison, options.max_drop, options.max_abs_diff, options.max_mean_abs_diff
+        )
+        if not verdict.refusals:
             partial = output.with_name(output.name + ".partial")
             shutil.copyfile(made, partial)
             partial.replace(output)
@@ -226,8 +256,7 @@ def optimize_model(path: Path, options: OptimizeOptions) -> OptimizeOutcome:
         comparison=comparison,
         sizes=sizes,
         max_drop=options.max_drop,
-        allowed_rows=allowed,
-        written=written,
+        verdict=verdict,
         speed_seconds=options.speed_seconds,
     )
 
@@ -275,6 +304,7 @@ def convert_fp16(model: Any, output: Path, source: Path) -> Conversion:
     _float_data_to_raw(model)
     before = _weights(model, _FLOAT)
     converted = convert_float_to_float16(model, keep_io_types=True, op_block_list=sorted(blocked))
+    sort_nodes(converted.graph)  # the converter appends its Casts after their readers
     after = _weights(converted, _FLOAT16)
     if not after:
         raise ConfigError(
