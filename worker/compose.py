@@ -117,6 +117,7 @@ def build_worker(
                 p, parts.shadow, shadow_sink, metrics.for_shadow(p.name), hooks=parts.hooks
             )
             background.append(shadow)
+        cache = open_cache(p, config.redis, metrics, parts.engine)
         pipeline = Pipeline(
             p,
             store=parts.store,
@@ -129,7 +130,7 @@ def build_worker(
             on_feature_store=health.feature_store,
             canary=parts.canary,
             shadow=shadow,
-            cache=open_cache(p, config.redis, metrics, parts.engine),
+            cache=cache,
             framed=decoders.get(p.name),
             avro_results=result_encoder(p, schema_registry, parts.engine, parts.plan),
             on_schema_registry=health.schema_registry,
@@ -139,7 +140,8 @@ def build_worker(
         identity = pipeline.slot.for_batch().identity
         shown = show_model(metrics, p.name, identity, parts.engine.providers[0], hide=None)
         serving = LoadedModel(parts.engine, pipeline.plan)
-        watches.append(ModelWatch(p, pipeline.slot, serving, metrics, shown=shown))
+        on_swap = cache.serve if cache is not None else None
+        watches.append(ModelWatch(p, pipeline.slot, serving, metrics, shown=shown, on_swap=on_swap))
     background.insert(0, Reloader(watches, requests=reload_requests))
     calls = CallWatch(on_stall=health.call_stalled)
     if config.delivery == "exactly-once":

@@ -257,7 +257,9 @@ def test_a_reload_under_the_output_cache_never_serves_the_old_models_outputs(
 ) -> None:
     """The same 500 rows four times (ids a, b, c, d), the file replaced and reloaded
     between b and c: a computes with the first model, b is all cached, c computes again
-    with the new model (a cache key holds the model's SHA-256), d is all cached again."""
+    with the new model (a cache key holds the model's SHA-256), d is all cached again.
+    The reload drops the first model's rows from the in-process tier at once, as /metrics
+    shows (entries and bytes 0), and leaves one provider series."""
     topics = fresh_topics(PARTITIONS)
     path = tmp_path / "fraud-mlp.onnx"
     path.write_bytes(models["1"])
@@ -284,14 +286,38 @@ def test_a_reload_under_the_output_cache_never_serves_the_old_models_outputs(
         ]
         check_scores(named, expected, {version})
 
+    def held() -> tuple[float, float]:
+        """The in-process tier's entries and bytes, as /metrics shows them."""
+        exported = scrape_metrics(port)
+        label = (("pipeline", "fraud"),)
+        return (
+            exported[("streamfer_cache_entries", label)],
+            exported[("streamfer_cache_bytes", label)],
+        )
+
     one_round("a", "1", cached=False)
     one_round("b", "1", cached=True)
+    entries, nbytes = held()
+    assert entries == count
+    # a row: a 16-byte key, 176 bytes of overhead and the outputs' JSON (a score or two)
+    assert count * (16 + 176 + 10) < nbytes < count * (16 + 176 + 500)
     _replace(path, models["2"])
     os.kill(worker.pid, signal.SIGHUP)
     wait_for(lambda: reloads(port, "loaded") == 1, 30, "SIGHUP to load the new file")
+    assert held() == (0, 0)  # dropped at the swap, not left to be evicted
     one_round("c", "2", cached=False)
+    entries, nbytes = held()  # the new model's rows only
+    assert entries == count and count * (16 + 176 + 10) < nbytes < count * (16 + 176 + 500)
     one_round("d", "2", cached=True)
     metrics = scrape_metrics(port)
+    providers = [labels for name, labels in metrics if name == "streamfer_inference_provider"]
+    assert providers == [
+        (
+            ("pipeline", "fraud"),
+            ("provider", "CPUExecutionProvider"),
+            ("requested", "CPUExecutionProvider"),
+        )
+    ]
     misses = metrics[("streamfer_cache_misses_total", (("pipeline", "fraud"),))]
     hits = sum(
         v

@@ -405,6 +405,36 @@ def test_repeats_are_served_from_the_cache_and_equal_the_model_exactly(
     assert 0 < counters.get("streamfer_cache_hit_ratio") <= 1
 
 
+MAX_BYTES = 4096
+"""Room for about 15 of the recipe's rows (16-byte key, 176 bytes of overhead, the
+outputs' JSON)."""
+
+
+def test_the_byte_bound_holds_and_its_bytes_are_exported(
+    data: FraudData,
+    session: Any,
+    redis_url: str,
+    serve: Callable[..., Served],
+) -> None:
+    """40 distinct rows through a tier bounded at 4 KiB: what /metrics shows as held is
+    at most the bound and at least the bound less one row, and exactly what the rows
+    left take as the tier counts them; every result stays exact."""
+    served = serve(store(redis_url, data), f"max_entries = 1000\nmax_bytes = {MAX_BYTES}")
+    stream = [request(data, f"d{i}", i) for i in range(40)]
+    got = served.round_trip(stream)
+    assert_exact(session, stream, got)
+    assert not cached_ids(got)
+    costs = {16 + len(orjson.dumps(doc["outputs"])) + 176 for doc in got.values()}
+    counters = served.counters()
+    entries = counters.get("streamfer_cache_entries")
+    held = counters.get("streamfer_cache_bytes")
+    assert 0 < entries < 40
+    assert MAX_BYTES - max(costs) < held <= MAX_BYTES
+    assert entries * min(costs) <= held <= entries * max(costs)
+    assert counters.get("streamfer_cache_evictions_total") == 40 - entries
+    assert counters.get("streamfer_cache_misses_total") == 40
+
+
 # --- the shared Redis tier -------------------------------------------------------------
 
 

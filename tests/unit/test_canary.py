@@ -68,7 +68,14 @@ def test_the_edges_of_percent(percent: float) -> None:
     assert list(mask) == [_expected_bucket(k) < percent * 100 for k in keys]
 
 
-@pytest.mark.parametrize("percent", [0, -1, 100.5])
+def test_just_over_one_bucket_takes_exactly_the_keys_of_bucket_zero() -> None:
+    keys = [f"k{i}".encode() for i in range(50_000)]
+    mask = canary_mask(keys, [""] * len(keys), 0.0101)
+    assert list(mask) == [_expected_bucket(k) == 0 for k in keys]
+    assert mask.any()  # about 5 of 50,000
+
+
+@pytest.mark.parametrize("percent", [0, -1, 100.5, 0.0099])
 def test_a_percent_out_of_range_is_refused(percent: float, tmp_path: Path) -> None:
     spec = ModelSpec(path=random_mlp(tmp_path / "m.onnx"), name="m")
     with pytest.raises(ValueError, match="percent"):

@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from worker.config import BatchPolicy, FeatureSpec, WorkerConfig, load_config, parse_config
+from worker.config import (
+    BatchPolicy,
+    FeatureSpec,
+    WorkerConfig,
+    canary_buckets,
+    load_config,
+    parse_config,
+)
 from worker.errors import ConfigError
 
 VALID_TOML = """
@@ -822,6 +829,31 @@ def test_a_canary_percent_must_be_a_share(
 ) -> None:
     canary = {"model": str(model_file), "version": "2", "percent": percent}
     assert "pipelines[0].canary.percent" in config_error(make_raw(canary=canary))
+
+
+@pytest.mark.parametrize("percent", [0.004, 0.0099])
+def test_a_canary_percent_below_one_bucket_is_refused_naming_the_smallest(
+    make_raw: Callable[..., Raw], model_file: Path, percent: float
+) -> None:
+    """0.004 once validated and then scored no record: 10,000 buckets, none below 0.4."""
+    canary = {"model": str(model_file), "version": "2", "percent": percent}
+    msg = config_error(make_raw(canary=canary))
+    assert "pipelines[0].canary.percent" in msg
+    assert f"{percent} is below 0.01, the smallest share a canary can take" in msg
+    assert "it would score no record" in msg
+
+
+@pytest.mark.parametrize(
+    ("percent", "buckets"),
+    [(0.01, 1), (0.0101, 1), (0.0149, 1), (0.015, 2), (12.345, 1235), (100, 10_000)],
+)
+def test_a_canary_percent_of_a_bucket_or_more_is_honoured_to_the_nearest_bucket(
+    make_raw: Callable[..., Raw], model_file: Path, percent: float, buckets: int
+) -> None:
+    canary = {"model": str(model_file), "version": "2", "percent": percent}
+    spec = parse_config(make_raw(canary=canary), environ={}).pipelines[0].canary
+    assert spec is not None and spec.percent == percent
+    assert canary_buckets(percent) == buckets
 
 
 def test_a_missing_candidate_file_names_its_field(

@@ -25,6 +25,8 @@ from tests.unit.test_pipeline import (
     inline_row,
     req,
 )
+from worker.cache.keys import KEY_BYTES
+from worker.cache.memory import ENTRY_OVERHEAD
 from worker.cache.output_cache import OutputCache, open_cache
 from worker.cli import main
 from worker.config import CacheSpec, FeatureSpec, ModelSpec, PipelineConfig, parse_config
@@ -438,3 +440,64 @@ def test_an_entry_costs_its_bytes_not_an_encoder_buffer(
         tracemalloc.stop()
     assert len(h.cache.memory) == 2000
     assert held / 2000 < 600, f"{held / 2000:.0f} bytes per entry"
+
+
+# --- the byte bound -----------------------------------------------------------------------
+
+
+def row_cost(sent: Sent) -> int:
+    """What a result's row counts against max_bytes: its key, its encoded outputs (the
+    bytes the result embeds) and the tier's cost per entry."""
+    return KEY_BYTES + len(orjson.dumps(sent.body["outputs"])) + ENTRY_OVERHEAD
+
+
+def test_the_bytes_gauge_counts_what_the_entries_take(
+    classifier: DemoModel, store: MemoryStore, onnx_engine: OnnxEngine
+) -> None:
+    h = Harness(classifier, store, onnx_engine)
+    cached, _ = h.run([req(f"a{i}", f"e{i}") for i in range(6)])
+    assert h.sample("streamfer_cache_entries") == 6
+    assert h.sample("streamfer_cache_bytes") == h.cache.memory.nbytes
+    assert h.cache.memory.nbytes == sum(row_cost(s) for s in cached)
+
+
+@pytest.mark.parametrize(("slack", "kept"), [(0, True), (1, True), (-1, False)])
+def test_a_row_just_under_or_at_max_bytes_is_kept_and_one_byte_over_is_not(
+    classifier: DemoModel,
+    store: MemoryStore,
+    onnx_engine: OnnxEngine,
+    slack: int,
+    kept: bool,
+) -> None:
+    probe = Harness(classifier, store, onnx_engine)
+    (first,), _ = probe.run([req("a", "e0")])
+    engine = WrappedEngine(onnx_engine)
+    h = Harness(classifier, store, engine, max_bytes=row_cost(first) + slack)
+    h.run([req("a", "e0")])
+    cached, plain = h.run([req("b", "e0")])  # no error either way, the same result
+    assert flags(cached) == [True if kept else None]
+    assert same_but_cached(cached[0], plain[0])
+    assert h.sample("streamfer_cache_entries") == int(kept)
+    assert h.sample("streamfer_cache_bytes") == (row_cost(first) if kept else 0)
+    assert h.sample("streamfer_cache_evictions_total") == 0
+
+
+def test_bytes_over_max_bytes_evict_the_least_recently_used_rows(
+    classifier: DemoModel, store: MemoryStore, onnx_engine: OnnxEngine
+) -> None:
+    probe = Harness(classifier, store, onnx_engine)
+    sent, _ = probe.run([req(f"a{i}", f"e{i}") for i in range(4)])
+    three = sum(row_cost(s) for s in sent[1:4])
+    h = Harness(classifier, store, onnx_engine, max_bytes=three)
+    h.run([req(f"a{i}", f"e{i}") for i in range(4)])  # e0 leaves for the other three
+    assert h.sample("streamfer_cache_evictions_total") == 1
+    assert h.sample("streamfer_cache_bytes") == three
+    cached, _ = h.run([req("b1", "e1"), req("b0", "e0")])
+    assert flags(cached) == [True, None]
+
+
+def test_max_bytes_zero_without_redis_is_refused(model_file: Path) -> None:
+    raw = raw_config(model_file, cache={"enabled": True, "max_bytes": 0})
+    with pytest.raises(ConfigError, match=r"cache\.max_bytes = 0 and no cache\.redis_ttl_s"):
+        parse_config(raw, environ={})
+    assert CacheSpec().max_bytes == 256 * 2**20

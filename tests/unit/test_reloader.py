@@ -1,6 +1,8 @@
 """Hot reload with real ONNX models: a new version is loaded, checked, warmed and swapped
 in; a broken file, a model that does not fit the pipeline, a file that is not the pinned
-one and a file still being written are not; the live model keeps serving throughout."""
+one, a file still being written and a model another execution provider would serve are
+not; the live model keeps serving throughout. A swap drops the output cache's rows of the
+old model and the old model's provider series."""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.unit.onnx_models import random_mlp
-from worker.config import PipelineConfig, parse_config
+from worker.cache import OutputCache, open_cache
+from worker.config import PipelineConfig, RedisSettings, parse_config
 from worker.inference.engine import file_sha256
 from worker.inference.slot import LiveModel, ModelIdentity, ModelSlot
 from worker.models.parts import load_model
@@ -46,6 +49,7 @@ class Served:
     watch: ModelWatch
     metrics: Metrics
     clock: Clock
+    cache: OutputCache | None = None
     shas: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -58,14 +62,22 @@ class Served:
         )
         return value or 0.0
 
-    def info(self) -> list[tuple[str, str]]:
-        """(version, sha256) of every streamfer_model_info series."""
+    def series(self, family: str, *labels: str) -> list[tuple[str, ...]]:
+        """``labels`` of every series of ``family``."""
         return [
-            (s.labels["version"], s.labels["sha256"])
-            for family in self.metrics.registry.collect()
-            if family.name == "streamfer_model_info"
-            for s in family.samples
+            tuple(s.labels[name] for name in labels)
+            for f in self.metrics.registry.collect()
+            if f.name == family
+            for s in f.samples
         ]
+
+    def info(self) -> list[tuple[str, ...]]:
+        """(version, sha256) of every streamfer_model_info series."""
+        return self.series("streamfer_model_info", "version", "sha256")
+
+    def providers(self) -> list[tuple[str, ...]]:
+        """(provider, requested) of every streamfer_inference_provider series."""
+        return self.series("streamfer_inference_provider", "provider", "requested")
 
 
 def _model(path: Path, seed: int, **kw: Any) -> Path:
@@ -84,7 +96,12 @@ def _serve(
     *,
     settle_s: float = SETTLE_S,
     clock: Callable[[], float] | None = None,
+    served_on: str | None = None,
+    cache: dict[str, Any] | None = None,
 ) -> Served:
+    """What ``build_worker`` builds for one pipeline. ``served_on`` names the provider
+    the live engine says it serves on (this machine has only the CPU: a real engine
+    loaded here, whose ``provider`` is set as a GPU host's would read)."""
     raw = {
         "pipelines": [
             {
@@ -95,20 +112,34 @@ def _serve(
                 "features": {"fields": FIELDS},
                 "batch": {"max_batch_size": 8},
                 "model": {"name": "m", **model},
+                **({"cache": cache} if cache is not None else {}),
             }
         ]
     }
     config = parse_config(raw, environ={}).pipelines[0]
     metrics = Metrics(CollectorRegistry())
     loaded = load_model(config, config.model)
+    if served_on is not None:
+        loaded.engine.provider = served_on
+    metrics.inference_provider.labels("p", loaded.engine.provider, config.model.providers[0]).set(
+        1
+    )  # as open_parts does
     slot = ModelSlot(LiveModel.of(config.model, loaded.engine))
     identity = slot.for_batch().identity
     shown = show_model(metrics, "p", identity, loaded.engine.providers[0], hide=None)
+    built = open_cache(config, RedisSettings(), metrics, loaded.engine)
     fake = Clock()
     watch = ModelWatch(
-        config, slot, loaded, metrics, shown=shown, settle_s=settle_s, clock=clock or fake
+        config,
+        slot,
+        loaded,
+        metrics,
+        shown=shown,
+        settle_s=settle_s,
+        clock=clock or fake,
+        on_swap=built.serve if built is not None else None,
     )
-    return Served(config, slot, watch, metrics, fake)
+    return Served(config, slot, watch, metrics, fake, built)
 
 
 @pytest.fixture
@@ -357,3 +388,84 @@ def test_a_request_waits_for_a_file_that_is_settling(tmp_path: Path) -> None:
     os.replace(_model(tmp_path / "next.onnx", seed=2), path)  # written just now
     assert Reloader([served.watch], settle_s=0.2).check_now() == {"p": Look.LOADED}
     assert served.slot.for_batch().identity.sha256 == file_sha256(path)
+
+
+# --- the execution provider -------------------------------------------------------------
+
+GPU_FIRST = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+"""Requested as on a GPU host; here CUDA is not available, so a model loaded for real
+falls back to the CPU, as it would on a GPU host whose CUDA libraries broke."""
+
+
+def test_a_version_another_provider_would_serve_is_refused_and_the_live_one_serves(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    served = _serve({"path": str(root), "providers": GPU_FIRST}, served_on="CUDAExecutionProvider")
+    live = served.slot.for_batch()
+    _age(_model(root / "2" / "model.onnx", seed=2))
+    with caplog.at_level(logging.ERROR, logger="worker.models.reloader"):
+        assert served.watch.look() is Look.REFUSED
+    assert served.slot.for_batch() is live and served.version == "1"
+    assert served.reloads("refused") == 1 and served.reloads("loaded") == 0
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "worker.models.reloader"]
+    assert (
+        "model version 2 at" in line
+        and "refused (it would be served by CPUExecutionProvider, the live model by "
+        "CUDAExecutionProvider; set model.allow_provider_change = true to allow that)"
+        in line
+        and "version 1 keeps serving" in line
+    )
+    assert served.providers() == [("CUDAExecutionProvider", "CUDAExecutionProvider")]
+    assert served.watch.look() is Look.IDLE  # not tried again until the file changes
+
+
+def test_a_provider_change_is_served_when_allowed_and_the_old_series_goes(root: Path) -> None:
+    model = {"path": str(root), "providers": GPU_FIRST, "allow_provider_change": True}
+    served = _serve(model, served_on="CUDAExecutionProvider")
+    assert served.providers() == [("CUDAExecutionProvider", "CUDAExecutionProvider")]
+    _age(_model(root / "2" / "model.onnx", seed=2))
+    assert served.watch.look() is Look.LOADED
+    assert served.version == "2" and served.reloads("loaded") == 1
+    assert served.providers() == [("CPUExecutionProvider", "CUDAExecutionProvider")]
+
+
+def test_a_reload_on_the_same_provider_keeps_one_provider_series(root: Path) -> None:
+    served = _serve({"path": str(root), "providers": GPU_FIRST})
+    for version in ("2", "3"):
+        _age(_model(root / version / "model.onnx", seed=int(version)))
+        assert served.watch.look() is Look.LOADED
+    assert served.version == "3"
+    assert served.providers() == [("CPUExecutionProvider", "CUDAExecutionProvider")]
+
+
+# --- the output cache --------------------------------------------------------------------
+
+
+def test_a_swap_drops_the_old_models_cached_rows_and_a_refusal_keeps_them(root: Path) -> None:
+    served = _serve({"path": str(root)}, cache={"enabled": True})
+    cache = served.cache
+    assert cache is not None
+    old = served.slot.for_batch().engine
+    rows = [(bytes([i]) * 16, b'{"probabilities":[0.5,0.5]}') for i in range(5)]
+    cache.memory.put_many(rows, cache.namespace_of(old))
+    assert len(cache.memory) == 5
+
+    broken = root / "2" / "model.onnx"
+    broken.parent.mkdir()
+    broken.write_bytes(b"not a model")
+    _age(broken)
+    assert served.watch.look() is Look.REFUSED
+    assert len(cache.memory) == 5  # the live model's rows stay
+
+    _age(_model(root / "3" / "model.onnx", seed=3))
+    assert served.watch.look() is Look.LOADED
+    assert len(cache.memory) == 0 and cache.memory.nbytes == 0
+    gauge = served.metrics.registry.get_sample_value
+    assert gauge("streamfer_cache_entries", {"pipeline": "p"}) == 0
+    assert gauge("streamfer_cache_bytes", {"pipeline": "p"}) == 0
+    # a batch that ran on the old model and settles now keeps nothing
+    cache.memory.put_many(rows, cache.namespace_of(old))
+    assert len(cache.memory) == 0
+    new = served.slot.for_batch().engine
+    cache.memory.put_many(rows, cache.namespace_of(new))
+    assert len(cache.memory) == 5

@@ -20,8 +20,12 @@ three steps, each on the stage thread that already does that kind of work:
 A cached row's result is the uncached one's byte for byte (its ``outputs`` are the very
 bytes encoded when the model computed them), plus ``"cached": true``. A model whose
 SHA-256 changes between ``look_up`` and ``to_run`` (a reload) gets new keys and only
-in-process hits. Counters: hits by tier (memory, redis, batch), misses, evictions,
-Redis errors, unreadable values; the hit ratio over the last 100 batches.
+in-process hits. At a reload ``serve`` drops the in-process entries of the model that
+served before (they could never be hit again, only take memory until evicted), from the
+reloader's thread; its Redis entries are left to expire after ``redis_ttl_s``: workers
+that have not reloaded yet still read them, and no other key reaches them. Counters:
+hits by tier (memory, redis, batch), misses, evictions, Redis errors, unreadable values;
+gauges: the in-process entries and their bytes, the hit ratio over the last 100 batches.
 """
 
 from __future__ import annotations
@@ -77,7 +81,8 @@ class CachedRows:
 
 
 class OutputCache:
-    """One pipeline's cache. ``namespace_of`` gives the key namespace for an engine."""
+    """One pipeline's cache, for the model of ``engine`` until ``serve`` names another.
+    ``namespace_of`` gives the key namespace for an engine."""
 
     def __init__(
         self,
@@ -86,31 +91,48 @@ class OutputCache:
         redis: RedisCacheTier | None,
         metrics: CacheMetrics,
         config: PipelineConfig,
+        engine: InferenceEngine,
     ) -> None:
         self.memory = memory
         self.redis = redis
         self._m = metrics
+        self._name = config.name
         self._model = config.model
-        self._namespaces: dict[str, bytes] = {}
+        self._namespaces: dict[tuple[str, str | None], bytes] = {}
+        memory.serve_only(self.namespace_of(engine))
         self._window: collections.deque[tuple[int, int]] = collections.deque(maxlen=RATIO_WINDOW)
         self._window_hits = 0
         self._window_rows = 0
 
     def namespace_of(self, engine: InferenceEngine) -> bytes:
-        sha = engine.model_hash
-        namespace = self._namespaces.get(sha)
+        served_by = getattr(engine, "provider", None)
+        provider = served_by if isinstance(served_by, str) else None
+        namespace = self._namespaces.get((engine.model_hash, provider))
         if namespace is None:
-            provider = getattr(engine, "provider", None)
             fields = getattr(engine, "outputs", None)
             namespace = model_namespace(
-                sha,
+                engine.model_hash,
                 fields=list(fields) if isinstance(fields, Mapping) else None,
                 class_names=self._model.class_names,
-                provider=provider if isinstance(provider, str) else None,
+                provider=provider,
                 fp16=self._model.tensorrt.fp16 and provider == "TensorrtExecutionProvider",
             )
-            self._namespaces[sha] = namespace
+            self._namespaces[(engine.model_hash, provider)] = namespace
         return namespace
+
+    def serve(self, engine: InferenceEngine) -> None:
+        """Keep only ``engine``'s rows in process from now on (the reloader, once it has
+        swapped ``engine`` in): the previous model's entries are dropped at once."""
+        dropped = self.memory.serve_only(self.namespace_of(engine))
+        self._m.entries.set(len(self.memory))
+        self._m.bytes.set(self.memory.nbytes)
+        if dropped:
+            log.info(
+                "pipeline %s: output cache dropped the previous model's %d in-process "
+                "entries; its Redis entries expire with their TTL",
+                self._name,
+                dropped,
+            )
 
     def look_up(self, feeds: Mapping[str, npt.NDArray[Any]], engine: InferenceEngine) -> CachedRows:
         """Keys for the batch's rows and what either tier holds for them. Never raises
@@ -125,9 +147,8 @@ class OutputCache:
             if fetch.found:
                 rows.found.update(fetch.found)
                 rows.redis_hits = len(fetch.found)
-                self._evicted(
-                    self.memory.put_many({keys[r]: v for r, v in fetch.found.items()}.items())
-                )
+                promoted = {keys[r]: v for r, v in fetch.found.items()}.items()
+                self._evicted(self.memory.put_many(promoted, namespace))
         return rows
 
     def to_run(
@@ -191,7 +212,7 @@ class OutputCache:
                 reused[r] = encoded[earlier] is not None
                 if earlier in rows.failed:
                     rows.failed[r] = rows.failed[earlier]
-            self._evicted(self.memory.put_many(rows.fresh))
+            self._evicted(self.memory.put_many(rows.fresh, rows.namespace))
         rows.encoded, rows.reused = encoded, reused
         self._count(rows, n)
 
@@ -218,6 +239,7 @@ class OutputCache:
         if n - hits:
             m.misses.inc(n - hits)
         m.entries.set(len(self.memory))
+        m.bytes.set(self.memory.nbytes)
         window = self._window
         if len(window) == window.maxlen:
             old_hits, old_rows = window[0]
@@ -257,13 +279,18 @@ def open_cache(
             where=f"pipeline {config.name}: output cache",
         )
     log.info(
-        "pipeline %s: output cache on (%d entries in process%s)",
+        "pipeline %s: output cache on (%d entries, %.1f MiB in process%s)",
         config.name,
         spec.max_entries,
+        spec.max_bytes / 2**20,
         f", Redis for {spec.redis_ttl_s} s under {spec.redis_key_prefix!r}"
         if tier is not None
         else "",
     )
     return OutputCache(
-        memory=MemoryTier(spec.max_entries), redis=tier, metrics=metrics, config=config
+        memory=MemoryTier(spec.max_entries, spec.max_bytes),
+        redis=tier,
+        metrics=metrics,
+        config=config,
+        engine=engine,
     )

@@ -10,7 +10,13 @@ Every value is validated at start-up; a bad one raises ``ConfigError`` whose mes
 the field. Secrets are ``SecretStr`` and never print, and no error message quotes one.
 """
 
-from worker.config.candidates import CanarySpec, CandidateSpec, ShadowSpec
+from worker.config.candidates import (
+    CANARY_BUCKETS,
+    CanarySpec,
+    CandidateSpec,
+    ShadowSpec,
+    canary_buckets,
+)
 from worker.config.connections import KafkaSettings, RedisSettings
 from worker.config.inputs import FeatureSpec, LookupSpec, MissingPolicy, RequestMapping
 from worker.config.loading import ENV_PREFIX, load_config, parse_config
@@ -32,6 +38,7 @@ from worker.config.targets import import_target
 from worker.config.worker_config import MetricsSettings, WorkerConfig, is_loopback
 
 __all__ = [
+    "CANARY_BUCKETS",
     "ENV_PREFIX",
     "LIBRDKAFKA_SECRET_OPTIONS",
     "PRIORITY_NAMES",
@@ -56,6 +63,7 @@ __all__ = [
     "ShadowSpec",
     "TensorrtOptions",
     "WorkerConfig",
+    "canary_buckets",
     "import_target",
     "is_loopback",
     "list_versions",

@@ -4,14 +4,27 @@ of the records instead, and a shadow that scores a copy of every batch. Each is 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from worker.config.base import Frozen
 from worker.config.model_spec import ModelSpec
 
-__all__ = ["CanarySpec", "CandidateSpec", "ShadowSpec"]
+__all__ = ["CANARY_BUCKETS", "CanarySpec", "CandidateSpec", "ShadowSpec", "canary_buckets"]
+
+CANARY_BUCKETS = 10_000
+"""Record keys hash into this many buckets; a canary takes a whole number of them, so
+its smallest share is one bucket: 0.01 percent."""
+_SMALLEST_PERCENT = 100 / CANARY_BUCKETS
+
+
+def canary_buckets(percent: float) -> int:
+    """The buckets a canary of ``percent`` takes: ``percent`` x 100, rounded to the
+    nearest whole bucket (half up), so 12.345 takes 1,235 of 10,000; the float product's
+    last bits are rounded away first (12.345 x 100 is 1234.4999999999998)."""
+    return math.floor(round(percent * CANARY_BUCKETS / 100, 6) + 0.5)
 
 
 class CandidateSpec(Frozen):
@@ -44,9 +57,20 @@ class CandidateSpec(Frozen):
 class CanarySpec(CandidateSpec):
     """``[pipelines.canary]``: the records whose key hashes into the first ``percent`` of
     10,000 buckets (``worker.pipeline.canary``) are scored by this model instead, and their
-    results, published like the others, name it."""
+    results, published like the others, name it. ``percent`` is honoured to the nearest
+    bucket (0.01); a percent below one bucket would score no record and is refused."""
 
     percent: float = Field(gt=0, le=100)
+
+    @field_validator("percent")
+    @classmethod
+    def _takes_a_bucket(cls, percent: float) -> float:
+        if percent < _SMALLEST_PERCENT:
+            raise ValueError(
+                f"{percent:g} is below {_SMALLEST_PERCENT:g}, the smallest share a canary "
+                f"can take (one of {CANARY_BUCKETS:,} key buckets): it would score no record"
+            )
+        return percent
 
 
 class ShadowSpec(CandidateSpec):

@@ -90,6 +90,10 @@ class ModelSpec(Frozen):
     (``worker.models.reloader``). None: on when ``path`` is a directory of versions, off for a
     file (which SIGHUP or ``POST /reload`` still make the worker look at)."""
     reload_poll_s: float = Field(default=3.0, gt=0, le=3600)
+    allow_provider_change: bool = False
+    """False: a new version that would be served by another execution provider than the
+    live one (a CUDA model whose next version falls back to the CPU) is refused at the
+    reload, and the live one keeps serving."""
     version_dir: Path | None = None
     """Set when the config is loaded, never written: the directory of numbered versions
     that ``path`` named, when the worker follows its highest version (``path`` then

@@ -79,15 +79,20 @@ class HooksSpec(Frozen):
 
 class CacheSpec(Frozen):
     """The output cache (``worker.cache.output_cache``): a row whose model inputs were seen
-    before gets the outputs computed then, without the model. ``max_entries`` rows are
-    kept in process (least recently used first out; 0: none); with ``redis_ttl_s`` they
-    are also shared through the worker's Redis for that many seconds, under
-    ``redis_key_prefix``, so other workers and restarts find them. The Redis tier is an
-    optimisation: a round trip that fails or takes over ``redis_timeout_ms`` counts as
-    misses, and the tier rests for a while, without holding the batch up."""
+    before gets the outputs computed then, without the model. Up to ``max_entries`` rows
+    taking up to ``max_bytes`` are kept in process (least recently used first out, once
+    either bound is passed; a row larger than ``max_bytes`` alone is not kept; 0: none),
+    and a reload drops the previous model's. With ``redis_ttl_s`` they are also shared
+    through the worker's Redis for that many seconds, under ``redis_key_prefix``, so
+    other workers and restarts find them. The Redis tier is an optimisation: a round
+    trip that fails or takes over ``redis_timeout_ms`` counts as misses, and the tier
+    rests for a while, without holding the batch up."""
 
     enabled: bool = False
     max_entries: int = Field(default=100_000, ge=0, le=100_000_000)
+    max_bytes: int = Field(default=256 * 2**20, ge=0, le=2**40)
+    """What the in-process entries may take, counted as keys and values plus about 176
+    bytes each (``worker.cache.memory``); 256 MiB holds about 17,000 rows of 768 floats."""
     redis_ttl_s: int | None = Field(default=None, ge=1, le=365 * 86_400)
     redis_key_prefix: str = Field(default="streamfer:cache:", min_length=1, max_length=200)
     redis_timeout_ms: float = Field(default=250.0, gt=0, le=60_000)
@@ -270,9 +275,10 @@ class PipelineConfig(Frozen):
                 f"cache.enabled = true with a {' and a '.join(beside)}: their results are "
                 "published and compared per model, the cache's per input; turn one off"
             )
-        if cache.max_entries == 0 and cache.redis_ttl_s is None:
+        bound = next((b for b in ("max_entries", "max_bytes") if not getattr(cache, b)), None)
+        if bound is not None and cache.redis_ttl_s is None:
             raise ValueError(
-                "cache.enabled = true with cache.max_entries = 0 and no cache.redis_ttl_s: "
+                f"cache.enabled = true with cache.{bound} = 0 and no cache.redis_ttl_s: "
                 "the cache has nowhere to keep anything"
             )
         return self

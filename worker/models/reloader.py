@@ -14,11 +14,16 @@ a pinned ``sha256`` refuses a changed file, the config must fit its inputs, ever
 bucket runs once), on this thread, beside the batches being served: it costs CPU (or
 device memory: two sessions exist while it warms) but never holds a batch up. It must
 feed like the live model (the same inputs fed by the same features, the same result
-fields), because batches already enriched for the live model may run on it. Only then
-does ``ModelSlot.swap`` make it serve, from the next batch on. A candidate that fails
-any step is refused: logged once, counted, and not tried again until it changes; the
-live model keeps serving. ``streamfer_model_reloads_total{pipeline,result}`` counts both
-outcomes and ``streamfer_model_info`` follows the live model.
+fields), because batches already enriched for the live model may run on it; and, unless
+``model.allow_provider_change``, it must be served by the same execution provider (a
+model that served on CUDA is not replaced by one that fell back to the CPU, many times
+slower). Only then does ``ModelSlot.swap`` make it serve, from the next batch on, and
+``on_swap`` hears of it (the output cache drops the old model's rows). A candidate that
+fails any step is refused: logged once, counted, and not tried again until it changes
+(a refused provider change too: replace or touch the file, or restart, to try again);
+the live model keeps serving. ``streamfer_model_reloads_total{pipeline,result}`` counts
+both outcomes; ``streamfer_model_info`` and ``streamfer_inference_provider`` follow the
+live model (the old model's series are removed).
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from enum import Enum
 from pathlib import Path
 
 from worker.config import ModelSpec, PipelineConfig, list_versions
-from worker.inference import LiveModel, ModelIdentity, ModelSlot, file_sha256
+from worker.errors import EngineError
+from worker.inference import InferenceEngine, LiveModel, ModelIdentity, ModelSlot, file_sha256
 from worker.models.fit import ModelFit
 from worker.models.parts import LoadedModel, load_model
 from worker.ops import Metrics
@@ -51,6 +57,8 @@ _REFUSED_KEPT = 64
 Load = Callable[[PipelineConfig, ModelSpec], LoadedModel]
 Labels = tuple[str, str, str, str, str]
 """``streamfer_model_info``'s labels: pipeline, name, version, sha256, provider."""
+ProviderLabels = tuple[str, str, str]
+"""``streamfer_inference_provider``'s labels: pipeline, provider, requested."""
 
 
 class Look(Enum):
@@ -98,7 +106,8 @@ def show_model(
 class ModelWatch:
     """One pipeline's model source and what was last seen of it. ``look`` is called by
     one thread at a time (the reloader's); ``serving`` is the model the pipeline started
-    with and its feed plan, which every new version must match."""
+    with and its feed plan, which every new version must match, and on whose provider
+    it serves. ``on_swap`` is called with each engine swapped in, on that thread."""
 
     def __init__(
         self,
@@ -112,6 +121,7 @@ class ModelWatch:
         settle_s: float = SETTLE_S,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        on_swap: Callable[[InferenceEngine], None] | None = None,
     ) -> None:
         self._config = config
         self._slot = slot
@@ -122,6 +132,12 @@ class ModelWatch:
         self._clock = clock
         self._wall = wall
         self._shown = shown
+        self._on_swap = on_swap
+        self._provider: ProviderLabels = (
+            config.name,
+            serving.engine.provider,
+            config.model.providers[0],
+        )
         self._loaded = metrics.model_reloads.labels(config.name, "loaded")
         self._refused_count = metrics.model_reloads.labels(config.name, "refused")
         self._live: Fingerprint | None = None
@@ -191,6 +207,7 @@ class ModelWatch:
         try:
             loaded = self._load(self._config, spec)
             self._fit.check(ModelFit.of(loaded), "the live model's")
+            self._same_provider(loaded.engine.provider)
         except Exception as exc:  # onnxruntime raises its own untyped errors too
             return self._refuse(found, live, exc)
         if fingerprint(found.version, found.path) != found:
@@ -202,8 +219,9 @@ class ModelWatch:
         self._shown = show_model(
             self._metrics, self.name, model, engine.providers[0], hide=self._shown
         )
-        providers = self._metrics.inference_provider
-        providers.labels(self.name, engine.provider, spec.providers[0]).set(1)
+        self._show_provider((self.name, engine.provider, spec.providers[0]))
+        if self._on_swap is not None:
+            self._on_swap(engine)
         self._loaded.inc()
         log.info(
             "pipeline %s: model %s version %s (sha256 %s) loaded, checked and warmed in "
@@ -217,6 +235,25 @@ class ModelWatch:
             live.sha256[:12],
         )
         return Look.LOADED
+
+    def _same_provider(self, provider: str) -> None:
+        """Raise EngineError when ``provider`` is not the live model's and the config
+        does not allow that."""
+        live = self._provider[1]
+        if provider != live and not self._config.model.allow_provider_change:
+            raise EngineError(
+                f"it would be served by {provider}, the live model by {live}; set "
+                "model.allow_provider_change = true to allow that"
+            )
+
+    def _show_provider(self, labels: ProviderLabels) -> None:
+        """Set ``streamfer_inference_provider`` for the new engine, the old one's gone."""
+        gauge = self._metrics.inference_provider
+        if labels != self._provider:
+            with contextlib.suppress(KeyError):
+                gauge.remove(*self._provider)
+        gauge.labels(*labels).set(1)
+        self._provider = labels
 
     def _refuse(self, found: Fingerprint, live: ModelIdentity, exc: Exception) -> Look:
         self._refused[found] = None

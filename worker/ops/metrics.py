@@ -96,6 +96,7 @@ class CacheMetrics:
     misses: Counter
     evictions: Counter
     entries: Gauge
+    bytes: Gauge
     hit_ratio: Gauge
     redis_errors: Counter
     corrupt_values: Counter
@@ -351,13 +352,20 @@ class Metrics:
         self.cache_evictions = Counter(
             "streamfer_cache_evictions",
             "Least recently used entries the in-process output cache dropped to stay "
-            "within max_entries",
+            "within max_entries and max_bytes",
             ["pipeline"],
             registry=r,
         )
         self.cache_entries = Gauge(
             "streamfer_cache_entries",
             "Entries held by the in-process output cache",
+            ["pipeline"],
+            registry=r,
+        )
+        self.cache_bytes = Gauge(
+            "streamfer_cache_bytes",
+            "Bytes the in-process output cache's entries take (keys, values and the "
+            "map's own cost per entry), bounded by max_bytes",
             ["pipeline"],
             registry=r,
         )
@@ -394,6 +402,7 @@ class Metrics:
             misses=self.cache_misses.labels(name),
             evictions=self.cache_evictions.labels(name),
             entries=self.cache_entries.labels(name),
+            bytes=self.cache_bytes.labels(name),
             hit_ratio=self.cache_hit_ratio.labels(name),
             redis_errors=self.cache_errors.labels(name, "redis"),
             corrupt_values=self.cache_errors.labels(name, "corrupt"),
@@ -481,6 +490,7 @@ METRIC_NAMES = (
     "streamfer_cache_misses_total",
     "streamfer_cache_evictions_total",
     "streamfer_cache_entries",
+    "streamfer_cache_bytes",
     "streamfer_cache_hit_ratio",
     "streamfer_cache_errors_total",
 )
