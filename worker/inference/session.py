@@ -5,9 +5,11 @@ The providers this onnxruntime lacks are left out (when none is left, ``EngineEr
 says why each is missing), the session loads with the options
 ``worker.inference.providers`` builds, and the first requested provider the session
 really has serves; a warning says why each one asked for before it does not, and how to
-install a runtime that has it. An older TensorRT provider that refuses the explicit shape
-profiles gets the session again without them. Everything here runs once per model, on the
-thread that loads it (``worker.inference.engine``); nothing here runs a batch.
+install a runtime that has it. Before a GPU session opens, the CUDA and cuDNN libraries of
+NVIDIA's wheels are loaded (``worker.inference.gpu_libraries``). An older TensorRT provider
+that refuses the explicit shape profiles gets the session again without them. Everything
+here runs once per model, on the thread that loads it (``worker.inference.engine``);
+nothing here runs a batch.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 from worker.config import ModelSpec
 from worker.errors import EngineError
+from worker.inference.gpu_libraries import preload
 from worker.inference.providers import (
     GPU_PROVIDERS,
     TENSORRT,
@@ -125,6 +128,9 @@ def open_session(spec: ModelSpec, sizes: Sequence[int]) -> ModelSession:
     trt_cache = spec.tensorrt.engine_cache_dir if TENSORRT in chain else None
     cached = _files(trt_cache) if trt_cache is not None else frozenset()
     providers = provider_options(spec, chain, batch_sizes=sizes, inputs=shapes)
+    if any(p in GPU_PROVIDERS for p in chain):
+        for line in preload(ort):
+            log.warning("model %s: loading NVIDIA's libraries: %s", path.name, line)
     started = time.perf_counter()
     session = _session(path, options, providers)
     served: list[str] = session.get_providers()
