@@ -1,6 +1,6 @@
 """Opening a model's session on a GPU runtime, simulated on the CPU: the CUDA provider
 whose libraries are missing (the fallback warning and the refusal name them), NVIDIA's
-wheels loaded first.
+wheels loaded first, and the TensorRT engine cache locked while the session opens.
 
 ONNX Runtime here is the CPU build; the tests make it look like onnxruntime-gpu for CUDA
 12 (its providers listed, its ``cuda_version``, a provider library in its folder), the
@@ -8,6 +8,7 @@ loader refuse chosen libraries, and the session open on the CPU."""
 
 from __future__ import annotations
 
+import fcntl
 import logging
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,9 +18,10 @@ import onnxruntime
 import pytest
 
 from streamfer_dev.modelgen import DemoModel
-from worker.config import ModelSpec
+from worker.config import ModelSpec, TensorrtOptions
 from worker.errors import EngineError
 from worker.inference import gpu_libraries, providers, session
+from worker.inference.engine_lock import LOCK_FILE
 from worker.inference.providers import CPU, CUDA, TENSORRT
 from worker.inference.session import open_session
 
@@ -100,10 +102,50 @@ def test_without_a_cpu_fallback_the_refusal_names_the_missing_library(
         open_session(spec, [1, 8])
 
 
-def test_a_cpu_only_model_does_not_preload(
+def test_the_tensorrt_engine_cache_is_locked_while_the_session_opens(
+    classifier: DemoModel,
+    gpu_runtime: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cache = tmp_path / "engines"
+    held: list[bool] = []
+
+    def build(path: Path, options: Any, chain: Any) -> Any:
+        with (cache / LOCK_FILE).open("a") as other:  # another open file: flock conflicts
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held.append(True)
+        (cache / "m_engine.trt").write_bytes(b"engine")
+        return SimpleNamespace(get_providers=lambda: [TENSORRT, CPU])
+
+    monkeypatch.setattr(session, "_session", build)
+    spec = ModelSpec(
+        path=classifier.path,
+        name="m",
+        providers=[TENSORRT, CPU],
+        tensorrt=TensorrtOptions(engine_cache_dir=cache),
+    )
+    opened = open_session(spec, [1, 8])
+    assert held == [True], "the session opened without the cache's lock"
+    assert opened.provider == TENSORRT
+    assert opened.engine_cache is not None
+    assert opened.engine_cache.before == frozenset()  # the lock file is not an engine
+    with (cache / LOCK_FILE).open("a") as after:
+        fcntl.flock(after, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released: does not raise
+
+
+def test_a_cpu_only_model_neither_preloads_nor_locks(
     classifier: DemoModel, gpu_runtime: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     on_the_cpu(monkeypatch)
-    spec = ModelSpec(path=classifier.path, name="m", providers=[CPU])
+    cache = tmp_path / "engines"
+    spec = ModelSpec(
+        path=classifier.path,
+        name="m",
+        providers=[CPU],
+        tensorrt=TensorrtOptions(engine_cache_dir=cache),
+    )
     assert open_session(spec, [1, 8]).provider == CPU
-    assert gpu_runtime == []
+    assert gpu_runtime == [] and not cache.exists()
