@@ -31,8 +31,10 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "GPU_CUDA_MAJOR",
     "GPU_DISTRIBUTION",
     "GPU_RUNTIME",
+    "GPU_RUNTIME_REQUIREMENT",
     "IMAGE_CUDA_MAJOR",
     "IMAGE_GPU_RUNTIME_VERSION",
     "gpu_lock",
@@ -46,13 +48,25 @@ CPU_DISTRIBUTION = "streamfer"
 GPU_DISTRIBUTION = "streamfer-gpu"
 CPU_RUNTIME = "onnxruntime"
 GPU_RUNTIME = "onnxruntime-gpu"
-# onnxruntime-gpu on PyPI: 1.18 is built for CUDA 11.8, 1.19 to 1.26 for CUDA 12 with
-# cuDNN 9, 1.27 and later for CUDA 13. The floor is the first CUDA 12 build.
-GPU_RUNTIME_FLOOR = (1, 19)
-# Dockerfile.gpu's runtime: the newest PyPI build for CUDA 12 (12.8, cuDNN 9, TensorRT 10),
-# which runs on a wider range of drivers than the CUDA 13 builds (r580+).
+# onnxruntime-gpu on PyPI (read from each release's metadata): 1.18 is built for CUDA 11.8,
+# 1.19 to 1.26 for CUDA 12 with cuDNN 9, 1.27 and later for CUDA 13. From 1.21 on it has the
+# extras `cuda` (nvidia-cuda-runtime, -nvrtc, -cufft, -curand) and `cudnn` (nvidia-cudnn,
+# which brings nvidia-cublas), NVIDIA's runtime libraries as wheels, and
+# onnxruntime.preload_dlls() to load them: a host with only the NVIDIA driver then serves
+# on CUDA. The range is the CUDA 12 builds that have them: CUDA 12 runs on r535 and newer
+# drivers (r580 included); the CUDA 13 builds would need r580+.
+GPU_RUNTIME_FLOOR = (1, 21)
+GPU_RUNTIME_CEILING = (1, 27)
+GPU_RUNTIME_EXTRAS = "cuda,cudnn"
+GPU_CUDA_MAJOR = 12
+# Dockerfile.gpu's runtime: the newest of that range (12.8, cuDNN 9, TensorRT 10). The image
+# takes CUDA and cuDNN from its nvidia/cuda base, so its lock holds no NVIDIA wheels.
 IMAGE_GPU_RUNTIME_VERSION = "1.26.0"
-IMAGE_CUDA_MAJOR = 12
+IMAGE_CUDA_MAJOR = GPU_CUDA_MAJOR
+GPU_RUNTIME_REQUIREMENT = (
+    f"{GPU_RUNTIME}[{GPU_RUNTIME_EXTRAS}]>={'.'.join(map(str, GPU_RUNTIME_FLOOR))},"
+    f"<{'.'.join(map(str, GPU_RUNTIME_CEILING))}"
+)
 LOCK_HEADER = (
     "# The GPU image's runtime dependencies (Dockerfile.gpu): constraints.txt with {cpu}\n"
     "# swapped for {gpu}=={version}, the newest {gpu} built for CUDA {cuda}.\n"
@@ -69,8 +83,9 @@ def _canonical(name: str) -> str:
 
 
 def _gpu_requirement(requirement: str) -> str:
-    """``onnxruntime>=1.18; m`` -> ``onnxruntime-gpu>=1.19; m``; ``streamfer[demo]`` ->
-    ``streamfer-gpu[demo]``; anything else as it is."""
+    """``onnxruntime>=1.18; m`` -> ``onnxruntime-gpu[cuda,cudnn]>=1.21,<1.27; m`` (a CPU
+    floor above 1.21 is kept); ``streamfer[demo]`` -> ``streamfer-gpu[demo]``; anything
+    else as it is."""
     match = _REQUIREMENT.fullmatch(requirement.strip())
     if match is None:
         raise SystemExit(f"build_gpu_dist: cannot read the requirement {requirement!r}")
@@ -87,7 +102,13 @@ def _gpu_requirement(requirement: str) -> str:
             "script knows how to carry over to the GPU runtime"
         )
     version = max((int(floor[1]), int(floor[2])), GPU_RUNTIME_FLOOR)
-    return f"{GPU_RUNTIME}>={version[0]}.{version[1]}{sep}{marker}"
+    if version >= GPU_RUNTIME_CEILING:
+        raise SystemExit(
+            f"build_gpu_dist: {requirement!r} is above the CUDA {GPU_CUDA_MAJOR} builds of "
+            f"{GPU_RUNTIME} (below {'.'.join(map(str, GPU_RUNTIME_CEILING))}): move the range"
+        )
+    ceiling = ".".join(map(str, GPU_RUNTIME_CEILING))
+    return f"{GPU_RUNTIME}[{GPU_RUNTIME_EXTRAS}]>={version[0]}.{version[1]},<{ceiling}{sep}{marker}"
 
 
 def _expected(cpu: dict[str, Any]) -> dict[str, Any]:
@@ -164,6 +185,12 @@ def gpu_lock(cpu_lock: str) -> str:
     pins = _pins(cpu_lock)
     if CPU_RUNTIME not in {name for name, _ in pins}:
         raise SystemExit(f"build_gpu_dist: constraints.txt pins no {CPU_RUNTIME}")
+    image = tuple(int(p) for p in IMAGE_GPU_RUNTIME_VERSION.split(".")[:2])
+    if not GPU_RUNTIME_FLOOR <= image < GPU_RUNTIME_CEILING:
+        raise SystemExit(
+            f"build_gpu_dist: the image's {GPU_RUNTIME} {IMAGE_GPU_RUNTIME_VERSION} is outside "
+            f"the range streamfer-gpu requires ({GPU_RUNTIME_REQUIREMENT})"
+        )
     swap = f"{GPU_RUNTIME}=={IMAGE_GPU_RUNTIME_VERSION}"
     header = LOCK_HEADER.format(
         cpu=CPU_RUNTIME, gpu=GPU_RUNTIME, version=IMAGE_GPU_RUNTIME_VERSION, cuda=IMAGE_CUDA_MAJOR

@@ -7,8 +7,9 @@ what the dev package imports, the ``tools`` extra brings onnx for the model comm
 
 The ONNX Runtime wheels: ``pip install streamfer`` resolves to onnxruntime and never
 onnxruntime-gpu; ``streamfer-gpu`` (made by scripts/build_gpu_dist.py), with any extra, to
-onnxruntime-gpu and never onnxruntime; the tests marked ``network`` check this with pip's
-own resolver against the package index.
+onnxruntime-gpu and never onnxruntime, and on Linux x86_64 to NVIDIA's CUDA 12 and cuDNN 9
+runtime wheels with it; the tests marked ``network`` check this with pip's own resolver
+against the package index.
 """
 
 from __future__ import annotations
@@ -247,8 +248,9 @@ def test_streamfer_gpu_is_streamfer_on_the_gpu_runtime() -> None:
         assert "streamfer" not in names, f"streamfer-gpu[{part}] pulls in streamfer"
     assert "streamfer-gpu[demo]" in gpu["project"]["optional-dependencies"]["dev"]
     (runtime,) = [r for r in gpu["project"]["dependencies"] if dist_name(r) == "onnxruntime-gpu"]
-    # 1.19 is the first onnxruntime-gpu on PyPI built for CUDA 12 and cuDNN 9.
-    assert runtime == "onnxruntime-gpu>=1.19"
+    # 1.21 is the first onnxruntime-gpu with the cuda and cudnn extras (and preload_dlls),
+    # 1.26 the last built for CUDA 12.
+    assert runtime == "onnxruntime-gpu[cuda,cudnn]>=1.21,<1.27"
     other = [r for r in cpu["project"]["dependencies"] if dist_name(r) != "onnxruntime"]
     assert [r for r in gpu["project"]["dependencies"] if r != runtime] == other
 
@@ -273,7 +275,15 @@ def test_the_gpu_build_keeps_a_raised_cpu_floor() -> None:
         (ROOT / "pyproject.toml").read_text().replace('"onnxruntime>=1.18"', '"onnxruntime>=1.22"')
     )
     deps = tomllib.loads(gpu_dist().gpu_pyproject(text))["project"]["dependencies"]
-    assert "onnxruntime-gpu>=1.22" in deps
+    assert "onnxruntime-gpu[cuda,cudnn]>=1.22,<1.27" in deps
+
+
+def test_the_gpu_build_refuses_a_cpu_floor_above_its_cuda_range() -> None:
+    text = (
+        (ROOT / "pyproject.toml").read_text().replace('"onnxruntime>=1.18"', '"onnxruntime>=1.27"')
+    )
+    with pytest.raises(SystemExit, match=re.escape("above the CUDA 12 builds")):
+        gpu_dist().gpu_pyproject(text)
 
 
 def test_the_gpu_lock_is_current() -> None:
@@ -329,10 +339,32 @@ def build_gpu_wheel(dist: Path) -> Path:
     return wheel
 
 
-def gpu_wheel_with_every_extra(dist: Path) -> tuple[Path, dict[str, str]]:
-    wheel = build_gpu_wheel(dist)
+# A GPU host: NVIDIA's wheels exist for Linux (x86_64, aarch64) and Windows only. pip
+# takes each compatible platform tag by name: glibc 2.28 (RHEL 8, Debian 10) and older.
+MANYLINUX = [f"manylinux_2_{minor}_x86_64" for minor in range(28, 4, -1)] + [
+    "manylinux2014_x86_64",
+    "manylinux2010_x86_64",
+    "manylinux1_x86_64",
+]
+LINUX_X86_64 = (
+    *(arg for tag in MANYLINUX for arg in ("--platform", tag)),
+    "--python-version",
+    "3.11",
+    "--implementation",
+    "cp",
+    "--only-binary=:all:",
+)
+
+
+def with_every_extra(wheel: Future[Path]) -> dict[str, str]:
+    """What the streamfer-gpu wheel installs with every extra, here."""
     extras = ",".join(gpu_project()["project"]["optional-dependencies"])
-    return wheel, dry_run(f"streamfer-gpu[{extras}] @ {wheel.as_uri()}")
+    return dry_run(f"streamfer-gpu[{extras}] @ {wheel.result().as_uri()}")
+
+
+def on_a_linux_gpu_host(wheel: Future[Path]) -> dict[str, str]:
+    """What the streamfer-gpu wheel alone installs on Linux x86_64 with CPython 3.11."""
+    return dry_run(*LINUX_X86_64, str(wheel.result()))
 
 
 @pytest.fixture(scope="module")
@@ -340,13 +372,16 @@ def resolutions(
     package_index: None, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Future[Any]]:
     """The pip runs, started together (they mostly wait on the index). The GPU wheel is
-    built once and resolved with every extra, so its metadata is not built twice."""
+    built once, then resolved with every extra and alone for a Linux GPU host."""
     dist = tmp_path_factory.mktemp("gpu-dist")
     # A copy: setuptools writes streamfer.egg-info into the project it prepares.
     cpu = gpu_dist().write_project(tmp_path_factory.mktemp("cpu") / "streamfer", gpu=False)
-    pool = ThreadPoolExecutor(max_workers=3)
+    pool = ThreadPoolExecutor(max_workers=5)
+    wheel = pool.submit(build_gpu_wheel, dist)
     runs = {
-        "gpu": pool.submit(gpu_wheel_with_every_extra, dist),
+        "gpu-wheel": wheel,
+        "gpu": pool.submit(with_every_extra, wheel),
+        "gpu-linux": pool.submit(on_a_linux_gpu_host, wheel),
         "cpu": pool.submit(dry_run, str(cpu)),
         "gpu-lock": pool.submit(dry_run, "-r", str(ROOT / "constraints-gpu.txt")),
     }
@@ -367,7 +402,7 @@ def test_pip_install_streamfer_gives_the_cpu_runtime_only(
 def test_pip_install_streamfer_gpu_gives_the_gpu_runtime_only_with_every_extra(
     resolutions: dict[str, Future[Any]],
 ) -> None:
-    _, installed = resolutions["gpu"].result()
+    installed = resolutions["gpu"].result()
     assert "streamfer-gpu" in installed and "onnxruntime-gpu" in installed
     assert "onnxruntime" not in installed, "an extra's dependency brings onnxruntime back"
     assert "streamfer" not in installed
@@ -405,7 +440,7 @@ def test_the_gpu_lock_is_complete_and_its_runtime_is_the_images_cuda(
 
 @pytest.mark.network
 def test_the_gpu_wheel_builds_with_every_module(resolutions: dict[str, Future[Any]]) -> None:
-    wheel, _ = resolutions["gpu"].result()
+    wheel = resolutions["gpu-wheel"].result()
     version = PYPROJECT["project"]["version"]
     assert wheel.name == f"streamfer_gpu-{version}-py3-none-any.whl"
     with zipfile.ZipFile(wheel) as archive:
@@ -425,6 +460,30 @@ def test_the_gpu_wheel_builds_with_every_module(resolutions: dict[str, Future[An
         if line.startswith("Requires-Dist:")
     ]
     assert "Name: streamfer-gpu" in metadata.splitlines()
-    assert "onnxruntime-gpu>=1.19" in requires
+    assert "onnxruntime-gpu[cuda,cudnn]<1.27,>=1.21" in requires
     assert not [r for r in requires if dist_name(r) in {"onnxruntime", "streamfer"}], requires
     assert b"streamfer = worker.cli:main" in entry_points
+
+
+@pytest.mark.network
+def test_the_gpu_wheel_brings_cuda_and_cudnn_and_no_cpu_runtime(
+    resolutions: dict[str, Future[Any]],
+) -> None:
+    """On a Linux host, ``pip install streamfer_gpu-*.whl`` installs onnxruntime-gpu of the
+    CUDA 12 range with NVIDIA's runtime, cuBLAS and cuDNN wheels for CUDA 12, so a host
+    with only the driver serves on CUDA; and never the CPU onnxruntime."""
+    installed = resolutions["gpu-linux"].result()
+    assert "onnxruntime" not in installed and "streamfer" not in installed
+    runtime = tuple(int(p) for p in installed["onnxruntime-gpu"].split(".")[:2])
+    assert (1, 21) <= runtime < (1, 27), installed["onnxruntime-gpu"]
+    nvidia = sorted(name for name in installed if name.startswith("nvidia-"))
+    assert {
+        "nvidia-cuda-runtime-cu12",
+        "nvidia-cudnn-cu12",
+        "nvidia-cublas-cu12",
+        "nvidia-cuda-nvrtc-cu12",
+        "nvidia-cufft-cu12",
+        "nvidia-curand-cu12",
+    } <= set(nvidia), nvidia
+    assert all(name.endswith("-cu12") for name in nvidia), f"not all for CUDA 12: {nvidia}"
+    assert installed["nvidia-cudnn-cu12"].startswith("9."), installed["nvidia-cudnn-cu12"]

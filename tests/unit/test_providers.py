@@ -205,3 +205,48 @@ def test_input_shapes_read_from_the_model(classifier: DemoModel, tmp_path: Path)
     # strings never reach TensorRT; an open inner axis is None (then no explicit profile)
     assert input_shapes(path) == [InputShape("ids", (None, 4))]
     assert profile_shapes(input_shapes(path), [1, 8]) == {}
+
+
+def test_a_cuda_provider_without_cudnn_names_it_and_what_installs_it(tmp_path: Path) -> None:
+    """onnxruntime-gpu on a host with only the driver and no NVIDIA wheels: the loader
+    names the first library it lacks; the reason lists every one, and where they come from."""
+    library = tmp_path / "libonnxruntime_providers_cuda.so"
+    library.write_bytes(b"")
+    absent = {"libcudnn.so.9", "libcublasLt.so.12"}
+
+    def load(name: str) -> None:
+        if name == str(library):
+            raise OSError("libcublasLt.so.12: cannot open shared object file: No such file")
+        if name in absent:
+            raise OSError(f"{name}: cannot open shared object file")
+
+    why = why_not_serving(CUDA, [CUDA, CPU], capi_dir=tmp_path, load=load, cuda=12)
+    assert why.startswith(
+        "its library libonnxruntime_providers_cuda.so cannot be loaded: libcublasLt.so.12: "
+    )
+    assert "; missing: libcublasLt.so.12, libcudnn.so.9 (CUDA 12 and cuDNN 9 come with " in why
+    assert "onnxruntime-gpu[cuda,cudnn]" in why
+    assert "tensorrt" not in why
+
+
+def test_a_tensorrt_provider_without_tensorrt_says_what_to_install(tmp_path: Path) -> None:
+    library = tmp_path / "libonnxruntime_providers_tensorrt.so"
+    library.write_bytes(b"")
+
+    def load(name: str) -> None:
+        if name in (str(library), "libnvinfer.so.10", "libnvonnxparser.so.10"):
+            raise OSError("libnvinfer.so.10: cannot open shared object file: No such file")
+
+    why = why_not_serving(TENSORRT, ALL, capi_dir=tmp_path, load=load, cuda=12)
+    assert "; missing: libnvinfer.so.10, libnvonnxparser.so.10 (TensorRT 10 is not installed: " in (
+        why
+    )
+    assert "pip install 'tensorrt-cu12-libs==10.*'" in why
+    assert "tensorrt_libs folder on LD_LIBRARY_PATH" in why
+    assert "cuDNN" not in why
+
+
+def test_an_unknown_cuda_major_lists_nothing_more(tmp_path: Path) -> None:
+    (tmp_path / "libonnxruntime_providers_cuda.so").write_bytes(b"not an ELF file")
+    why = why_not_serving(CUDA, [CUDA, CPU], capi_dir=tmp_path)  # the CPU build: no CUDA major
+    assert "missing:" not in why

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from worker.config import ModelSpec
+from worker.inference.gpu_libraries import TENSORRT_HINT, cuda_major, missing, needed_libraries
 
 __all__ = [
     "CPU",
@@ -173,14 +174,18 @@ def why_not_serving(
     runtimes: Mapping[str, str] | None = None,
     capi_dir: Path | None = None,
     load: Callable[[str], None] = _load,
+    cuda: int | None = None,
 ) -> str:
     """Why ``provider`` was asked for but does not serve, in one sentence.
 
     ``available`` is ``onnxruntime.get_available_providers()``; ``runtimes`` the installed
     distributions (default: ``installed_runtimes()``); ``capi_dir`` the folder of
     Runtime's libraries (default: the installed ``onnxruntime/capi``); ``load`` opens a
-    shared library (``ctypes.CDLL``) and raises OSError naming what it lacks. What to
-    install instead is ``runtime_dist.gpu_install_hint``'s to say.
+    shared library (``ctypes.CDLL``) and raises OSError naming what it lacks; ``cuda`` the
+    CUDA major Runtime was built for (default: ``gpu_libraries.cuda_major``). When the
+    provider's library does not load, every NVIDIA library it needs that ``load`` cannot
+    open is listed, with what installs it. What to install in place of a CPU runtime is
+    ``runtime_dist.gpu_install_hint``'s to say.
     """
     if provider not in available:
         found = installed_runtimes() if runtimes is None else runtimes
@@ -201,18 +206,39 @@ def why_not_serving(
     library = _PROVIDER_LIBRARIES.get(provider)
     if library is None:
         return "ONNX Runtime did not create it (its log lines above say why)"
-    if capi_dir is None:
+    if capi_dir is None or cuda is None:
         import onnxruntime
 
-        capi_dir = Path(onnxruntime.__file__).parent / "capi"
+        capi_dir = capi_dir or Path(onnxruntime.__file__).parent / "capi"
+        cuda = cuda_major(onnxruntime) if cuda is None else cuda
     path = capi_dir / library
     if not path.exists():
         return f"its library {library} is not in {capi_dir}"
     try:
         load(str(path))
     except OSError as exc:
-        return f"its library {library} cannot be loaded: {exc}"
+        return f"its library {library} cannot be loaded: {exc}{_absent(provider, cuda, load)}"
     return (
         f"its library {library} loads, but ONNX Runtime did not create the provider (no "
         "usable GPU, or a driver older than its CUDA: its log lines above say which)"
     )
+
+
+def _absent(provider: str, cuda: int | None, load: Callable[[str], None]) -> str:
+    """``"; missing: ... (what installs them)"`` for the NVIDIA libraries ``provider``
+    needs that ``load`` cannot open; empty when none is, or the CUDA major is unknown."""
+    if cuda is None:
+        return ""
+    absent = missing(needed_libraries(provider, cuda), load)
+    if not absent:
+        return ""
+    fixes = []
+    tensorrt = [name for name in absent if name.startswith(("libnvinfer", "libnvonnxparser"))]
+    if len(tensorrt) < len(absent):
+        fixes.append(
+            f"CUDA {cuda} and cuDNN 9 come with onnxruntime-gpu[cuda,cudnn] (streamfer-gpu "
+            "requires it) or the host's CUDA toolkit and cuDNN"
+        )
+    if tensorrt:
+        fixes.append(TENSORRT_HINT.format(cuda=cuda))
+    return f"; missing: {', '.join(absent)} ({'; '.join(fixes)})"

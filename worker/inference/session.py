@@ -5,13 +5,17 @@ The providers this onnxruntime lacks are left out (when none is left, ``EngineEr
 says why each is missing), the session loads with the options
 ``worker.inference.providers`` builds, and the first requested provider the session
 really has serves; a warning says why each one asked for before it does not, and how to
-install a runtime that has it. An older TensorRT provider that refuses the explicit shape
+install a runtime that has it. Before a GPU session opens, the CUDA and cuDNN libraries of
+NVIDIA's wheels are loaded (``worker.inference.gpu_libraries``); while a session with a
+TensorRT engine cache opens, that cache is locked against other processes
+(``worker.inference.engine_lock``). An older TensorRT provider that refuses the explicit shape
 profiles gets the session again without them. Everything here runs once per model, on the
 thread that loads it (``worker.inference.engine``); nothing here runs a batch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -22,6 +26,8 @@ from typing import Any
 
 from worker.config import ModelSpec
 from worker.errors import EngineError
+from worker.inference.engine_lock import LOCK_FILE, engine_cache_lock
+from worker.inference.gpu_libraries import preload
 from worker.inference.providers import (
     GPU_PROVIDERS,
     TENSORRT,
@@ -123,10 +129,15 @@ def open_session(spec: ModelSpec, sizes: Sequence[int]) -> ModelSession:
     options.inter_op_num_threads = 1
     shapes = input_shapes(path) if TENSORRT in chain else []
     trt_cache = spec.tensorrt.engine_cache_dir if TENSORRT in chain else None
-    cached = _files(trt_cache) if trt_cache is not None else frozenset()
     providers = provider_options(spec, chain, batch_sizes=sizes, inputs=shapes)
+    if any(p in GPU_PROVIDERS for p in chain):
+        for line in preload(ort):
+            log.warning("model %s: loading NVIDIA's libraries: %s", path.name, line)
     started = time.perf_counter()
-    session = _session(path, options, providers)
+    locked = engine_cache_lock(trt_cache) if trt_cache is not None else contextlib.nullcontext()
+    with locked:  # what the cache held is read under the lock: another may have just built
+        cached = _files(trt_cache) if trt_cache is not None else frozenset()
+        session = _session(path, options, providers)
     served: list[str] = session.get_providers()
     provider = _serving(spec.providers, served, available, path)
     if provider in GPU_PROVIDERS:
@@ -198,6 +209,6 @@ def _serving(
 
 def _files(folder: Path) -> frozenset[str]:
     try:
-        return frozenset(p.name for p in folder.iterdir())
+        return frozenset(p.name for p in folder.iterdir() if p.name != LOCK_FILE)
     except OSError:
         return frozenset()
