@@ -39,6 +39,7 @@ Layout = Literal["hash", "packed"]
 
 KAFKA_CONTENDERS = (
     "streamfer",
+    "streamfer_baseline",
     "streamfer_2w",
     "streamfer_2p",
     "streamfer_cache",
@@ -80,6 +81,9 @@ class Job:
     other contenders' results."""
     consumer_options: dict[str, str] = field(default_factory=dict)
     """librdkafka settings for streamfer's consumer (``--consumer-option``)."""
+    baseline_root: Path | None = None
+    """An earlier commit's source tree (``--baseline-ref``) that ``streamfer_baseline``
+    runs, with the same config file as ``streamfer``."""
 
 
 @dataclass
@@ -146,6 +150,8 @@ def launch(name: str, job: Job) -> Launched:
         return _streamfer(name, job, 1, cache=True)
     if name in ("streamfer_share", "streamfer_share_2w"):
         return _streamfer(name, job, 2 if name.endswith("_2w") else 1, share_group=True)
+    if name == "streamfer_baseline":
+        return _baseline(job)
     if name == "naive":
         argv = [
             "-m",
@@ -186,7 +192,9 @@ def launch(name: str, job: Job) -> Launched:
     raise ValueError(f"unknown contender {name!r}")
 
 
-def _spawn(name: str, job: Job, argvs: list[list[str]], env: dict[str, str]) -> Launched:
+def _spawn(
+    name: str, job: Job, argvs: list[list[str]], env: dict[str, str], cwd: Path = ROOT
+) -> Launched:
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = _pythonpath()
     full_env.update(env)
@@ -197,7 +205,7 @@ def _spawn(name: str, job: Job, argvs: list[list[str]], env: dict[str, str]) -> 
             launched.processes.append(
                 subprocess.Popen(
                     [sys.executable, *argv],
-                    cwd=ROOT,
+                    cwd=cwd,
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
@@ -229,14 +237,20 @@ def _with_descendants(pid: int) -> list[int]:
     return out
 
 
-def _streamfer(
-    name: str,
-    job: Job,
-    workers: int,
-    processes: int = 1,
-    cache: bool = False,
-    share_group: bool = False,
-) -> Launched:
+def _baseline(job: Job) -> Launched:
+    """The earlier commit in ``job.baseline_root`` as one worker, on ``streamfer``'s config
+    file and that commit's defaults: it runs from its own tree (the current directory
+    and PYTHONPATH), so its ``worker`` package is imported, not this checkout's."""
+    if job.baseline_root is None:
+        raise ValueError("streamfer_baseline needs --baseline-ref")
+    config = _config_file("streamfer_baseline", job, share_group=False)
+    argv = ["-m", "worker", "run", "--config", str(config)]
+    env = {"PYTHONPATH": str(job.baseline_root)}
+    return _spawn("streamfer_baseline", job, [argv], env, cwd=job.baseline_root)
+
+
+def _config_file(name: str, job: Job, *, share_group: bool) -> Path:
+    """``job``'s worker config, as a user would write it, in the run's folder."""
     config = job.workdir / f"{name}-{job.group}.toml"
     config.write_text(
         worker_config_toml(
@@ -257,6 +271,18 @@ def _streamfer(
             share_group=share_group,
         )
     )
+    return config
+
+
+def _streamfer(
+    name: str,
+    job: Job,
+    workers: int,
+    processes: int = 1,
+    cache: bool = False,
+    share_group: bool = False,
+) -> Launched:
+    config = _config_file(name, job, share_group=share_group)
     env = {
         "PYTHONPATH": _pythonpath(),
         "STREAMFER_PIPELINES__0__BATCH__MODE": job.batch_mode,

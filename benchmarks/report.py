@@ -35,6 +35,10 @@ def ratios(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         value = results.get(name, {}).get("p99_ms")
         return float(value) if value else None
 
+    def cpu(name: str) -> float | None:
+        value = results.get(name, {}).get("cpu_s_per_10k")
+        return float(value) if value else None
+
     sf = rps("streamfer")
     ceilings = {c: rps(c) for c in ("passthrough", "redis_alone", "ort_alone") if rps(c)}
     slowest = min(ceilings, key=lambda c: ceilings[c] or 0.0) if ceilings else None
@@ -53,6 +57,9 @@ def ratios(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "streamfer_share_2w_vs_streamfer_share": over(
             rps("streamfer_share_2w"), rps("streamfer_share")
         ),
+        "streamfer_vs_baseline": over(sf, rps("streamfer_baseline")),
+        "cpu_per_10k_streamfer_over_baseline": over(cpu("streamfer"), cpu("streamfer_baseline")),
+        "cpu_per_10k_streamfer_over_naive": over(cpu("streamfer"), cpu("naive")),
         "p99_faust_over_streamfer": over(p99("faust"), p99("streamfer")),
         "p99_naive_over_streamfer": over(p99("naive"), p99("streamfer")),
     }
@@ -104,7 +111,8 @@ def format_table(report: dict[str, Any]) -> str:
     """The report as a plain-text table with notes."""
     lines = [
         f"streamfer benchmark, {report['date']}, commit {report['commit']}"
-        + (" (worker/ modified)" if report["worktree_dirty"] else ""),
+        + (" (worker/ modified)" if report["worktree_dirty"] else "")
+        + (f"; streamfer_baseline is {report['baseline']}" if report.get("baseline") else ""),
         f"model {report['model']}: {report['model_text']}; mode {report['mode']}"
         + (f" at {report['rate']:,.0f} records/s" if report["rate"] else "")
         + f"; {report['records']:,} records; {report['partitions']} partitions;"
@@ -128,8 +136,9 @@ def format_table(report: dict[str, Any]) -> str:
         f" {report['loadavg_1m'][0]:.1f} at start, {report['loadavg_1m'][1]:.1f} at end",
         "",
     ]
+    width = max([16, *(len(name) + 2 for name in report["results"])])
     head = (
-        f"{'contender':<16}{'records':>8}{'records/s':>11}{'p50 ms':>9}{'p95 ms':>9}"
+        f"{'contender':<{width}}{'records':>8}{'records/s':>11}{'p50 ms':>9}{'p95 ms':>9}"
         f"{'p99 ms':>9}{'CPU s/10k':>10}{'RSS MB':>8}{'lost':>6}{'dup':>5}  note"
     )
     lines += [head, "-" * len(head)]
@@ -149,7 +158,7 @@ def format_table(report: dict[str, Any]) -> str:
         if r.get("error"):
             note = f"{note}; {r['error']}".strip("; ")
         lines.append(
-            f"{name:<16}{_fmt(r.get('records'), ',d'):>8}{_fmt(r['rps']):>11}"
+            f"{name:<{width}}{_fmt(r.get('records'), ',d'):>8}{_fmt(r['rps']):>11}"
             f"{_fmt(r['p50_ms'], ',.1f'):>9}{_fmt(r.get('p95_ms'), ',.1f'):>9}"
             f"{_fmt(r['p99_ms'], ',.1f'):>9}{_fmt(r.get('cpu_s_per_10k'), '.2f'):>10}"
             f"{_fmt(r.get('rss_mb'), ',.0f'):>8}{_fmt(r['lost'], 'd'):>6}"

@@ -53,12 +53,13 @@ ALL_CONTENDERS = (*KAFKA_CONTENDERS, "ort_alone", "redis_alone")
 DEFAULT_CONTENDERS = tuple(
     c
     for c in ALL_CONTENDERS
-    if c not in ("streamfer_cache", "streamfer_share", "streamfer_share_2w")
+    if c not in ("streamfer_baseline", "streamfer_cache", "streamfer_share", "streamfer_share_2w")
 )
 """What runs without ``--contenders``: every contender but the cached worker, which only
 says something about a stream that repeats itself (``--repeat-share``), and the share
 groups' (``streamfer_share``, ``streamfer_share_2w``), which say something where a group
-has fewer partitions than workers (``--partitions 1``)."""
+has fewer partitions than workers (``--partitions 1``), and the earlier commit's, which
+``--baseline-ref`` adds."""
 SLOW_CONTENDERS = ("naive", "faust")
 ORT_CEILING_BUDGET_S = 2.0
 """How long ONNX Runtime alone is timed at the contenders' batch size."""
@@ -94,6 +95,9 @@ class Options:
     repeat_share: float | None = None
     """Share of requests that repeat one of ``distinct`` inputs (None: entities only)."""
     distinct: int = 1000
+    baseline_ref: str | None = None
+    """A commit whose worker runs as ``streamfer_baseline`` beside today's (git archive of
+    it into the run's folder): what a change cost, measured in the same run."""
 
 
 def run_benchmark(
@@ -112,6 +116,11 @@ def run_benchmark(
         redis_url = stack.enter_context(local_redis())
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="streamfer-bench-")))
         run_id = uuid.uuid4().hex[:8]
+        baseline_root = None
+        if "streamfer_baseline" in opts.contenders:
+            if opts.baseline_ref is None:
+                raise ValueError("the streamfer_baseline contender needs a baseline_ref")
+            baseline_root = _source_tree(opts.baseline_ref, work / "baseline")
         model = make_model(opts.model, work)
         client = redis.Redis.from_url(redis_url)
         entities = seed_entities(client, model, prefix=f"{run_id}-", layout=opts.layout)
@@ -167,6 +176,7 @@ def run_benchmark(
                 batch_mode=opts.batch_mode,
                 max_in_flight=opts.max_in_flight,
                 source_headers=opts.source_headers,
+                baseline_root=baseline_root,
             )
 
         if needs_kafka and opts.broker_warmup > 0:
@@ -218,6 +228,11 @@ def run_benchmark(
     report: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": _git("rev-parse", "--short", "HEAD"),
+        "baseline": (
+            _git("rev-parse", "--short", f"{opts.baseline_ref}^{{commit}}")
+            if opts.baseline_ref
+            else None
+        ),
         "worktree_dirty": bool(_git("status", "--porcelain", "-uno", "--", "worker")),
         "broker": _broker_text(needs_kafka),
         "model": opts.model,
@@ -370,6 +385,18 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(10)
 
 
+def _source_tree(ref: str, into: Path) -> Path:
+    """The files of commit ``ref`` (``git archive``), unpacked into ``into``."""
+    into.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", ref], cwd=ROOT, capture_output=True, timeout=120
+    )
+    if archive.returncode != 0:
+        raise ValueError(f"--baseline-ref {ref}: {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True, timeout=120)
+    return into
+
+
 def _git(*args: str) -> str:
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         done = subprocess.run(
@@ -475,6 +502,10 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="with --repeat-share: how many distinct inputs the repeats use (default 1000)",
     )
+    parser.add_argument(
+        "--baseline-ref",
+        help="also run the worker of this commit (streamfer_baseline), on the same config",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
@@ -523,7 +554,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         records=args.records,
         rate=args.rate,
         cap=args.cap,
-        contenders=tuple(c for c in ALL_CONTENDERS if c in chosen),
+        contenders=tuple(
+            c
+            for c in ALL_CONTENDERS
+            if c in chosen or (c == "streamfer_baseline" and args.baseline_ref)
+        ),
         partitions=args.partitions,
         max_batch_size=args.max_batch_size,
         max_wait_ms=args.max_wait_ms,
@@ -537,6 +572,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         broker_warmup=max(0, args.broker_warmup),
         repeat_share=args.repeat_share,
         distinct=args.distinct,
+        baseline_ref=args.baseline_ref,
     )
 
     def progress(name: str) -> None:

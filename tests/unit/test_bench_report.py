@@ -114,3 +114,28 @@ def test_a_supervisor_log_tells_each_worker_assignment_apart() -> None:
     later = "... INFO [102 process 1] x: assigned t[0, 1]; owning 2 partitions"
     assert _owned(f"{log}\n{later}", 2) == [2, 2]
     assert _owned("ready: owning 3 partitions\nready: owning 4 partitions", 1) == [4]
+
+
+def test_the_baseline_is_compared_in_records_per_second_and_cpu() -> None:
+    from benchmarks.report import ratios
+
+    got = ratios(
+        {
+            "streamfer": {"rps": 18_000.0, "cpu_s_per_10k": 0.45},
+            "streamfer_baseline": {"rps": 20_000.0, "cpu_s_per_10k": 0.5},
+            "naive": {"rps": 12_000.0, "cpu_s_per_10k": 0.6},
+        }
+    )
+    assert got["streamfer_vs_baseline"] == 0.9
+    assert got["cpu_per_10k_streamfer_over_baseline"] == 0.9
+    assert got["cpu_per_10k_streamfer_over_naive"] == 0.75
+
+
+def test_long_contender_names_keep_the_columns_aligned() -> None:
+    row = {"rps": 1_000.0, "p50_ms": 1.0, "p95_ms": 2.0, "p99_ms": 3.0, "lost": 0}
+    table = format_table(
+        _report(results={"streamfer": row, "streamfer_baseline": row}, baseline="5c4ec1e")
+    )
+    assert "commit abc1234; streamfer_baseline is 5c4ec1e" in table
+    rows = [ln for ln in table.splitlines() if "1,000" in ln]
+    assert len(rows) == 2 and rows[0].index("1,000") == rows[1].index("1,000")
