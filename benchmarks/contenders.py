@@ -46,6 +46,7 @@ KAFKA_CONTENDERS = (
     "streamfer_share",
     "streamfer_share_2w",
     "naive",
+    "batch_loop",
     "faust",
     "passthrough",
 )
@@ -152,16 +153,18 @@ def launch(name: str, job: Job) -> Launched:
         return _streamfer(name, job, 2 if name.endswith("_2w") else 1, share_group=True)
     if name == "streamfer_baseline":
         return _baseline(job)
-    if name == "naive":
+    if name in ("naive", "batch_loop"):
         argv = [
             "-m",
-            "benchmarks.naive",
+            f"benchmarks.{name}",
             *("--bootstrap", job.bootstrap, "--redis-url", job.redis_url),
             *("--model", str(job.model_path), "--model-name", job.model_name),
             *("--fields", ",".join(job.fields), "--layout", job.layout),
             *("--request-topic", job.request_topic, "--result-topic", job.result_topic),
             *("--group", job.group),
         ]
+        if name == "batch_loop":
+            argv += ["--batch", str(job.max_batch_size)]
         return _spawn(name, job, [argv], {})
     if name == "passthrough":
         argv = [

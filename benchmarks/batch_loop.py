@@ -1,0 +1,127 @@
+"""The competent baseline: the batch loop an experienced user writes by hand.
+
+``python -m benchmarks.batch_loop --bootstrap B --redis-url U --model M --fields f0,...
+--request-topic T --result-topic R --group G [--layout hash|packed] [--batch 256]``
+consumes up to ``--batch`` records, fetches every record's features in one Redis round
+trip (a non-transactional pipeline of HMGETs, or one MGET of packed float32 vectors),
+runs ONNX Runtime once on the batch, produces one result per record (the same JSON
+shape as streamfer's: ``id``, ``key``, ``outputs``, ``model``, ``request_ts_ms``),
+flushes the producer and then commits the batch's offsets: at-least-once, with none of
+a worker's dead letters, retries, metrics or rebalance care. Kafka clients use
+streamfer's producer settings and ONNX Runtime one intra-op thread, so what differs from
+streamfer is what it leaves out. It prints ``ready: owning N partitions`` on assignment
+and stops, flushing, on SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from collections.abc import Sequence
+from types import FrameType
+from typing import cast
+
+import numpy as np
+import orjson
+import redis
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from benchmarks.naive import producer_settings
+from benchmarks.session import load_session
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.batch_loop")
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--redis-url", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--model-name", default="model")
+    parser.add_argument("--fields", required=True, help="comma-separated hash fields")
+    parser.add_argument("--key-template", default="features:{entity}")
+    parser.add_argument("--layout", choices=["hash", "packed"], default="hash")
+    parser.add_argument("--request-topic", required=True)
+    parser.add_argument("--result-topic", required=True)
+    parser.add_argument("--group", required=True)
+    parser.add_argument("--batch", type=int, default=256)
+    args = parser.parse_args(argv)
+
+    stop = {"now": False}
+
+    def on_signal(_signum: int, _frame: FrameType | None) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    fields = args.fields.split(",")
+    session, input_name = load_session(args.model)
+    meta = {"name": args.model_name, "version": "1"}
+    client = redis.Redis.from_url(args.redis_url)
+    producer = Producer(producer_settings(args.bootstrap))
+    consumer = Consumer(
+        {
+            "bootstrap.servers": args.bootstrap,
+            "group.id": args.group,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+
+    def on_assign(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        print(f"ready: owning {len(partitions)} partitions", flush=True)
+
+    consumer.subscribe([args.request_topic], on_assign=on_assign)
+    prefix, suffix = args.key_template.split("{entity}", 1)
+    packed = args.layout == "packed"
+    produce, topic = producer.produce, args.result_topic
+    try:
+        while not stop["now"]:
+            batch = [m for m in consumer.consume(args.batch, 0.1) if m.error() is None]
+            if not batch:
+                producer.poll(0)
+                continue
+            requests = [orjson.loads(m.value() or b"null") for m in batch]
+            keys = [f"{prefix}{r['entity']}{suffix}" for r in requests]
+            if packed:
+                blobs = cast(list[bytes], client.mget(keys))
+                rows = np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(batch), -1)
+            else:
+                pipe = client.pipeline(transaction=False)
+                for key in keys:
+                    pipe.hmget(key, fields)
+                values = cast(list[list[bytes]], pipe.execute())
+                rows = np.array(values, dtype=np.float64).astype(np.float32)
+            labels, scores = session.run(None, {input_name: rows})
+            for msg, request, label, score in zip(
+                batch, requests, labels.tolist(), scores.tolist(), strict=True
+            ):
+                key = msg.key()
+                value = orjson.dumps(
+                    {
+                        "id": request["id"],
+                        "key": key.decode() if key is not None else None,
+                        "outputs": {"label": label, "scores": score},
+                        "model": meta,
+                        "request_ts_ms": msg.timestamp()[1],
+                    }
+                )
+                while True:
+                    try:
+                        produce(topic, value, key)
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+            producer.flush(30)
+            consumer.commit(asynchronous=True)
+    finally:
+        producer.flush(30)
+        consumer.close()
+        client.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
