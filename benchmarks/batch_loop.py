@@ -15,65 +15,37 @@ and stops, flushing, on SIGTERM or SIGINT.
 
 from __future__ import annotations
 
-import argparse
-import signal
 import sys
 from collections.abc import Sequence
-from types import FrameType
 from typing import cast
 
 import numpy as np
 import orjson
 import redis
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
-from benchmarks.naive import producer_settings
+from benchmarks.hand_written import (
+    loop_parser,
+    producer_settings,
+    stop_on_signals,
+    subscribed_consumer,
+)
 from benchmarks.session import load_session
 
 __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.batch_loop")
-    parser.add_argument("--bootstrap", required=True)
-    parser.add_argument("--redis-url", required=True)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--model-name", default="model")
-    parser.add_argument("--fields", required=True, help="comma-separated hash fields")
-    parser.add_argument("--key-template", default="features:{entity}")
-    parser.add_argument("--layout", choices=["hash", "packed"], default="hash")
-    parser.add_argument("--request-topic", required=True)
-    parser.add_argument("--result-topic", required=True)
-    parser.add_argument("--group", required=True)
+    parser = loop_parser("python -m benchmarks.batch_loop")
     parser.add_argument("--batch", type=int, default=256)
     args = parser.parse_args(argv)
-
-    stop = {"now": False}
-
-    def on_signal(_signum: int, _frame: FrameType | None) -> None:
-        stop["now"] = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-
+    stop = stop_on_signals()
     fields = args.fields.split(",")
     session, input_name = load_session(args.model)
     meta = {"name": args.model_name, "version": "1"}
     client = redis.Redis.from_url(args.redis_url)
     producer = Producer(producer_settings(args.bootstrap))
-    consumer = Consumer(
-        {
-            "bootstrap.servers": args.bootstrap,
-            "group.id": args.group,
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-        }
-    )
-
-    def on_assign(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        print(f"ready: owning {len(partitions)} partitions", flush=True)
-
-    consumer.subscribe([args.request_topic], on_assign=on_assign)
+    consumer = subscribed_consumer(args.bootstrap, args.group, args.request_topic)
     prefix, suffix = args.key_template.split("{entity}", 1)
     packed = args.layout == "packed"
     produce, topic = producer.produce, args.result_topic
@@ -90,8 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rows = np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(batch), -1)
             else:
                 pipe = client.pipeline(transaction=False)
-                for key in keys:
-                    pipe.hmget(key, fields)
+                for where in keys:
+                    pipe.hmget(where, fields)
                 values = cast(list[list[bytes]], pipe.execute())
                 rows = np.array(values, dtype=np.float64).astype(np.float32)
             labels, scores = session.run(None, {input_name: rows})

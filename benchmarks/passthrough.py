@@ -12,14 +12,12 @@ assignment and stops, flushing, on SIGTERM or SIGINT.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from collections.abc import Sequence
-from types import FrameType
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
-from benchmarks.naive import producer_settings
+from benchmarks.hand_written import producer_settings, stop_on_signals, subscribed_consumer
 
 __all__ = ["main"]
 
@@ -32,29 +30,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--group", required=True)
     parser.add_argument("--batch", type=int, default=256)
     args = parser.parse_args(argv)
-
-    stop = {"now": False}
-
-    def on_signal(_signum: int, _frame: FrameType | None) -> None:
-        stop["now"] = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-
+    stop = stop_on_signals()
     producer = Producer(producer_settings(args.bootstrap))
-    consumer = Consumer(
-        {
-            "bootstrap.servers": args.bootstrap,
-            "group.id": args.group,
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-        }
-    )
-
-    def on_assign(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        print(f"ready: owning {len(partitions)} partitions", flush=True)
-
-    consumer.subscribe([args.request_topic], on_assign=on_assign)
+    consumer = subscribed_consumer(args.bootstrap, args.group, args.request_topic)
     produce, topic = producer.produce, args.result_topic
     try:
         while not stop["now"]:
