@@ -42,12 +42,12 @@ class InferStep:
         cache: OutputCache | None = None,
         canary: Canary | None = None,
         shadow: ShadowRunner | None = None,
-        faults: tuple[ModelFaults, ModelFaultWait] | None = None,
+        faults: tuple[ModelFaults, ModelFaultWait],
     ) -> None:
         self._slot = slot
         self._hooks = hooks
-        self._calls = ModelCalls(hooks, None if faults is None else faults[0])
-        self._wait = None if faults is None else faults[1]
+        self._calls = ModelCalls(hooks, faults[0])
+        self._wait = faults[1]
         self._metrics = metrics
         self._cache = cache
         self._canary = canary
@@ -63,8 +63,6 @@ class InferStep:
         try:
             self._score(prepared)
         except ModelFault as fault:
-            if self._wait is None:
-                raise
             assert prepared.model is not None
             self._wait.hold(fault, prepared.model, lambda: self._score(prepared))
         prepared.timings.infer_ms = (_perf() - started) * 1000.0

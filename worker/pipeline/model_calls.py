@@ -34,11 +34,11 @@ Failed = dict[int, str]
 class ModelCalls:
     """Runs one pipeline's batches (and parts of them) through an engine and its hooks.
 
-    With ``faults``, a batch on the pipeline's own model (``watched``) that fails as a
-    whole is judged first (``worker.pipeline.model_faults``): a fault of the model raises
-    ModelFault instead of dead-lettering every row."""
+    A batch on the pipeline's own model (``watched``) that fails as a whole is judged
+    first (``worker.pipeline.model_faults``): a fault of the model raises ModelFault
+    instead of dead-lettering every row."""
 
-    def __init__(self, hooks: BatchHooks, faults: ModelFaults | None = None) -> None:
+    def __init__(self, hooks: BatchHooks, faults: ModelFaults) -> None:
         self._hooks = hooks
         self._faults = faults
 
