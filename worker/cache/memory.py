@@ -83,10 +83,10 @@ class MemoryTier:
                 return 0
             held = self._bytes
             for key, value in items:
-                cost = len(key) + len(value) + ENTRY_OVERHEAD
+                cost = _cost(key, value)
                 old = pop(key, None)
                 if old is not None:
-                    held -= len(key) + len(old) + ENTRY_OVERHEAD
+                    held -= _cost(key, old)
                 if cost > limit:
                     continue
                 entries[key] = value  # popped first, so it goes in as the newest
@@ -94,7 +94,7 @@ class MemoryTier:
             evicted = 0
             while held > limit or len(entries) > self.max_entries:
                 key, old = entries.popitem(last=False)
-                held -= len(key) + len(old) + ENTRY_OVERHEAD
+                held -= _cost(key, old)
                 evicted += 1
             self._bytes = held
         return evicted
@@ -110,3 +110,8 @@ class MemoryTier:
             self._bytes = 0
             self._namespace = namespace
         return dropped
+
+
+def _cost(key: bytes, value: bytes) -> int:
+    """What one entry counts against ``max_bytes``."""
+    return len(key) + len(value) + ENTRY_OVERHEAD
