@@ -25,6 +25,8 @@ from worker.pipeline.codec import (
     ENTITY_PATTERN,
     MAX_ENTITY_LENGTH,
     MAX_ID_LENGTH,
+    _Checker,
+    _Problem,
     decode_requests,
     encode_dead_letter,
 )
@@ -679,3 +681,55 @@ def test_nested_shape_rejections_name_the_path_and_keep_the_id(
     (rej,) = out.rejections
     assert (rej.code, rej.request_id) == (code, request_id)
     assert mentions in rej.reason
+
+
+# --- the quick path agrees with the full check ------------------------------------
+
+_VALUES = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=3),
+    st.lists(st.floats(allow_nan=False), max_size=2),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    rid=st.sampled_from(["r1", "r1", "r1", "", "x" * (MAX_ID_LENGTH + 1), 7, None]),
+    entity=st.sampled_from(["e1", "e1", "a.b@c", "", "x:y", 5, None]),
+    feats=st.one_of(
+        st.none(),
+        st.dictionaries(st.sampled_from(["a", "b", "c", "a", "b", "zz"]), _VALUES, max_size=3),
+        st.lists(st.floats(), max_size=2),
+    ),
+)
+def test_decoding_a_request_gives_what_the_full_check_gives(
+    rid: Any, entity: Any, feats: Any
+) -> None:
+    """Requests with an entity and inline values of every JSON type (and, through a
+    loads hook, NaN and infinity): each is accepted or refused as the full check would."""
+    doc: dict[str, Any] = {"id": rid, "entity": entity}
+    if feats is not None:
+        doc["features"] = feats
+    shape = RequestShape.simple(FIELDS)
+    out = decode_requests([b"x"], shape, LIMIT, loads=lambda _v: doc)
+    checked = _Checker(shape)(doc)
+    if isinstance(checked, _Problem):
+        assert [(r.code, r.reason) for r in out.rejections] == [checked]
+    else:
+        want_rid, want_entities, want_feats = checked
+        assert (out.rows, out.ids, out.entities["entity"]) == ([0], [want_rid], want_entities)
+        assert out.inline == [want_feats]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_inline_value_from_a_registry_format_is_refused(
+    decode: Decode, value: float
+) -> None:
+    doc = {"id": "r", "entity": "e", "features": {"a": value}}
+    shape = RequestShape.simple(FIELDS)
+    out = decode_requests([b"x"], shape, LIMIT, loads=lambda _v: doc)
+    rej = only_rejection(out)
+    assert (rej.code, rej.reason) == ("non_finite", "feature 'a' is not finite")

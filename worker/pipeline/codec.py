@@ -70,8 +70,9 @@ def decode_requests(
     if loads is None:
         loads = orjson.loads
     check = _Checker(shape)
-    # The common request, top-level id and one entity id and no inline features, is
-    # taken here in a few dict look-ups; anything else goes through the full check.
+    # The common request, top-level id and one entity id, with no inline features or
+    # only numbers for number features, is taken here in a few dict look-ups; anything
+    # else (and anything this refuses) goes through the full check, which names why.
     quick = (
         len(shape.id_path) == 1
         and len(shape.features_path) == 1
@@ -82,6 +83,11 @@ def decode_requests(
     entity_key = shape.lookups[0][1][0] if shape.lookups else ""
     column = entities[shape.lookups[0][0]] if quick else []
     entity_ok = _entity_ok
+    numbers = (
+        frozenset(name for name, kind in shape.kinds.items() if kind == "number")
+        if shape.features_array is None
+        else frozenset()
+    )
 
     for index, value in enumerate(values):
         if not value:
@@ -118,17 +124,18 @@ def decode_requests(
         if quick:
             rid = doc.get(id_key)
             entity = doc.get(entity_key)
+            feats = doc.get(feats_key)
             if (
                 type(rid) is str
                 and 0 < len(rid) <= MAX_ID_LENGTH
                 and type(entity) is str
-                and feats_key not in doc
                 and entity_ok(entity) is not None
+                and (feats is None or (type(feats) is dict and _plain_numbers(feats, numbers)))
             ):
                 rows.append(index)
                 ids.append(rid)
                 column.append(entity)
-                inline.append(None)
+                inline.append(feats)
                 docs.append(doc)
                 continue
         checked = check(doc)
@@ -143,6 +150,21 @@ def decode_requests(
         inline.append(feats)
         docs.append(doc)
     return DecodedRequests(rows, ids, entities, inline, rejections, docs)
+
+
+def _plain_numbers(feats: dict[str, Any], numbers: frozenset[str]) -> bool:
+    """Whether every inline feature is a number feature holding a finite JSON number: what
+    the full check accepts without looking further."""
+    if not feats.keys() <= numbers:
+        return False
+    for v in feats.values():
+        t = type(v)
+        if t is float:
+            if v - v != 0.0:  # NaN or infinity (orjson refuses them; a loads hook may not)
+                return False
+        elif t is not int:
+            return False
+    return True
 
 
 _Good = tuple[str, list[str | None], dict[str, Any] | None]
