@@ -256,12 +256,13 @@ def assemble(plan: FeedPlan, decoded: DecodedRequests, fetcher: BatchFetcher) ->
         fields = [f for f in lookup.fields if f in column or f in text_column]
         if no_inline:
             rows = [r for r in range(n) if entities[r] is not None]
-        else:
+        else:  # a request that carries every field inline needs no lookup
+            width = len(fields)
             rows = [
                 r
-                for r in range(n)
-                if entities[r] is not None
-                and (inline[r] is None or any(f not in inline[r] for f in fields))  # type: ignore[operator]
+                for r, (entity, feats) in enumerate(zip(entities, inline, strict=True))
+                if entity is not None
+                and (feats is None or len(feats) < width or any(f not in feats for f in fields))
             ]
         if rows:
             wanted[lookup.name] = list(dict.fromkeys(entities[r] for r in rows))  # type: ignore[misc]
