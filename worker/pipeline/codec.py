@@ -35,6 +35,7 @@ __all__ = [
     "MAX_ID_LENGTH",
     "decode_requests",
     "encode_dead_letter",
+    "open_objects",
     "request_id_of",
     "result_tail",
 ]
@@ -313,6 +314,24 @@ def _json_type(value: Any) -> str:
     if isinstance(value, list):
         return "array"
     return "object"
+
+
+def open_objects(docs: list[dict[str, Any]], first: str) -> list[bytes]:
+    """Each of ``docs`` as a JSON object without its closing brace, for a tail to be
+    spliced in; every doc's first key is ``first``.
+
+    One ``orjson.dumps`` of the whole list, cut at each ``},{"first":``, costs a tenth of
+    a call per doc. The cut is sound: inside a JSON string every quote is escaped, so
+    that sequence only appears where one doc ends and the next begins, or inside a
+    nested object with the same key, which yields more pieces than docs; then (and for
+    fewer than two docs) each doc is encoded on its own."""
+    if len(docs) > 1:
+        head = b"{" + orjson.dumps(first) + b":"
+        joint = orjson.dumps(docs)
+        pieces = joint[1 + len(head) : -2].split(b"}," + head)
+        if len(pieces) == len(docs) and joint.startswith(b"[" + head):
+            return [head + piece for piece in pieces]
+    return [orjson.dumps(doc)[:-1] for doc in docs]
 
 
 def result_tail(shared: dict[str, Any]) -> bytes:

@@ -36,7 +36,7 @@ from worker.kafka import (
     trace_headers,
 )
 from worker.ops import PipelineMetrics
-from worker.pipeline.codec import result_tail
+from worker.pipeline.codec import open_objects, result_tail
 from worker.pipeline.dead_letters import DeadLetters
 from worker.pipeline.prepare import Prepared
 from worker.pipeline.shadow import ShadowBatch, ShadowRunner
@@ -175,7 +175,6 @@ class PublishStep:
         tags = [m.tag for m in models]
         topic = self._config.result_topic
         send = sink.send
-        dumps = orjson.dumps
         dead_letter = self._dead_letters.send
         headers_of = SourceHeaders().of if self._config.source_headers else trace_headers
         room = sink.limit(topic)
@@ -185,9 +184,20 @@ class PublishStep:
         metas = [m.meta for m in models]
         instead = 0  # dead letters sent in place of results
         known = tracker.refusals  # results the broker refused on an earlier try
-        rows_out = zip(good.tolist(), outs, marks, split, strict=True)
-        for i, (g, out, mark, by_canary) in enumerate(rows_out):
-            msg = batch[rows[g]]
+        picked = good.tolist()
+        msgs = [batch[rows[g]] for g in picked]
+        docs = [
+            {
+                "id": ids[g],
+                "key": key.decode("utf-8", "replace") if (key := msg.key()) is not None else None,
+                "outputs": out,
+                "request_ts_ms": msg.timestamp()[1],
+            }
+            for g, msg, out in zip(picked, msgs, outs, strict=True)
+        ]
+        bodies = open_objects(docs, "id") if avro is None else []
+        rows_out = zip(picked, msgs, docs, marks, split, strict=True)
+        for i, (g, msg, fields, mark, by_canary) in enumerate(rows_out):
             if refused and i in refused:
                 reason = failed.get(i, "model returned NaN or infinity for this row")
                 code = "model_error" if i in failed else "model_non_finite"
@@ -210,14 +220,8 @@ class PublishStep:
                 )
                 instead += 1
                 continue
-            fields = {
-                "id": rid,
-                "key": key.decode("utf-8", "replace") if key is not None else None,
-                "outputs": out,
-                "request_ts_ms": msg.timestamp()[1],
-            }
             if avro is None:
-                value = dumps(fields)[:-1] + mark + tails[by_canary]
+                value = bodies[i] + mark + tails[by_canary]
             else:
                 try:
                     value = avro.encode({**fields, "model": metas[by_canary], **shared})
