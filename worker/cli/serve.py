@@ -32,6 +32,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         HealthState,
         follow_supervisor,
         parse_processes,
+        settle_heap,
         setup_logging,
         supervised_index,
     )
@@ -88,6 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         config.kafka.group_id,
         [p.name for p in config.pipelines],
     )
+    settle_heap()
     try:
         worker.run(burst_idle_s=args.burst_idle_s)
     except CallStalled as exc:

@@ -1,9 +1,10 @@
-"""Running the worker in production: metrics, merged metrics, health, logs and the
-process supervisor."""
+"""Running the worker in production: metrics, merged metrics, health, logs, the
+process supervisor and the process's garbage collector."""
 
 from __future__ import annotations
 
 from worker.ops.health import HealthServer, HealthState, HttpEndpoint, reload_response
+from worker.ops.heap import settle_heap
 from worker.ops.logs import setup_logging
 from worker.ops.metrics import (
     THREAD_STAGES,
@@ -40,6 +41,7 @@ __all__ = [
     "parse_processes",
     "plan_for",
     "reload_response",
+    "settle_heap",
     "setup_logging",
     "supervised_index",
 ]
