@@ -176,6 +176,10 @@ def _count(out: Reading, msg: Any, pending: set[str]) -> None:
         out.last_result_ms = ts
 
 
+FIRST_SECONDS = 5.0
+"""Steady mode: the first seconds of requests after the contender joined its group."""
+
+
 def summarize(
     reading: Reading, *, backlog: bool, rss_mb: float | None, warmup_s: float = 0.0
 ) -> dict[str, Any]:
@@ -183,7 +187,9 @@ def summarize(
 
     Backlog throughput is distinct results over first-to-last result time (the contender
     starts after the backlog is written, so its start-up is excluded); steady throughput
-    is over first request to last result. With ``warmup_s`` the latency percentiles skip
+    is over first request to last result, and ``first_5s_p99_ms`` is the p99 of the
+    requests of the first 5 s (the contender had just joined). With ``warmup_s`` the
+    latency percentiles skip
     requests made in the first that many seconds (a cold broker and client); throughput,
     lost and duplicates still count every record.
     """
@@ -196,6 +202,11 @@ def summarize(
     if reading.cpu_first is not None and reading.cpu_last is not None and counted > 0:
         cpu_per_10k = (reading.cpu_last - reading.cpu_first) / counted * 10_000
     lat = reading.latencies_ms
+    joined: float | None = None  # steady mode: the requests of a just-joined worker
+    if not backlog and reading.first_request_ms is not None:
+        end = reading.first_request_ms + FIRST_SECONDS * 1000.0
+        early = [v for v, t in zip(lat, reading.request_ts_ms, strict=True) if t < end]
+        joined = percentile(early, 99)
     if warmup_s > 0 and reading.first_request_ms is not None:
         start = reading.first_request_ms + warmup_s * 1000.0
         lat = [v for v, t in zip(lat, reading.request_ts_ms, strict=True) if t >= start]
@@ -206,6 +217,7 @@ def summarize(
         "p50_ms": _r(percentile(lat, 50)),
         "p95_ms": _r(percentile(lat, 95)),
         "p99_ms": _r(percentile(lat, 99)),
+        "first_5s_p99_ms": _r(joined),
         "cpu_s_per_10k": _r(cpu_per_10k, 3),
         "rss_mb": _r(rss_mb, 1),
         "lost": reading.lost,

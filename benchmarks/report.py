@@ -154,6 +154,8 @@ def format_table(report: dict[str, Any]) -> str:
                     f"; the faster of {r['rps_before']:,.0f}/s before the Kafka contenders"
                     f" and {r['rps_after']:,.0f}/s after"
                 )
+        if r.get("first_5s_p99_ms") is not None:
+            note = f"{note}; first 5 s p99 {r['first_5s_p99_ms']:,.1f} ms".strip("; ")
         if r.get("cached"):
             note = f"{note}; {r['cached']:,} results from the cache".strip("; ")
         if r.get("error"):
