@@ -12,7 +12,7 @@ from confluent_kafka import Message
 from worker.core.tracker import DeliveryTracker
 from worker.core.types import PartitionKey
 
-__all__ = ["Job", "next_offsets", "partition_counts"]
+__all__ = ["Job", "next_offsets"]
 
 
 @dataclass(slots=True)
@@ -48,13 +48,8 @@ class Job:
         """The job of a closed batch; ``tracker(pipeline, first_timestamp_ms)`` makes its
         delivery tracker (0: the record has no timestamp)."""
         ts = batch[0].timestamp()[1]
-        return cls(
-            pipeline,
-            batch,
-            tracker(pipeline, ts if ts > 0 else 0),
-            next_offsets(batch),
-            counts=partition_counts(batch),
-        )
+        offsets, counts = _offsets_and_counts(batch)
+        return cls(pipeline, batch, tracker(pipeline, ts if ts > 0 else 0), offsets, counts)
 
 
 def next_offsets(batch: Sequence[Message]) -> dict[PartitionKey, int]:
@@ -63,12 +58,17 @@ def next_offsets(batch: Sequence[Message]) -> dict[PartitionKey, int]:
     return {key: offset + 1 for key, offset in last.items()}
 
 
-def partition_counts(batch: Sequence[Message]) -> dict[PartitionKey, int]:
-    """Records of ``batch`` per partition: what a revoke of one partition takes off the
-    worker's count of records in flight."""
+def _offsets_and_counts(
+    batch: Sequence[Message],
+) -> tuple[dict[PartitionKey, int], dict[PartitionKey, int]]:
+    """``next_offsets`` of ``batch`` and its records per partition (what a revoke of one
+    partition takes off the worker's count in flight), in one pass: the loop thread
+    closes every batch, so each record is read once."""
+    last: dict[Any, int] = {}
     counts: dict[Any, int] = {}
     get = counts.get
     for msg in batch:
         key = (msg.topic(), msg.partition())
+        last[key] = msg.offset()  # type: ignore[assignment]
         counts[key] = get(key, 0) + 1
-    return counts
+    return {key: offset + 1 for key, offset in last.items()}, counts
