@@ -54,8 +54,7 @@ class Job:
 
 def next_offsets(batch: Sequence[Message]) -> dict[PartitionKey, int]:
     """The offset to commit per partition once ``batch`` is done: last offset + 1."""
-    last: dict[Any, Any] = {(msg.topic(), msg.partition()): msg.offset() for msg in batch}
-    return {key: offset + 1 for key, offset in last.items()}
+    return _offsets_and_counts(batch)[0]
 
 
 def _offsets_and_counts(
