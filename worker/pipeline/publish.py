@@ -186,18 +186,19 @@ class PublishStep:
         known = tracker.refusals  # results the broker refused on an earlier try
         picked = good.tolist()
         msgs = [batch[rows[g]] for g in picked]
+        keys = [msg.key() for msg in msgs]
         docs = [
             {
                 "id": ids[g],
-                "key": key.decode("utf-8", "replace") if (key := msg.key()) is not None else None,
+                "key": key.decode("utf-8", "replace") if key is not None else None,
                 "outputs": out,
                 "request_ts_ms": msg.timestamp()[1],
             }
-            for g, msg, out in zip(picked, msgs, outs, strict=True)
+            for g, msg, key, out in zip(picked, msgs, keys, outs, strict=True)
         ]
         bodies = open_objects(docs, "id") if avro is None else []
-        rows_out = zip(picked, msgs, docs, marks, split, strict=True)
-        for i, (g, msg, fields, mark, by_canary) in enumerate(rows_out):
+        rows_out = zip(picked, msgs, keys, docs, marks, split, strict=True)
+        for i, (g, msg, key, fields, mark, by_canary) in enumerate(rows_out):
             if refused and i in refused:
                 reason = failed.get(i, "model returned NaN or infinity for this row")
                 code = "model_error" if i in failed else "model_non_finite"
@@ -212,7 +213,6 @@ class PublishStep:
                 )
                 instead += 1
                 continue
-            key = msg.key()
             if key is None and keyed_only:  # the broker would refuse its whole batch
                 why = f"{topic} cannot take the result: {NEEDS_A_KEY}, and the request has none"
                 dead_letter(
