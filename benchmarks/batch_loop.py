@@ -21,16 +21,14 @@ from typing import cast
 
 import numpy as np
 import orjson
-import redis
-from confluent_kafka import Producer
 
 from benchmarks.hand_written import (
+    Loop,
     loop_parser,
-    producer_settings,
+    produce_retrying,
+    result_value,
     stop_on_signals,
-    subscribed_consumer,
 )
-from benchmarks.session import load_session
 
 __all__ = ["main"]
 
@@ -40,15 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=256)
     args = parser.parse_args(argv)
     stop = stop_on_signals()
-    fields = args.fields.split(",")
-    session, input_name = load_session(args.model)
-    meta = {"name": args.model_name, "version": "1"}
-    client = redis.Redis.from_url(args.redis_url)
-    producer = Producer(producer_settings(args.bootstrap))
-    consumer = subscribed_consumer(args.bootstrap, args.group, args.request_topic)
-    prefix, suffix = args.key_template.split("{entity}", 1)
-    packed = args.layout == "packed"
-    produce, topic = producer.produce, args.result_topic
+    loop = Loop.open(args)
+    client, producer, consumer = loop.client, loop.producer, loop.consumer
+    session, input_name, meta = loop.session, loop.input_name, loop.meta
+    prefix, suffix, topic = loop.prefix, loop.suffix, args.result_topic
     try:
         while not stop["now"]:
             batch = [m for m in consumer.consume(args.batch, 0.1) if m.error() is None]
@@ -57,41 +50,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             requests = [orjson.loads(m.value() or b"null") for m in batch]
             keys = [f"{prefix}{r['entity']}{suffix}" for r in requests]
-            if packed:
+            if loop.packed:
                 blobs = cast(list[bytes], client.mget(keys))
                 rows = np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(batch), -1)
             else:
                 pipe = client.pipeline(transaction=False)
                 for where in keys:
-                    pipe.hmget(where, fields)
+                    pipe.hmget(where, loop.fields)
                 values = cast(list[list[bytes]], pipe.execute())
                 rows = np.array(values, dtype=np.float64).astype(np.float32)
             labels, scores = session.run(None, {input_name: rows})
             for msg, request, label, score in zip(
                 batch, requests, labels.tolist(), scores.tolist(), strict=True
             ):
-                key = msg.key()
-                value = orjson.dumps(
-                    {
-                        "id": request["id"],
-                        "key": key.decode() if key is not None else None,
-                        "outputs": {"label": label, "scores": score},
-                        "model": meta,
-                        "request_ts_ms": msg.timestamp()[1],
-                    }
-                )
-                while True:
-                    try:
-                        produce(topic, value, key)
-                        break
-                    except BufferError:
-                        producer.poll(0.05)
+                outputs = {"label": label, "scores": score}
+                value = result_value(msg, request["id"], outputs, meta)
+                produce_retrying(producer, topic, value, msg.key())
             producer.flush(30)
             consumer.commit(asynchronous=True)
     finally:
-        producer.flush(30)
-        consumer.close()
-        client.close()
+        loop.close()
     return 0
 
 

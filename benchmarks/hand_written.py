@@ -1,16 +1,30 @@
 """What the hand-written baselines (``naive``, ``batch_loop``, ``passthrough``) share:
-their command line, their stop flag and their consumer, so that only the loops differ."""
+their command line, their stop flag, their clients and their result, so that only the
+loops differ."""
 
 from __future__ import annotations
 
 import argparse
 import signal
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+import orjson
+import redis
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
-__all__ = ["loop_parser", "producer_settings", "stop_on_signals", "subscribed_consumer"]
+from benchmarks.session import load_session
+
+__all__ = [
+    "Loop",
+    "loop_parser",
+    "produce_retrying",
+    "producer_settings",
+    "result_value",
+    "stop_on_signals",
+    "subscribed_consumer",
+]
 
 
 def producer_settings(bootstrap: str) -> dict[str, Any]:
@@ -69,3 +83,71 @@ def subscribed_consumer(bootstrap: str, group: str, topic: str) -> Consumer:
 
     consumer.subscribe([topic], on_assign=on_assign)
     return consumer
+
+
+@dataclass(frozen=True)
+class Loop:
+    """A scoring loop's parts, opened from ``loop_parser``'s arguments."""
+
+    fields: list[str]
+    session: Any
+    input_name: str
+    meta: dict[str, str]
+    client: redis.Redis
+    producer: Producer
+    consumer: Consumer
+    prefix: str
+    suffix: str
+    packed: bool
+
+    @classmethod
+    def open(cls, args: argparse.Namespace) -> Loop:
+        session, input_name = load_session(args.model)
+        prefix, suffix = args.key_template.split("{entity}", 1)
+        return cls(
+            fields=args.fields.split(","),
+            session=session,
+            input_name=input_name,
+            meta={"name": args.model_name, "version": "1"},
+            client=redis.Redis.from_url(args.redis_url),
+            producer=Producer(producer_settings(args.bootstrap)),
+            consumer=subscribed_consumer(args.bootstrap, args.group, args.request_topic),
+            prefix=prefix,
+            suffix=suffix,
+            packed=args.layout == "packed",
+        )
+
+    def close(self) -> None:
+        self.producer.flush(30)
+        self.consumer.close()
+        self.client.close()
+
+
+def result_value(msg: Message, request_id: str, outputs: Any, meta: dict[str, str]) -> bytes:
+    """streamfer's result JSON for the request ``msg`` carried, so one reader measures all."""
+    key = msg.key()
+    return orjson.dumps(
+        {
+            "id": request_id,
+            "key": key.decode() if key is not None else None,
+            "outputs": outputs,
+            "model": meta,
+            "request_ts_ms": msg.timestamp()[1],
+        }
+    )
+
+
+def produce_retrying(
+    producer: Producer,
+    topic: str,
+    value: bytes | None,
+    key: bytes | None,
+    headers: list[tuple[str, str | bytes | None]] | None = None,
+) -> None:
+    """Produce, serving deliveries while the local queue is full."""
+    while True:
+        try:
+            producer.produce(topic, value, key, headers=headers)
+            return
+        except BufferError:
+            producer.poll(0.05)

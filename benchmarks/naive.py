@@ -19,16 +19,8 @@ from typing import cast
 
 import numpy as np
 import orjson
-import redis
-from confluent_kafka import Producer
 
-from benchmarks.hand_written import (
-    loop_parser,
-    producer_settings,
-    stop_on_signals,
-    subscribed_consumer,
-)
-from benchmarks.session import load_session
+from benchmarks.hand_written import Loop, loop_parser, result_value, stop_on_signals
 
 __all__ = ["main"]
 
@@ -36,48 +28,31 @@ __all__ = ["main"]
 def main(argv: Sequence[str] | None = None) -> int:
     args = loop_parser("python -m benchmarks.naive").parse_args(argv)
     stop = stop_on_signals()
-    fields = args.fields.split(",")
-    session, input_name = load_session(args.model)
-    meta = {"name": args.model_name, "version": "1"}
-    client = redis.Redis.from_url(args.redis_url)
-    producer = Producer(producer_settings(args.bootstrap))
-    consumer = subscribed_consumer(args.bootstrap, args.group, args.request_topic)
-    prefix, suffix = args.key_template.split("{entity}", 1)
-    packed = args.layout == "packed"
+    loop = Loop.open(args)
+    client, producer, consumer = loop.client, loop.producer, loop.consumer
     try:
         while not stop["now"]:
             msg = consumer.poll(0.1)
             if msg is None or msg.error() is not None:
                 continue
             request = orjson.loads(msg.value() or b"null")
-            where = f"{prefix}{request['entity']}{suffix}"
-            if packed:
+            where = f"{loop.prefix}{request['entity']}{loop.suffix}"
+            if loop.packed:
                 blob = cast(bytes, client.get(where))
                 row = np.frombuffer(blob, dtype="<f4").reshape(1, -1)
             else:
-                values = cast(list[bytes], client.hmget(where, fields))
+                values = cast(list[bytes], client.hmget(where, loop.fields))
                 row = np.array([[float(v) for v in values]], dtype=np.float32)
-            label, scores = session.run(None, {input_name: row})
-            key = msg.key()  # the result's key is the request's
+            label, scores = loop.session.run(None, {loop.input_name: row})
+            outputs = {"label": int(label[0]), "scores": scores[0].tolist()}
+            # the result's key is the request's
             producer.produce(
-                args.result_topic,
-                orjson.dumps(
-                    {
-                        "id": request["id"],
-                        "key": key.decode() if key is not None else None,
-                        "outputs": {"label": int(label[0]), "scores": scores[0].tolist()},
-                        "model": meta,
-                        "request_ts_ms": msg.timestamp()[1],
-                    }
-                ),
-                key,
+                args.result_topic, result_value(msg, request["id"], outputs, loop.meta), msg.key()
             )
             producer.poll(0)
             consumer.commit(message=msg, asynchronous=False)
     finally:
-        producer.flush(30)
-        consumer.close()
-        client.close()
+        loop.close()
     return 0
 
 

@@ -17,7 +17,12 @@ from collections.abc import Sequence
 
 from confluent_kafka import Producer
 
-from benchmarks.hand_written import producer_settings, stop_on_signals, subscribed_consumer
+from benchmarks.hand_written import (
+    produce_retrying,
+    producer_settings,
+    stop_on_signals,
+    subscribed_consumer,
+)
 
 __all__ = ["main"]
 
@@ -33,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = stop_on_signals()
     producer = Producer(producer_settings(args.bootstrap))
     consumer = subscribed_consumer(args.bootstrap, args.group, args.request_topic)
-    produce, topic = producer.produce, args.result_topic
+    topic = args.result_topic
     try:
         while not stop["now"]:
             batch = consumer.consume(args.batch, 0.1)
@@ -44,12 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if msg.error() is not None:
                     continue
                 ts = b"%d" % msg.timestamp()[1]
-                while True:
-                    try:
-                        produce(topic, msg.value(), msg.key(), headers=[("request_ts_ms", ts)])
-                        break
-                    except BufferError:
-                        producer.poll(0.05)
+                produce_retrying(producer, topic, msg.value(), msg.key(), [("request_ts_ms", ts)])
             producer.poll(0)
             consumer.commit(asynchronous=True)
     finally:
