@@ -410,8 +410,12 @@ def percentile(values: Sequence[float], q: float) -> float:
     return float(ordered[k])
 
 
-def wait_for_assignment(workers: list[WorkerProcess], partitions: int, timeout: float) -> None:
-    """Wait until each worker's log says it owns partitions and together they own all."""
+def wait_for_assignment(
+    workers: list[WorkerProcess], partitions: int, timeout: float, *, shared: bool = False
+) -> None:
+    """Wait until each worker's log says it owns partitions and together they own all;
+    with ``shared`` (a share group, whose members all own every partition) until each
+    worker owns all ``partitions``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         owned = []
@@ -420,8 +424,12 @@ def wait_for_assignment(workers: list[WorkerProcess], partitions: int, timeout: 
                 raise StackError(f"a worker exited:\n{w.log_text()[-3000:]}")
             lines = [ln for ln in w.log_text().splitlines() if "; owning " in ln]
             owned.append(int(lines[-1].rsplit("; owning ", 1)[1].split()[0]) if lines else 0)
-        enough = all(n > 0 for n in owned) or len(workers) > partitions
-        if enough and sum(owned) >= partitions:
+        if shared:
+            took_all = all(n >= partitions for n in owned)
+        else:
+            enough = all(n > 0 for n in owned) or len(workers) > partitions
+            took_all = enough and sum(owned) >= partitions
+        if took_all:
             return
         time.sleep(0.2)
     raise StackError(f"workers did not take all {partitions} partitions in {timeout:.0f}s")
