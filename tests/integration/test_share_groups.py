@@ -32,7 +32,7 @@ from streamfer_dev.harness import (
 )
 from streamfer_dev.stack import free_port
 from tests.conftest import Topics
-from tests.integration.helpers import scrape_metrics, streamfer
+from tests.integration.helpers import eventually, scrape_metrics, streamfer
 from tests.integration.share_hooks import POISON_ID, SLOW_S_ENV
 
 pytestmark = pytest.mark.integration
@@ -95,6 +95,9 @@ def test_three_workers_on_one_partition_all_work(
         wait_for_assignment(workers, 1, timeout=60, shared=True)
         produce_requests(kafka_bootstrap, t.requests, requests, rate=1500)
         outcomes = collect_outcomes(kafka_bootstrap, t.results, t.dead_letters, good, timeout=90)
+        # a worker counts its acceptances once the broker has its last batch's results,
+        # about when the reader sees them: wait for every count to be in
+        eventually(lambda: sum(accepted(port) for port in ports) >= len(good), timeout=30)
         served = [accepted(port) for port in ports]
     finally:
         codes = [w.terminate() for w in workers]
