@@ -167,11 +167,15 @@ port = {port}
 
         produce_requests(kafka_bootstrap, live.requests, until_stopped(), rate=LIVE_RATE)
 
-    worker = WorkerProcess(config, tmp_path / "worker.log").start()
+    worker = WorkerProcess(config, tmp_path / "worker.log")
     producer = threading.Thread(target=trickle, daemon=True)
     try:
-        wait_for_assignment([worker], 6, timeout=90)
+        # interactive requests are waiting when the worker joins, so their results can
+        # flow from the drain's first second (a trickle started after the assignment
+        # could miss it)
         producer.start()
+        worker.start()
+        wait_for_assignment([worker], 6, timeout=90)
         bulk_results = read_results(kafka_bootstrap, bulk.results, bulk_ids, timeout=240)
         time.sleep(1.0)  # interactive requests after the backlog, too
         stop.set()
