@@ -343,6 +343,18 @@ def keys_under(client: Any, prefix: str) -> list[bytes]:
     return sorted(client.scan_iter(match=f"{prefix}*", count=1000))
 
 
+def stored_keys(client: Any, prefix: str, count: int, timeout: float = 10.0) -> list[bytes]:
+    """The keys under ``prefix`` once there are ``count`` (or what there is at
+    ``timeout``): the worker writes its entries after handing the batch's results to
+    the producer, so a reader can see the results first."""
+    deadline = time.monotonic() + timeout
+    keys = keys_under(client, prefix)
+    while len(keys) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+        keys = keys_under(client, prefix)
+    return keys
+
+
 def redis_tier(stored: Stored, *, ttl: int, memory: bool = True) -> tuple[str, str]:
     """A fresh key prefix, and the cache table that keeps entries there for ``ttl`` s."""
     prefix = f"{stored.tag}:cache:"
@@ -457,7 +469,7 @@ def test_a_second_worker_gets_redis_hits_for_what_the_first_computed(
 
     client = redis.Redis.from_url(redis_url)
     try:
-        keys = keys_under(client, prefix)
+        keys = stored_keys(client, prefix, len(computed))
         assert len(keys) == len(computed)
         ttls = [client.ttl(k) for k in keys]
         assert all(0 < t <= 120 for t in ttls), ttls
@@ -492,7 +504,7 @@ def test_redis_entries_expire_after_their_ttl(
         one = request(data, "x1", 3)
         got = served.round_trip([one])
         assert cached_ids(got) == set()
-        (key,) = keys_under(client, prefix)
+        (key,) = stored_keys(client, prefix, 1)
         assert 0 < client.pttl(key) <= ttl * 1000
 
         left = client.pttl(key)
@@ -510,7 +522,7 @@ def test_redis_entries_expire_after_their_ttl(
         got.update(served.round_trip([three]))
         assert cached_ids(got) == {"x2"}  # x3 was computed again
         assert_exact(session, [one, two, three], got)
-        assert client.exists(key)  # and stored again
+        assert stored_keys(client, prefix, 1) == [key]  # and stored again
     finally:
         client.close()
     counters = served.counters()
@@ -552,7 +564,7 @@ def test_garbage_under_cache_keys_is_a_miss_and_results_stay_right(
     got = served.round_trip(rows)
     client = redis.Redis.from_url(redis_url)
     try:
-        keys = keys_under(client, prefix)
+        keys = stored_keys(client, prefix, len(rows))
         assert len(keys) == len(rows)
         kinds = []
         for i, (key, value) in enumerate(zip(keys, client.mget(keys), strict=True)):
@@ -645,7 +657,7 @@ def test_the_redis_tier_on_a_cluster_spreads_keys_over_its_nodes(
     assert cached_ids(got) == set()
     client = redis.RedisCluster.from_url(cluster.address)
     try:
-        keys = keys_under(client, prefix)
+        keys = stored_keys(client, prefix, len(rows))
         assert len(keys) == len(rows)
         owners = {client.get_node_from_key(k).name for k in keys}
         assert len(owners) == 3, owners
