@@ -232,7 +232,15 @@ def _compact(bootstrap: str, topic: str) -> None:
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[entry])
     for future in admin.incremental_alter_configs([resource]).values():
         future.result(30)
-    time.sleep(1.0)  # the partition's leader applies the new policy
+    # the broker applies the change from its metadata log: wait until it says so
+    deadline = time.monotonic() + 30
+    described = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    while time.monotonic() < deadline:
+        configs = admin.describe_configs([described])[described].result(30)
+        if configs["cleanup.policy"].value == "compact":
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{topic}: cleanup.policy is not compact after 30 s")
 
 
 @pytest.mark.parametrize("delivery", ["at-least-once", "exactly-once"])
