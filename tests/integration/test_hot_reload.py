@@ -22,9 +22,10 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -214,21 +215,41 @@ def test_sighup_and_post_reload_a_file_that_is_not_watched(
     worker, port = mlp_worker(topics, data, path, model_lines='version = "2026.1"')
     assert post(port, "/reload", "GET")[0] == 405
 
-    count = 4000
-    produced = produced_requests(data, count)
+    rate = 400
+    available = produced_requests(data, N_REQUESTS)
+    produced: list[tuple[str, bytes, bytes]] = []
+    last_loaded = threading.Event()
+
+    def until_a_second_after_the_last_reload() -> Iterator[tuple[str, bytes, bytes]]:
+        """The stream goes on until the last version has had a second of it, however
+        long the reloads took on this machine."""
+        tail = rate
+        for item in available:
+            if last_loaded.is_set():
+                if tail == 0:
+                    return
+                tail -= 1
+            produced.append(item)
+            yield item
+
     join = in_background(
-        lambda: produce_requests(kafka_bootstrap, topics.requests, produced, rate=400)
+        lambda: produce_requests(
+            kafka_bootstrap, topics.requests, until_a_second_after_the_last_reload(), rate=rate
+        )
     )
-    time.sleep(2)
-    _replace(path, models["2"])
-    time.sleep(3)
-    assert live_models(port) == {("2026.1", sha(models["1"]))}  # not watched: not seen
-    os.kill(worker.pid, signal.SIGHUP)
-    wait_for(lambda: reloads(port, "loaded") == 1, 30, "SIGHUP to load the new file")
-    time.sleep(2)
-    _replace(path, models["4"])
-    assert post(port, "/reload") == (202, "reload requested\n")
-    wait_for(lambda: reloads(port, "loaded") == 2, 30, "POST /reload to load the new file")
+    try:
+        time.sleep(2)
+        _replace(path, models["2"])
+        time.sleep(3)
+        assert live_models(port) == {("2026.1", sha(models["1"]))}  # not watched: not seen
+        os.kill(worker.pid, signal.SIGHUP)
+        wait_for(lambda: reloads(port, "loaded") == 1, 30, "SIGHUP to load the new file")
+        time.sleep(2)
+        _replace(path, models["4"])
+        assert post(port, "/reload") == (202, "reload requested\n")
+        wait_for(lambda: reloads(port, "loaded") == 2, 30, "POST /reload to load the new file")
+    finally:
+        last_loaded.set()
     join()
 
     results = read_results(kafka_bootstrap, topics.results, {r for r, _, _ in produced}, 120)
