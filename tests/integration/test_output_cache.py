@@ -31,7 +31,7 @@ from streamfer_dev.harness import (
 )
 from streamfer_dev.stack import RedisCluster, free_port, start_redis_cluster
 from tests.conftest import Topics
-from tests.integration.helpers import assert_valid, scrape_metrics, validator
+from tests.integration.helpers import assert_valid, eventually, scrape_metrics, validator
 from tests.integration.recipes import (
     CATEGORICAL,
     NUMERIC,
@@ -347,12 +347,8 @@ def stored_keys(client: Any, prefix: str, count: int, timeout: float = 10.0) -> 
     """The keys under ``prefix`` once there are ``count`` (or what there is at
     ``timeout``): the worker writes its entries after handing the batch's results to
     the producer, so a reader can see the results first."""
-    deadline = time.monotonic() + timeout
-    keys = keys_under(client, prefix)
-    while len(keys) < count and time.monotonic() < deadline:
-        time.sleep(0.05)
-        keys = keys_under(client, prefix)
-    return keys
+    eventually(lambda: len(keys_under(client, prefix)) >= count, timeout)
+    return keys_under(client, prefix)
 
 
 def redis_tier(stored: Stored, *, ttl: int, memory: bool = True) -> tuple[str, str]:

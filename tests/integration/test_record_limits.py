@@ -29,7 +29,7 @@ from streamfer_dev.harness import (
     wait_for_assignment,
 )
 from tests.conftest import Topics
-from tests.integration.helpers import assert_committed_to_end, assert_valid, validator
+from tests.integration.helpers import assert_committed_to_end, assert_valid, eventually, validator
 from worker.kafka.limits import DEFAULT_MESSAGE_MAX_BYTES
 
 pytestmark = pytest.mark.integration
@@ -232,15 +232,14 @@ def _compact(bootstrap: str, topic: str) -> None:
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[entry])
     for future in admin.incremental_alter_configs([resource]).values():
         future.result(30)
-    # the broker applies the change from its metadata log: wait until it says so
-    deadline = time.monotonic() + 30
     described = ConfigResource(ConfigResource.Type.TOPIC, topic)
-    while time.monotonic() < deadline:
+
+    def policy() -> str:
         configs = admin.describe_configs([described])[described].result(30)
-        if configs["cleanup.policy"].value == "compact":
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{topic}: cleanup.policy is not compact after 30 s")
+        return str(configs["cleanup.policy"].value)
+
+    # the broker applies the change from its metadata log: wait until it says so
+    assert eventually(lambda: policy() == "compact", 30), f"{topic}: {policy()}, not compact"
 
 
 @pytest.mark.parametrize("delivery", ["at-least-once", "exactly-once"])

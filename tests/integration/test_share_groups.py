@@ -7,7 +7,6 @@ runs share groups with 10 s sessions."""
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -52,16 +51,11 @@ def accepted_in(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -
     )
 
 
-def wait_until_holding(port: int, timeout: float) -> None:
-    """Return once the worker on ``port`` has had acceptances and holds records now."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        metrics = scrape_metrics(port)
-        held = sum(v for (n, _), v in metrics.items() if n == "streamfer_in_flight_records")
-        if accepted_in(metrics) > 0 and held > 0:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"the worker on port {port} held no records for {timeout:.0f}s")
+def serving_and_holding(port: int) -> bool:
+    """Whether the worker on ``port`` has had acceptances and holds records now."""
+    metrics = scrape_metrics(port)
+    held = sum(v for (n, _), v in metrics.items() if n == "streamfer_in_flight_records")
+    return accepted_in(metrics) > 0 and held > 0
 
 
 def set_group_configs(bootstrap: str, group: str, **configs: str) -> None:
@@ -156,7 +150,7 @@ def test_a_worker_killed_mid_stream_loses_nothing_and_repeats_at_most_what_it_he
             kafka_bootstrap, t.results, t.dead_letters, {f"r{n}" for n in range(1000)}, timeout=60
         )
         assert len(partial.results) >= 1000
-        wait_until_holding(ports[0], timeout=30)
+        assert eventually(lambda: serving_and_holding(ports[0]), timeout=30), "it held nothing"
         workers[0].kill()
         killed_log = workers[0].log_text()
         producer.join(60)
@@ -212,11 +206,14 @@ def test_a_record_that_kills_every_worker_ends_as_one_redelivered_dead_letter(
     slots = [start(0), start(1)]
     done = threading.Event()
 
+    def restart_the_dead() -> None:
+        for i, worker in enumerate(slots):
+            if not worker.alive():
+                slots[i] = start(i)
+
     def supervise() -> None:
         while not done.wait(0.2):
-            for i, worker in enumerate(slots):
-                if not worker.alive():
-                    slots[i] = start(i)
+            restart_the_dead()
 
     supervisor = threading.Thread(target=supervise, daemon=True)
     try:
@@ -235,9 +232,7 @@ def test_a_record_that_kills_every_worker_ends_as_one_redelivered_dead_letter(
         supervisor.join(10)
         # the fourth death came before the fifth delivery, maybe too late for the
         # supervisor: start its slot again as it would have
-        for i, worker in enumerate(slots):
-            if not worker.alive():
-                slots[i] = start(i)
+        restart_the_dead()
         # every slot's worker has joined, the one started last too (the SIGTERM meant to
         # drain a worker still starting up killed it: exit -15)
         wait_for_assignment(slots, 1, timeout=60, shared=True)
