@@ -28,9 +28,11 @@ def add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="auto: Apache Kafka when Java is present, else Tansu; external: "
         "KAFKA_BOOTSTRAP_SERVERS [env]",
     )
-    demo.add_argument("--records", type=int, default=20_000)
-    demo.add_argument("--workers", type=int, default=2)
-    demo.add_argument("--partitions", type=int, default=4)
+    demo.add_argument("--records", type=int, default=20_000, help="requests to produce (20,000)")
+    demo.add_argument("--workers", type=int, default=2, help="worker processes to start (2)")
+    demo.add_argument(
+        "--partitions", type=int, default=4, help="partitions of the request topic (4)"
+    )
     demo.add_argument(
         "--rate",
         type=float,

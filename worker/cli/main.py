@@ -170,11 +170,15 @@ def _add_replay_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
         _config_argument(p)
         p.add_argument("--group", help="another group than the config's (a replay's, say)")
         p.add_argument("--pipeline", help="only this pipeline's request topics")
-    show.add_argument("--json", action="store_true")
+    show.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object: the group, its state, members, lag and partitions",
+    )
     to = reset.add_mutually_exclusive_group(required=True)
     to.add_argument("--to-time", help="first record at or after: ISO-8601 or epoch ms")
-    to.add_argument("--to-earliest", action="store_true")
-    to.add_argument("--to-latest", action="store_true")
+    to.add_argument("--to-earliest", action="store_true", help="to each partition's log start")
+    to.add_argument("--to-latest", action="store_true", help="to each partition's log end")
     reset.add_argument("--partitions", help="only these partitions, e.g. 0,2,5-7")
     reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     offsets.set_defaults(func=cmd_offsets)
@@ -188,7 +192,9 @@ def _add_feature_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     load.add_argument("--pipeline", help="pipeline whose lookups to use (default: the first)")
     load.add_argument("--lookup", help="the lookup to write (default: the pipeline's first)")
     load.add_argument("--file", required=True, type=Path, help=".csv, .tsv or .parquet")
-    load.add_argument("--entity-column", default="entity")
+    load.add_argument(
+        "--entity-column", default="entity", help="the column holding entity ids (entity)"
+    )
     load.add_argument(
         "--layout",
         choices=["hash", "packed"],
@@ -196,7 +202,7 @@ def _add_feature_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
         help="default: the lookup's layout",
     )
     load.add_argument("--chunk", type=int, default=5000, help="rows per pipelined write")
-    load.add_argument("--no-progress", action="store_true")
+    load.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     load.set_defaults(func=cmd_features_load)
 
 

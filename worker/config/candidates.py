@@ -34,10 +34,30 @@ class CandidateSpec(Frozen):
     shares, and must feed exactly like it. Its results name ``name`` (default: the
     pipeline model's) and ``version`` (for a file, required)."""
 
-    model: Path
-    version: str | None = None
-    name: str | None = Field(default=None, min_length=1)
-    sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
+    model: Path = Field(
+        description=(
+            "The candidate model: an ONNX file, or a directory of numbered versions"
+            " (its highest is taken)."
+        )
+    )
+    version: str | None = Field(
+        default=None,
+        description=(
+            "The candidate's version: required for a file, pins one version of a directory."
+        ),
+    )
+    name: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "The model name the candidate's results carry; None: the pipeline model's name."
+        ),
+    )
+    sha256: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-fA-F]{64}$",
+        description="Refuse to start if the candidate's file has another SHA-256.",
+    )
 
     def model_spec(self, primary: ModelSpec) -> ModelSpec:
         """The candidate as a ``ModelSpec`` (once the config is loaded: ``model`` names a
@@ -60,7 +80,15 @@ class CanarySpec(CandidateSpec):
     results, published like the others, name it. ``percent`` is honoured to the nearest
     bucket (0.01); a percent below one bucket would score no record and is refused."""
 
-    percent: float = Field(gt=0, le=100)
+    percent: float = Field(
+        gt=0,
+        le=100,
+        description=(
+            "The share of records the canary scores, 0.01 to 100, honoured to the "
+            "nearest 0.01; a record's Kafka key (or request id) decides, so one key"
+            " always goes the same way."
+        ),
+    )
 
     @field_validator("percent")
     @classmethod
@@ -81,7 +109,34 @@ class ShadowSpec(CandidateSpec):
     and counted. Agreement with the pipeline's model is measured over about the last
     ``agreement_rows`` rows."""
 
-    topic: str = Field(min_length=1)
-    queue_batches: int = Field(default=8, ge=1, le=1024)
-    max_delay_ms: float = Field(default=0.0, ge=0, le=10_000)
-    agreement_rows: int = Field(default=10_000, ge=1, le=100_000_000)
+    topic: str = Field(
+        min_length=1,
+        description=(
+            "Where the shadow's results go; neither the pipeline's result topic nor"
+            " its dead-letter topic."
+        ),
+    )
+    queue_batches: int = Field(
+        default=8,
+        ge=1,
+        le=1024,
+        description=(
+            "Batches that may wait for the shadow model; a full queue drops the "
+            "batch for the shadow (counted), never slowing the pipeline."
+        ),
+    )
+    max_delay_ms: float = Field(
+        default=0.0,
+        ge=0,
+        le=10_000,
+        description=(
+            "How long a publish may wait for room in the shadow's queue before the "
+            "batch is dropped for the shadow."
+        ),
+    )
+    agreement_rows: int = Field(
+        default=10_000,
+        ge=1,
+        le=100_000_000,
+        description="Rows the shadow's agreement metrics look back over.",
+    )

@@ -66,41 +66,124 @@ class KafkaSettings(Frozen):
     example); ``consumer_options`` and ``producer_options`` to one of them.
     """
 
-    bootstrap_servers: str = "127.0.0.1:9092"
-    group_id: str = "streamfer"
-    group_protocol: GroupProtocol = "classic"
-    """``consumer``: KIP-848's group protocol (Apache Kafka 4.0+): the broker assigns the
-    partitions and a rebalance moves only what changes, without stopping the group. Its
-    session timeout, heartbeat interval and assignor are then the broker's settings."""
-    auto_offset_reset: Literal["earliest", "latest", "error"] = "earliest"
-    session_timeout_ms: int = Field(default=45000, ge=1000, le=3_600_000)
-    heartbeat_interval_ms: int = Field(default=1000, ge=100, le=3_600_000)
-    """How soon a member hears of a rebalance. A cooperative rebalance takes two rounds,
-    so a replica added under load waits about two intervals for its partitions:
-    librdkafka's default of 3 s made that 6 s."""
-    max_poll_interval_ms: int = Field(default=300_000, ge=1000)
-    group_instance_id: str | None = None
-    share_group: bool = False
-    """Consume as a member of the share group ``group_id`` (KIP-932, Apache Kafka 4.2+)
-    instead of a consumer group: the broker hands the records of one partition to every
-    member, each acknowledged one by one, so more workers than partitions all work.
-    At-least-once only; results are not in partition order (``worker.loop.share_worker``)."""
-    share_delivery_count_limit: int | None = Field(default=None, ge=2, le=10)
-    """With ``share_group``: the group's ``share.delivery.count.limit``, the deliveries
-    after which the broker archives a record. None reads it from the group's
-    configuration at start-up; give it where the worker may not describe the group's
-    configuration (the broker's default is 5). A record on its last delivery becomes a
-    ``redelivered`` dead letter before it is processed."""
-    group_coverage_check_s: float = Field(default=10.0, ge=0)
-    """With ``group_instance_id``: how often to look for partitions no member of the
-    settled group owns (``worker.kafka.group_coverage``); 0 never looks."""
-    options: dict[str, LibrdkafkaValue] = Field(default_factory=dict)
-    consumer_options: dict[str, LibrdkafkaValue] = Field(default_factory=dict)
-    producer_options: dict[str, LibrdkafkaValue] = Field(default_factory=dict)
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
-    sasl_password_file: Path | None = None
-    """Read at start-up into ``sasl_password`` (a mounted Kubernetes secret, say)."""
+    bootstrap_servers: str = Field(
+        default="127.0.0.1:9092",
+        description="The brokers to connect to first, host:port separated by commas.",
+    )
+    group_id: str = Field(
+        default="streamfer",
+        description="The consumer group (or share group) the workers of this config form.",
+    )
+    group_protocol: GroupProtocol = Field(
+        default="classic",
+        description=(
+            "`consumer`: KIP-848's group protocol (Apache Kafka 4.0+): the broker "
+            "assigns the partitions and a rebalance moves only what changes, "
+            "without stopping the group. Its session timeout, heartbeat interval "
+            "and assignor are then the broker's settings."
+        ),
+    )
+    auto_offset_reset: Literal["earliest", "latest", "error"] = Field(
+        default="earliest",
+        description=(
+            "Where a partition the group has never committed starts: the log start "
+            "(earliest), the log end at assignment, committed at once (latest), or "
+            "a refusal to start (error)."
+        ),
+    )
+    session_timeout_ms: int = Field(
+        default=45000,
+        ge=1000,
+        le=3_600_000,
+        description=(
+            "How long the broker waits for a silent member before rebalancing its "
+            "partitions (classic protocol only; the broker's "
+            "group.consumer.session.timeout.ms otherwise)."
+        ),
+    )
+    heartbeat_interval_ms: int = Field(
+        default=1000,
+        ge=100,
+        le=3_600_000,
+        description=(
+            "How soon a member hears of a rebalance. A cooperative rebalance takes "
+            "two rounds, so a replica added under load waits about two intervals "
+            "for its partitions: librdkafka's default of 3 s made that 6 s."
+        ),
+    )
+    max_poll_interval_ms: int = Field(
+        default=300_000,
+        ge=1000,
+        description=(
+            "librdkafka's max.poll.interval.ms; a batch running longer than a "
+            "quarter of it pauses its partitions while the loop keeps polling."
+        ),
+    )
+    group_instance_id: str | None = Field(
+        default=None,
+        description=(
+            "Static membership: a stable id per worker (a StatefulSet pod name) so "
+            "a restart costs no rebalance and, in exactly-once mode, fences the old"
+            " producer at once."
+        ),
+    )
+    share_group: bool = Field(
+        default=False,
+        description=(
+            "Consume as a member of the share group `group_id` (KIP-932, Apache "
+            "Kafka 4.2+) instead of a consumer group: the broker hands the records "
+            "of one partition to every member, each acknowledged one by one, so "
+            "more workers than partitions all work. At-least-once only; results are"
+            " not in partition order (`worker.loop.share_worker`)."
+        ),
+    )
+    share_delivery_count_limit: int | None = Field(
+        default=None,
+        ge=2,
+        le=10,
+        description=(
+            "With `share_group`: the group's `share.delivery.count.limit`, the "
+            "deliveries after which the broker archives a record. None reads it "
+            "from the group's configuration at start-up; give it where the worker "
+            "may not describe the group's configuration (the broker's default is "
+            "5). A record on its last delivery becomes a `redelivered` dead letter "
+            "before it is processed."
+        ),
+    )
+    group_coverage_check_s: float = Field(
+        default=10.0,
+        ge=0,
+        description=(
+            "With `group_instance_id`: how often to look for partitions no member "
+            "of the settled group owns (`worker.kafka.group_coverage`); 0 never "
+            "looks."
+        ),
+    )
+    options: dict[str, LibrdkafkaValue] = Field(
+        default_factory=dict,
+        description=(
+            "librdkafka options for every client (consumer, producer, admin, check,"
+            " replay, offsets): security settings, for example. Secrets among them "
+            "are masked when printed."
+        ),
+    )
+    consumer_options: dict[str, LibrdkafkaValue] = Field(
+        default_factory=dict, description="librdkafka options for the consumer only."
+    )
+    producer_options: dict[str, LibrdkafkaValue] = Field(
+        default_factory=dict, description="librdkafka options for the producer only."
+    )
+    sasl_username: str | None = Field(
+        default=None, description="SASL user name; the mechanism and protocol go in options."
+    )
+    sasl_password: SecretStr | None = Field(
+        default=None,
+        description="SASL password (a secret, never printed); prefer sasl_password_file.",
+    )
+    sasl_password_file: Path | None = Field(
+        default=None,
+        description=("Read at start-up into `sasl_password` (a mounted Kubernetes secret, say)."),
+    )
 
     @model_validator(mode="after")
     def _protocol_settings(self) -> KafkaSettings:
@@ -202,16 +285,52 @@ class RedisSettings(Frozen):
     ``rediss://`` for TLS (``ssl_ca_certs`` to trust a private CA) and ``username`` /
     ``password`` (or ``password_file``) for AUTH and ACL users."""
 
-    url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
-    url_file: Path | None = None
-    username: str | None = None
-    password: SecretStr | None = None
-    password_file: Path | None = None
-    ssl_ca_certs: Path | None = None
-    socket_timeout_s: float = Field(default=5.0, gt=0)
-    cluster: bool = False
-    """``url`` is a seed node of a Redis Cluster: each batch's keys go to the nodes that
-    own their slots, one pipelined write per node, all sent before any reply is read."""
+    url: SecretStr = Field(
+        default=SecretStr("redis://127.0.0.1:6379/0"),
+        description=(
+            "The feature store: redis:// or rediss:// (TLS). A secret, never "
+            "printed; a password with / # ? must be percent-encoded or go in "
+            "password."
+        ),
+    )
+    url_file: Path | None = Field(
+        default=None, description="A file read at start-up into url (a mounted secret, say)."
+    )
+    username: str | None = Field(
+        default=None,
+        description=(
+            "The ACL user; it needs +hmget (hash) or +mget (packed; +get on a "
+            "cluster) on the key pattern."
+        ),
+    )
+    password: SecretStr | None = Field(
+        default=None, description="The password (a secret, never printed); prefer password_file."
+    )
+    password_file: Path | None = Field(
+        default=None, description="A file read at start-up into password."
+    )
+    ssl_ca_certs: Path | None = Field(
+        default=None,
+        description=(
+            "The CA bundle for a rediss:// server signed by a private CA; omit for public CAs."
+        ),
+    )
+    socket_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        description=(
+            "How long one Redis round trip may take; a slower one counts as an "
+            "outage and the batch waits and retries."
+        ),
+    )
+    cluster: bool = Field(
+        default=False,
+        description=(
+            "`url` is a seed node of a Redis Cluster: each batch's keys go to the "
+            "nodes that own their slots, one pipelined write per node, all sent "
+            "before any reply is read."
+        ),
+    )
 
     def checked_url(self, source: str | None = None) -> str:
         """The URL, once it is known that redis-py reads it as written. Raises

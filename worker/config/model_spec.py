@@ -21,15 +21,29 @@ class CudaOptions(Frozen):
     """ONNX Runtime's CUDA provider, as ``[pipelines.model.cuda]``; also the device
     TensorRT runs on. See ``worker.inference.providers.provider_options`` for the option names."""
 
-    device_id: int = Field(default=0, ge=0, le=255)
-    cudnn_conv_algo_search: Literal["EXHAUSTIVE", "HEURISTIC", "DEFAULT"] = "EXHAUSTIVE"
-    """How cuDNN picks convolution kernels: benchmarked once per shape (EXHAUSTIVE,
-    Runtime's default), guessed (HEURISTIC) or fixed (DEFAULT)."""
-    arena_extend_strategy: Literal["kNextPowerOfTwo", "kSameAsRequested"] = "kNextPowerOfTwo"
-    """How the device memory arena grows; kSameAsRequested keeps several processes that
-    share one device from each reserving powers of two."""
-    gpu_mem_limit_mb: int | None = Field(default=None, ge=16)
-    """The arena's ceiling in MiB (None: Runtime's default, no limit)."""
+    device_id: int = Field(
+        default=0, ge=0, le=255, description="The GPU to run on (CUDA and TensorRT)."
+    )
+    cudnn_conv_algo_search: Literal["EXHAUSTIVE", "HEURISTIC", "DEFAULT"] = Field(
+        default="EXHAUSTIVE",
+        description=(
+            "How cuDNN picks convolution kernels: benchmarked once per shape "
+            "(EXHAUSTIVE, Runtime's default), guessed (HEURISTIC) or fixed "
+            "(DEFAULT)."
+        ),
+    )
+    arena_extend_strategy: Literal["kNextPowerOfTwo", "kSameAsRequested"] = Field(
+        default="kNextPowerOfTwo",
+        description=(
+            "How the device memory arena grows; kSameAsRequested keeps several "
+            "processes that share one device from each reserving powers of two."
+        ),
+    )
+    gpu_mem_limit_mb: int | None = Field(
+        default=None,
+        ge=16,
+        description="The arena's ceiling in MiB (None: Runtime's default, no limit).",
+    )
 
 
 class TensorrtOptions(Frozen):
@@ -37,14 +51,28 @@ class TensorrtOptions(Frozen):
     directories resolve against the config file's directory; each must be writable when
     TensorRT is among the providers (start-up fails naming it otherwise)."""
 
-    fp16: bool = False
-    engine_cache_dir: Path | None = None
-    """Built engines are kept here (a volume) and reused at the next start of the same
-    model, TensorRT version and GPU; None: an engine is built at every start."""
-    timing_cache_dir: Path | None = None
-    """TensorRT's kernel timings, which make the next build of any model faster."""
-    max_workspace_mb: int | None = Field(default=None, ge=16)
-    builder_optimization_level: int | None = Field(default=None, ge=0, le=5)
+    fp16: bool = Field(default=False, description="Let TensorRT build float16 kernels.")
+    engine_cache_dir: Path | None = Field(
+        default=None,
+        description=(
+            "Built engines are kept here (a volume) and reused at the next start of"
+            " the same model, TensorRT version and GPU; None: an engine is built at"
+            " every start."
+        ),
+    )
+    timing_cache_dir: Path | None = Field(
+        default=None,
+        description=("TensorRT's kernel timings, which make the next build of any model faster."),
+    )
+    max_workspace_mb: int | None = Field(
+        default=None, ge=16, description="TensorRT's builder workspace in MiB; None: its default."
+    )
+    builder_optimization_level: int | None = Field(
+        default=None,
+        ge=0,
+        le=5,
+        description="TensorRT's builder optimisation level (0-5); None: its default.",
+    )
 
 
 class ModelSpec(Frozen):
@@ -65,39 +93,113 @@ class ModelSpec(Frozen):
     serves and off on the CPU, where neither pays.
     """
 
-    path: Path
-    name: str = Field(min_length=1)
-    version: str = "1"
-    providers: list[Provider] = Field(default_factory=lambda: [_CPU])
-    intra_op_threads: int = Field(default=1, ge=0, le=256)
-    inputs: dict[str, list[str]] | None = None
-    outputs: dict[str, str] | None = None
-    class_names: list[str] | None = Field(default=None, min_length=1)
-    sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
-    cuda: CudaOptions = CudaOptions()
-    tensorrt: TensorrtOptions = TensorrtOptions()
-    deterministic: bool = True
-    """False: the model may answer the same inputs differently (sampling, dropout left
-    on, a random seed per run), so its outputs are never cached (``cache.enabled`` is
-    refused)."""
-    pad_to_buckets: bool | None = None
-    """None: on when the serving provider is CUDA or TensorRT."""
-    io_binding: bool | None = None
-    """None: on when batches are padded and the serving provider is CUDA or TensorRT;
-    models with string or map inputs or outputs are never bound."""
-    watch: bool | None = None
-    """Look for a new model every ``reload_poll_s`` and serve it without a restart
-    (``worker.models.reloader``). None: on when ``path`` is a directory of versions, off for a
-    file (which SIGHUP or ``POST /reload`` still make the worker look at)."""
-    reload_poll_s: float = Field(default=3.0, gt=0, le=3600)
-    allow_provider_change: bool = False
-    """False: a new version that would be served by another execution provider than the
-    live one (a CUDA model whose next version falls back to the CPU) is refused at the
-    reload, and the live one keeps serving."""
-    version_dir: Path | None = None
-    """Set when the config is loaded, never written: the directory of numbered versions
-    that ``path`` named, when the worker follows its highest version (``path`` then
-    names that version's model.onnx, and ``version`` its name)."""
+    path: Path = Field(
+        description=(
+            "The ONNX file, or a directory of numbered versions (each "
+            "<n>/model.onnx), relative to the config file."
+        )
+    )
+    name: str = Field(min_length=1, description="The model's name, as results carry it.")
+    version: str = Field(
+        default="1",
+        description=(
+            "The version results carry for a file; for a directory, pins that "
+            "version (then it is not followed)."
+        ),
+    )
+    providers: list[Provider] = Field(
+        default_factory=lambda: [_CPU],
+        description=(
+            "ONNX Runtime execution providers in order of preference; CUDA and "
+            "TensorRT need the streamfer-gpu build."
+        ),
+    )
+    intra_op_threads: int = Field(
+        default=1, ge=0, le=256, description="ONNX Runtime's threads within one operator."
+    )
+    inputs: dict[str, list[str]] | None = Field(
+        default=None,
+        description=(
+            "ONNX input name -> the features that feed it, in column order; None: "
+            "inferred from the model and the lookups."
+        ),
+    )
+    outputs: dict[str, str] | None = Field(
+        default=None,
+        description=(
+            "Result field -> ONNX output name; None: every output under its own "
+            "name (a classifier's label and probabilities as label and scores)."
+        ),
+    )
+    class_names: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "Names for the label's class indexes, in class order, written in "
+            "results instead of the index."
+        ),
+    )
+    sha256: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-fA-F]{64}$",
+        description="Refuse to start (or reload) if the model file has another SHA-256.",
+    )
+    cuda: CudaOptions = Field(
+        default=CudaOptions(), description="Options for the CUDA execution provider."
+    )
+    tensorrt: TensorrtOptions = Field(
+        default=TensorrtOptions(), description="Options for the TensorRT execution provider."
+    )
+    deterministic: bool = Field(
+        default=True,
+        description=(
+            "False: the model may answer the same inputs differently (sampling, "
+            "dropout left on, a random seed per run), so its outputs are never "
+            "cached (`cache.enabled` is refused)."
+        ),
+    )
+    pad_to_buckets: bool | None = Field(
+        default=None, description="None: on when the serving provider is CUDA or TensorRT."
+    )
+    io_binding: bool | None = Field(
+        default=None,
+        description=(
+            "None: on when batches are padded and the serving provider is CUDA or "
+            "TensorRT; models with string or map inputs or outputs are never bound."
+        ),
+    )
+    watch: bool | None = Field(
+        default=None,
+        description=(
+            "Look for a new model every `reload_poll_s` and serve it without a "
+            "restart (`worker.models.reloader`). None: on when `path` is a "
+            "directory of versions, off for a file (which SIGHUP or `POST /reload` "
+            "still make the worker look at)."
+        ),
+    )
+    reload_poll_s: float = Field(
+        default=3.0,
+        gt=0,
+        le=3600,
+        description="How often a watched model is looked at for a new version.",
+    )
+    allow_provider_change: bool = Field(
+        default=False,
+        description=(
+            "False: a new version that would be served by another execution "
+            "provider than the live one (a CUDA model whose next version falls back"
+            " to the CPU) is refused at the reload, and the live one keeps serving."
+        ),
+    )
+    version_dir: Path | None = Field(
+        default=None,
+        description=(
+            "Set when the config is loaded, never written: the directory of "
+            "numbered versions that `path` named, when the worker follows its "
+            "highest version (`path` then names that version's model.onnx, and "
+            "`version` its name)."
+        ),
+    )
 
     @model_validator(mode="before")
     @classmethod

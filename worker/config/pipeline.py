@@ -60,10 +60,27 @@ class BatchPolicy(Frozen):
     ``latency_budget_ms`` of their Kafka timestamp.
     """
 
-    max_batch_size: int = Field(default=256, ge=1, le=100_000)
-    max_wait_ms: float = Field(default=20.0, ge=0, le=60_000)
-    mode: Literal["fixed", "adaptive"] = "fixed"
-    latency_budget_ms: float | None = Field(default=None, gt=0)
+    max_batch_size: int = Field(
+        default=256, ge=1, le=100_000, description="A batch is handed over at this many records."
+    )
+    max_wait_ms: float = Field(
+        default=20.0,
+        ge=0,
+        le=60_000,
+        description="... or this long after its first record, whichever comes first.",
+    )
+    mode: Literal["fixed", "adaptive"] = Field(
+        default="fixed",
+        description=(
+            "fixed: wait for the window; adaptive: hand a batch over at once when "
+            "the model is idle, and shrink the window by the records' age."
+        ),
+    )
+    latency_budget_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description=("adaptive mode: the age a record may reach before its batch is handed over."),
+    )
 
 
 _HOOK = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
@@ -73,8 +90,22 @@ class HooksSpec(Frozen):
     """Python functions called once per batch, as ``package.module:function``: see
     ``worker.pipeline.hooks`` for their signatures."""
 
-    prepare: str | None = Field(default=None, pattern=_HOOK)
-    postprocess: str | None = Field(default=None, pattern=_HOOK)
+    prepare: str | None = Field(
+        default=None,
+        pattern=_HOOK,
+        description=(
+            "package.module:function called once per batch before the model, with "
+            "the requests and the model inputs; returns the inputs to run."
+        ),
+    )
+    postprocess: str | None = Field(
+        default=None,
+        pattern=_HOOK,
+        description=(
+            "package.module:function called once per batch after the model, with "
+            "the requests and outputs; returns the outputs to publish."
+        ),
+    )
 
 
 class CacheSpec(Frozen):
@@ -88,14 +119,50 @@ class CacheSpec(Frozen):
     trip that fails or takes over ``redis_timeout_ms`` counts as misses, and the tier
     rests for a while, without holding the batch up."""
 
-    enabled: bool = False
-    max_entries: int = Field(default=100_000, ge=0, le=100_000_000)
-    max_bytes: int = Field(default=256 * 2**20, ge=0, le=2**40)
-    """What the in-process entries may take, counted as keys and values plus about 176
-    bytes each (``worker.cache.memory``); 256 MiB holds about 17,000 rows of 768 floats."""
-    redis_ttl_s: int | None = Field(default=None, ge=1, le=365 * 86_400)
-    redis_key_prefix: str = Field(default="streamfer:cache:", min_length=1, max_length=200)
-    redis_timeout_ms: float = Field(default=250.0, gt=0, le=60_000)
+    enabled: bool = Field(
+        default=False,
+        description=(
+            "Answer rows whose model inputs were seen before from the cache, without the model."
+        ),
+    )
+    max_entries: int = Field(
+        default=100_000,
+        ge=0,
+        le=100_000_000,
+        description="Rows kept in the worker process, least recently used out (0: none).",
+    )
+    max_bytes: int = Field(
+        default=256 * 2**20,
+        ge=0,
+        le=2**40,
+        description=(
+            "What the in-process entries may take, counted as keys and values plus "
+            "about 176 bytes each (`worker.cache.memory`); 256 MiB holds about "
+            "17,000 rows of 768 floats."
+        ),
+    )
+    redis_ttl_s: int | None = Field(
+        default=None,
+        ge=1,
+        le=365 * 86_400,
+        description=(
+            "Also share rows through [redis], each kept this many seconds; None: in-process only."
+        ),
+    )
+    redis_key_prefix: str = Field(
+        default="streamfer:cache:",
+        min_length=1,
+        max_length=200,
+        description="The prefix of the cache's Redis keys.",
+    )
+    redis_timeout_ms: float = Field(
+        default=250.0,
+        gt=0,
+        le=60_000,
+        description=(
+            "A slower Redis cache round trip counts as misses; the batch never waits for it."
+        ),
+    )
 
 
 class PipelineConfig(Frozen):
@@ -104,56 +171,150 @@ class PipelineConfig(Frozen):
     ``features`` (one lookup, its entity id in the request's ``entity`` field) is the
     short form of ``lookups`` and becomes a lookup named ``entity``."""
 
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    request_topics: list[str] = Field(min_length=1)
-    result_topic: str = Field(min_length=1)
-    dead_letter_topic: str = Field(min_length=1)
-    request: RequestMapping = RequestMapping()
-    features: FeatureSpec | None = None
-    lookups: list[LookupSpec] = Field(default_factory=list)
-    model: ModelSpec
-    canary: CanarySpec | None = None
-    shadow: ShadowSpec | None = None
-    hooks: HooksSpec = HooksSpec()
-    cache: CacheSpec = CacheSpec()
-    batch: BatchPolicy = BatchPolicy()
-    max_record_bytes: int = Field(default=1_048_576, ge=64)
-    pause_after_model_failures: int = Field(default=3, ge=1, le=1_000)
-    """Before the model has answered any row: how many batches in a row it may refuse
-    every row of (each dead-lettered) before the pipeline takes it for a fault of the
-    model and waits instead. Once it has answered a row, a refused batch is tested on
-    that row and waits at once (``worker.pipeline.model_faults``)."""
-    request_format: RequestFormat = "json"
-    """How request values are written: JSON, or Avro, Protobuf or JSON Schema records
-    framed for a Schema Registry (``[schema_registry]``), read with their writer's
-    schema (``worker.registry``)."""
-    request_protobuf: str | None = Field(default=None, pattern=_HOOK)
-    """With ``request_format = "protobuf"``: the generated message class the requests are,
-    ``package.module:Message``."""
-    result_format: Literal["json", "avro"] = "json"
-    """How results are written: JSON, or Avro framed for the Schema Registry (the same
-    fields; ``worker.registry.avro_results``). Dead letters stay JSON."""
-    result_schema: Path | None = None
-    """With ``result_format = "avro"``: the result's Avro schema (an ``.avsc`` file);
-    None derives it from the model's outputs."""
-    auto_register: bool = False
-    """With ``result_format = "avro"``: register the result schema under its subject at
-    start-up; otherwise it must be registered there already."""
-    result_subject_strategy: Literal["topic", "record", "topic_record"] = "topic"
-    """The result schema's subject: ``<result_topic>-value`` (topic), the record's full
-    name (record) or both (topic_record)."""
-    source_headers: bool = True
-    """Results carry ``streamfer.request_id`` and ``streamfer.source_*`` headers. Off,
-    only a request's ``traceparent`` is copied: each header costs the producer about a
-    microsecond per record, and the body already holds the id and request time."""
-    priority: Priority = "normal"
-    """Where this pipeline's batches queue for each processing stage: a stage takes the
-    next batch of the highest priority waiting (``worker.loop.lanes``), first in, first out
-    within a priority. All pipelines alike (the default): one queue, as it comes."""
-    max_in_flight_share: float | None = Field(default=None, gt=0, le=1)
-    """The most of the worker's in-flight bound this pipeline's records may hold; beyond
-    it only this pipeline's partitions pause. None: ``bulk_in_flight_share`` when another
-    pipeline has a higher priority, no share of its own otherwise."""
+    name: str = Field(
+        min_length=1,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="The pipeline's name, in results, metrics and log lines.",
+    )
+    request_topics: list[str] = Field(
+        min_length=1, description="The topics this pipeline consumes requests from."
+    )
+    result_topic: str = Field(min_length=1, description="Where one result per request goes.")
+    dead_letter_topic: str = Field(
+        min_length=1,
+        description="Where each refused request goes, with its stage, code and reason.",
+    )
+    request: RequestMapping = Field(
+        default=RequestMapping(),
+        description="Where the id, inline features and entity ids are in a request.",
+    )
+    features: FeatureSpec | None = Field(
+        default=None,
+        description=(
+            "The single lookup of the default request shape (its entity id in the "
+            "request's entity field)."
+        ),
+    )
+    lookups: list[LookupSpec] = Field(
+        default_factory=list,
+        description="Several named Redis lookups, all fetched in one round trip per batch.",
+    )
+    model: ModelSpec = Field(description="The ONNX model and how its inputs are fed.")
+    canary: CanarySpec | None = Field(
+        default=None,
+        description=(
+            "A candidate model that scores a share of the records, published like the others."
+        ),
+    )
+    shadow: ShadowSpec | None = Field(
+        default=None,
+        description=("A candidate model that scores a copy of every batch to a topic of its own."),
+    )
+    hooks: HooksSpec = Field(
+        default=HooksSpec(), description="Python functions called once per batch around the model."
+    )
+    cache: CacheSpec = Field(
+        default=CacheSpec(),
+        description=(
+            "The output cache: rows with inputs seen before are answered without the model."
+        ),
+    )
+    batch: BatchPolicy = Field(
+        default=BatchPolicy(), description="How records are grouped into batches."
+    )
+    max_record_bytes: int = Field(
+        default=1_048_576,
+        ge=64,
+        description=(
+            "A request value larger than this is dead-lettered (oversized) before it is parsed."
+        ),
+    )
+    pause_after_model_failures: int = Field(
+        default=3,
+        ge=1,
+        le=1_000,
+        description=(
+            "Before the model has answered any row: how many batches in a row it "
+            "may refuse every row of (each dead-lettered) before the pipeline takes"
+            " it for a fault of the model and waits instead. Once it has answered a"
+            " row, a refused batch is tested on that row and waits at once "
+            "(`worker.pipeline.model_faults`)."
+        ),
+    )
+    request_format: RequestFormat = Field(
+        default="json",
+        description=(
+            "How request values are written: JSON, or Avro, Protobuf or JSON Schema"
+            " records framed for a Schema Registry (`[schema_registry]`), read with"
+            " their writer's schema (`worker.registry`)."
+        ),
+    )
+    request_protobuf: str | None = Field(
+        default=None,
+        pattern=_HOOK,
+        description=(
+            'With `request_format = "protobuf"`: the generated message class the '
+            "requests are, `package.module:Message`."
+        ),
+    )
+    result_format: Literal["json", "avro"] = Field(
+        default="json",
+        description=(
+            "How results are written: JSON, or Avro framed for the Schema Registry "
+            "(the same fields; `worker.registry.avro_results`). Dead letters stay "
+            "JSON."
+        ),
+    )
+    result_schema: Path | None = Field(
+        default=None,
+        description=(
+            'With `result_format = "avro"`: the result\'s Avro schema (an `.avsc` '
+            "file); None derives it from the model's outputs."
+        ),
+    )
+    auto_register: bool = Field(
+        default=False,
+        description=(
+            'With `result_format = "avro"`: register the result schema under its '
+            "subject at start-up; otherwise it must be registered there already."
+        ),
+    )
+    result_subject_strategy: Literal["topic", "record", "topic_record"] = Field(
+        default="topic",
+        description=(
+            "The result schema's subject: `<result_topic>-value` (topic), the "
+            "record's full name (record) or both (topic_record)."
+        ),
+    )
+    source_headers: bool = Field(
+        default=True,
+        description=(
+            "Results carry `streamfer.request_id` and `streamfer.source_*` headers."
+            " Off, only a request's `traceparent` is copied: each header costs the "
+            "producer about a microsecond per record, and the body already holds "
+            "the id and request time."
+        ),
+    )
+    priority: Priority = Field(
+        default="normal",
+        description=(
+            "Where this pipeline's batches queue for each processing stage: a stage"
+            " takes the next batch of the highest priority waiting "
+            "(`worker.loop.lanes`), first in, first out within a priority. All "
+            "pipelines alike (the default): one queue, as it comes."
+        ),
+    )
+    max_in_flight_share: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description=(
+            "The most of the worker's in-flight bound this pipeline's records may "
+            "hold; beyond it only this pipeline's partitions pause. None: "
+            "`bulk_in_flight_share` when another pipeline has a higher priority, no"
+            " share of its own otherwise."
+        ),
+    )
 
     @property
     def rank(self) -> int:

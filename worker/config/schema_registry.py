@@ -21,20 +21,43 @@ class SchemaRegistrySettings(Frozen):
     """A Confluent-compatible registry (Confluent's, Apicurio's ``/apis/ccompat/v7``,
     Redpanda's, Karapace): its base URL, basic auth, TLS and a per-call timeout."""
 
-    url: str | None = None
-    """Base URL, ``https://registry:8081`` or ``http://apicurio:8080/apis/ccompat/v7``."""
-    basic_auth_user_info: SecretStr | None = None
-    """``user:password`` (Confluent Cloud: ``API_KEY:API_SECRET``)."""
-    basic_auth_user_info_file: Path | None = None
-    """Read at start-up into ``basic_auth_user_info`` (a mounted secret, say)."""
-    ssl_ca_location: Path | None = None
-    ssl_certificate_location: Path | None = None
-    ssl_key_location: Path | None = None
-    timeout_s: float = Field(default=10.0, gt=0, le=300)
-    """Each request to the registry; a registry slower than this is an outage: the batch
-    waits and retries, nothing is dead-lettered."""
-    cache_capacity: int = Field(default=1000, ge=1, le=1_000_000)
-    """Schemas kept by id (a schema is fetched once per id and process)."""
+    url: str | None = Field(
+        default=None,
+        description=(
+            "Base URL, `https://registry:8081` or `http://apicurio:8080/apis/ccompat/v7`."
+        ),
+    )
+    basic_auth_user_info: SecretStr | None = Field(
+        default=None, description="`user:password` (Confluent Cloud: `API_KEY:API_SECRET`)."
+    )
+    basic_auth_user_info_file: Path | None = Field(
+        default=None,
+        description="Read at start-up into `basic_auth_user_info` (a mounted secret, say).",
+    )
+    ssl_ca_location: Path | None = Field(
+        default=None, description="The CA bundle for a registry signed by a private CA."
+    )
+    ssl_certificate_location: Path | None = Field(
+        default=None, description="Client certificate for mutual TLS (with ssl_key_location)."
+    )
+    ssl_key_location: Path | None = Field(
+        default=None, description="Client key for mutual TLS (with ssl_certificate_location)."
+    )
+    timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        description=(
+            "Each request to the registry; a registry slower than this is an "
+            "outage: the batch waits and retries, nothing is dead-lettered."
+        ),
+    )
+    cache_capacity: int = Field(
+        default=1000,
+        ge=1,
+        le=1_000_000,
+        description="Schemas kept by id (a schema is fetched once per id and process).",
+    )
 
     @field_validator("url")
     @classmethod

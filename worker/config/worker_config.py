@@ -24,9 +24,21 @@ class MetricsSettings(Frozen):
     """The Prometheus endpoint; off unless a port is given. ``reload_endpoint`` adds
     ``POST /reload`` (look for a new model now), for a loopback ``host`` only."""
 
-    host: str = "127.0.0.1"
-    port: int | None = Field(default=None, ge=0, le=65535)
-    reload_endpoint: bool = False
+    host: str = Field(
+        default="127.0.0.1", description="The address the metrics and probe server binds to."
+    )
+    port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="Serve /metrics, /healthz and /readyz on this port; None: no server.",
+    )
+    reload_endpoint: bool = Field(
+        default=False,
+        description=(
+            "Answer POST /reload (a model reload) on the metrics server; loopback hosts only."
+        ),
+    )
 
     @model_validator(mode="after")
     def _reload_only_on_loopback(self) -> MetricsSettings:
@@ -52,42 +64,126 @@ def is_loopback(host: str) -> bool:
 class WorkerConfig(Frozen):
     """Everything one worker process needs; several pipelines may share it."""
 
-    kafka: KafkaSettings = KafkaSettings()
-    redis: RedisSettings = RedisSettings()
-    schema_registry: SchemaRegistrySettings = SchemaRegistrySettings()
-    pipelines: list[PipelineConfig] = Field(min_length=1)
-    delivery: Literal["at-least-once", "exactly-once"] = "at-least-once"
-    transaction_interval_ms: float = Field(default=100.0, ge=0, le=60_000)
-    """exactly-once: batches waiting behind each other share one transaction this long."""
-    exactly_once_probe: bool = True
-    """exactly-once: prove at start-up that the broker hides aborted records from
-    read_committed readers, on ``exactly_once_probe_topic``. False skips it (a warning)."""
-    exactly_once_probe_topic: str = Field(
-        default="__streamfer_transaction_probe", min_length=1, max_length=249
+    kafka: KafkaSettings = Field(
+        default=KafkaSettings(), description="The Kafka cluster and the group."
     )
-    """Created (one partition, the cluster's default replication) when missing; where the
-    worker's user may not create topics, create it beforehand and allow it to use it."""
-    max_in_flight_batches: int = Field(default=4, ge=1, le=1024)
-    """Records produced but not yet committed stay under this many full batches' worth
-    (x max_batch_size); beyond it the loop waits, then pauses its partitions."""
-    bulk_in_flight_share: float = Field(default=0.5, gt=0, le=1)
-    """The share of the in-flight bound a pipeline may hold while another pipeline of
-    this worker has a higher priority (its own ``max_in_flight_share`` overrides it):
-    room kept for the latency-sensitive pipeline's records."""
-    max_overtaken_ms: float = Field(default=500.0, gt=0, le=600_000)
-    """A batch that higher-priority batches have overtaken at one stage for this long
-    goes next there: under a sustained overload of the higher priority, lower ones still
-    get one batch through per stage this often."""
-    poll_timeout_ms: float = Field(default=100.0, gt=0, le=10_000)
-    shutdown_timeout_s: float = Field(default=30.0, gt=0)
-    revoke_timeout_s: float = Field(default=10.0, gt=0)
-    feature_store_retry_s: float | None = Field(default=None, gt=0)
-    """How long one batch waits for an unreachable feature store; None: until it is back."""
-    statistics_interval_ms: int = Field(default=5000, ge=0)
-    liveness_timeout_s: float = Field(default=60.0, gt=0)
-    log_format: Literal["text", "json"] = "text"
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    metrics: MetricsSettings = MetricsSettings()
+    redis: RedisSettings = Field(default=RedisSettings(), description="The Redis feature store.")
+    schema_registry: SchemaRegistrySettings = Field(
+        default=SchemaRegistrySettings(),
+        description=(
+            "The Schema Registry for Avro, Protobuf and JSON Schema requests or Avro results."
+        ),
+    )
+    pipelines: list[PipelineConfig] = Field(
+        min_length=1,
+        description="The pipelines this worker serves: each its topics, features and model.",
+    )
+    delivery: Literal["at-least-once", "exactly-once"] = Field(
+        default="at-least-once",
+        description=(
+            "at-least-once: commit after every result is acknowledged; "
+            "exactly-once: results, dead letters and offsets in one Kafka "
+            "transaction."
+        ),
+    )
+    transaction_interval_ms: float = Field(
+        default=100.0,
+        ge=0,
+        le=60_000,
+        description=(
+            "exactly-once: batches waiting behind each other share one transaction this long."
+        ),
+    )
+    exactly_once_probe: bool = Field(
+        default=True,
+        description=(
+            "exactly-once: prove at start-up that the broker hides aborted records "
+            "from read_committed readers, on `exactly_once_probe_topic`. False "
+            "skips it (a warning)."
+        ),
+    )
+    exactly_once_probe_topic: str = Field(
+        default="__streamfer_transaction_probe",
+        min_length=1,
+        max_length=249,
+        description=(
+            "Created (one partition, the cluster's default replication) when "
+            "missing; where the worker's user may not create topics, create it "
+            "beforehand and allow it to use it."
+        ),
+    )
+    max_in_flight_batches: int = Field(
+        default=4,
+        ge=1,
+        le=1024,
+        description=(
+            "Records produced but not yet committed stay under this many full "
+            "batches' worth (x max_batch_size); beyond it the loop waits, then "
+            "pauses its partitions."
+        ),
+    )
+    bulk_in_flight_share: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description=(
+            "The share of the in-flight bound a pipeline may hold while another "
+            "pipeline of this worker has a higher priority (its own "
+            "`max_in_flight_share` overrides it): room kept for the "
+            "latency-sensitive pipeline's records."
+        ),
+    )
+    max_overtaken_ms: float = Field(
+        default=500.0,
+        gt=0,
+        le=600_000,
+        description=(
+            "A batch that higher-priority batches have overtaken at one stage for "
+            "this long goes next there: under a sustained overload of the higher "
+            "priority, lower ones still get one batch through per stage this often."
+        ),
+    )
+    poll_timeout_ms: float = Field(
+        default=100.0, gt=0, le=10_000, description="How long one consume call waits for records."
+    )
+    shutdown_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description=("How long a stopping worker drains (deliveries, commits) before it gives up."),
+    )
+    revoke_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description=(
+            "How long a rebalance waits for the revoked partitions' deliveries and commit."
+        ),
+    )
+    feature_store_retry_s: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "How long one batch waits for an unreachable feature store; None: until it is back."
+        ),
+    )
+    statistics_interval_ms: int = Field(
+        default=5000,
+        ge=0,
+        description=(
+            "How often librdkafka reports statistics (consumer lag, group membership for /readyz)."
+        ),
+    )
+    liveness_timeout_s: float = Field(
+        default=60.0, gt=0, description="/healthz fails when the loop has not turned for this long."
+    )
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="Log lines as text or one JSON object each, on stderr."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="The lowest level logged."
+    )
+    metrics: MetricsSettings = Field(
+        default=MetricsSettings(), description="The metrics and probe server."
+    )
 
     @model_validator(mode="after")
     def _registry_where_needed(self) -> WorkerConfig:
