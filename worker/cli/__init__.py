@@ -15,6 +15,6 @@ Exit codes: 0 clean stop, 1 the worker failed, 2 bad configuration or usage.
 
 from __future__ import annotations
 
-from worker.cli.main import main
+from worker.cli.main import build_parser, main
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
