@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Lint, type-check and run every test against real Apache Kafka and redis-server, which
-# the suite starts itself (or KAFKA_BOOTSTRAP_SERVERS / REDIS_URL); then the unit tests
-# on the lowest dependency versions allowed (scripts/floors.sh). Flags go to pytest.
+# Lint, type-check, build the documentation and run every test against real Apache Kafka
+# and redis-server, which the suite starts itself (or KAFKA_BOOTSTRAP_SERVERS /
+# REDIS_URL); then the unit tests on the lowest dependency versions allowed
+# (scripts/floors.sh). Flags go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap.sh
 ruff check worker streamfer_dev tests benchmarks
 ruff format --check worker streamfer_dev tests benchmarks
 mypy
+# The documentation site, offline, into a git-ignored folder: a broken link, a missing
+# page or any other warning fails the build (mkdocs.yml sets strict).
+NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir build/site
 set +e
 python -m pytest -q "$@"
 rc=$?

@@ -1,4 +1,4 @@
-"""The README's worked example of batch hooks: each is called once per batch.
+"""The worked example of batch hooks in docs/how-to/own-model.md: each is called once per batch.
 
 ``prepare`` caps the ``amount`` column of the model's ``input`` (a one-input model such
 as an exported PyTorch MLP, whose first column is ``amount``) and refuses a batch that

@@ -166,7 +166,7 @@ def fraud_data(
 def fraud_lookup_tables(tag: str) -> str:
     """The TOML tables that feed a config from ``fraud_data`` as stored under key prefix
     ``tag``: the request's two entity ids, and their lookups (the user's hash, with text
-    features, and the merchant's packed vector), as in the README's example."""
+    features, and the merchant's packed vector), as in the example of docs/how-to/own-model.md."""
     return f"""
 [pipelines.request.entities]
 user = "user.id"

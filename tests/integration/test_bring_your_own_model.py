@@ -91,7 +91,8 @@ def write_config(
     extra: str = "",
     cluster: bool = False,
 ) -> Path:
-    """A config shaped like the README's example: nested id, two lookups, typed inputs."""
+    """A config shaped like the example of docs/how-to/own-model.md: nested id, two lookups,
+    typed inputs."""
     inputs = "\n".join(f"{name} = {_toml(cols)}" for name, cols in recipe.inputs.items())
     outputs = "\n".join(f"{field} = {_toml(out)}" for field, out in recipe.outputs.items())
     if class_names is not None:
@@ -310,7 +311,7 @@ def test_batch_hooks_shape_inputs_and_results_end_to_end(
     fresh_topics: Callable[..., Topics],
     tmp_path: Path,
 ) -> None:
-    """The README's hooks (``streamfer_dev.example_hooks``) around the MLP recipe."""
+    """The guide's hooks (``streamfer_dev.example_hooks``) around the MLP recipe."""
     from streamfer_dev.example_hooks import AMOUNT_CAP
 
     recipe = torch_style_mlp(tmp_path, data)

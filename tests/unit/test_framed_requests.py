@@ -205,22 +205,21 @@ def test_registry_settings_are_checked_and_the_user_info_never_prints() -> None:
         SchemaRegistrySettings(url="http://r", ssl_key_location="k.pem")
 
 
-def _readme_example() -> dict[str, Any]:
+def _docs_example() -> dict[str, Any]:
     import re
     import tomllib
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("## Schema Registry formats", 1)[1]
-    block = re.search(r"```toml\n(.*?)```", section, re.S)
+    page = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "schema-registry.md"
+    block = re.search(r"```toml\n(.*?)```", page.read_text(), re.S)
     assert block is not None
     return tomllib.loads(block.group(1))
 
 
-def test_the_readme_example_is_a_valid_config() -> None:
+def test_the_docs_example_is_a_valid_config() -> None:
     from worker.config import WorkerConfig
 
-    config = WorkerConfig.model_validate(_readme_example())
+    config = WorkerConfig.model_validate(_docs_example())
     assert config.pipelines[0].request_format == "avro"
     assert config.schema_registry.basic_auth_user_info_file is not None
 
@@ -230,7 +229,7 @@ def test_a_framed_format_needs_its_registry_and_protobuf_its_class() -> None:
 
     from worker.config import WorkerConfig
 
-    raw = _readme_example()
+    raw = _docs_example()
     del raw["schema_registry"]
     with pytest.raises(ValidationError, match=r"fraud \(avro\) read requests framed"):
         WorkerConfig.model_validate(raw)
