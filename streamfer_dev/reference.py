@@ -20,7 +20,6 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
-from pydantic_core import PydanticUndefined
 
 from worker.cli import build_parser
 from worker.config import WorkerConfig
@@ -107,7 +106,7 @@ def _default(field: Any) -> str:
     if field.is_required():
         return "required"
     value = field.default_factory() if field.default_factory is not None else field.default
-    if value is None or value is PydanticUndefined:
+    if value is None:
         return ""
     if isinstance(value, BaseModel):
         return ""
