@@ -13,6 +13,7 @@ import argparse
 import logging
 import sys
 
+from worker.core import install_command
 from worker.errors import StreamferError
 
 __all__ = ["add_demo", "cmd_demo"]
@@ -69,7 +70,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if missing:
         print(
             f"streamfer demo needs the demo extra (missing {', '.join(missing)}): "
-            "pip install 'streamfer[demo]'",
+            f"{install_command('demo')}",
             file=sys.stderr,
         )
         return 2

