@@ -126,6 +126,7 @@ class TritonEngine:
         *,
         on_call: Callable[[float], None] | None = None,
         on_error: Counted | None = None,
+        grpc: Any | None = None,
     ) -> None:
         settings = spec.triton
         if settings is None:
@@ -136,7 +137,8 @@ class TritonEngine:
         self._headers = {k: v.get_secret_value() for k, v in settings.headers.items()}
         self._on_call = on_call or (lambda _s: None)
         self._on_error = on_error or (lambda _k: None)
-        self._client = connect(settings)
+        self._grpc = grpc if grpc is not None else client_module()
+        self._client = connect(settings, self._grpc)
         self.served_version = settings.version or self._latest()
         """The version this engine calls; results and dead letters name it."""
         self.where = f"{self.model}:{self.served_version} at {settings.url}"
@@ -245,15 +247,14 @@ class TritonEngine:
         return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
     def _call(self, feeds: Feeds, rows: int) -> Outputs:
-        from tritonclient.grpc import InferInput, InferRequestedOutput
-
+        grpc = self._grpc
         requests = []
         for t, datatype in zip(self._inputs, self._datatypes, strict=True):
             values = np.ascontiguousarray(feeds[t.name])
-            given = InferInput(t.name, list(values.shape), datatype)
+            given = grpc.InferInput(t.name, list(values.shape), datatype)
             given.set_data_from_numpy(values)
             requests.append(given)
-        wanted = [InferRequestedOutput(name) for name in self._wanted]
+        wanted = [grpc.InferRequestedOutput(name) for name in self._wanted]
         started = time.perf_counter()
         try:
             answer = self._client.infer(
@@ -320,19 +321,24 @@ class TritonEngine:
         )
 
 
-def connect(settings: TritonSettings) -> Any:
-    """A gRPC client of the server (no call is made yet)."""
+def client_module() -> Any:
+    """``tritonclient.grpc``, or EngineError saying how to install it."""
     try:
-        from tritonclient.grpc import InferenceServerClient
+        import tritonclient.grpc
     except ImportError as exc:
         raise EngineError(
             "engine = \"triton\" needs tritonclient: pip install 'streamfer[triton]'"
         ) from exc
+    return tritonclient.grpc
+
+
+def connect(settings: TritonSettings, grpc: Any) -> Any:
+    """A gRPC client of the server (no call is made yet)."""
 
     def text(path: Any) -> str | None:
         return None if path is None else str(path)
 
-    return InferenceServerClient(
+    return grpc.InferenceServerClient(
         settings.url,
         ssl=settings.ssl,
         root_certificates=text(settings.root_certificates),
