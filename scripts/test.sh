@@ -8,6 +8,10 @@ source scripts/bootstrap.sh
 ruff check worker streamfer_dev tests benchmarks
 ruff format --check worker streamfer_dev tests benchmarks
 mypy
+# Triton's server venv (streamfer_dev.triton: nvidia-pytriton under Debian's python3), made
+# once in the tool cache so that no test pays for it; where it cannot be, those tests skip.
+python -c 'from streamfer_dev.triton import server_python; server_python()' ||
+    echo "streamfer: no Triton server here; the Triton tests will skip" >&2
 set +e
 python -m pytest -q "$@"
 rc=$?
