@@ -66,7 +66,9 @@ def _serving(path: str, refuse_above: float | None) -> tuple[Any, list[Tensor], 
                     raise ValueError(f"input {name} holds a value above {refuse_above}")
         # a rank-1 ONNX input arrives as [batch, 1] (Triton has no scalar rows)
         fed = {k: v.reshape(-1) if ranks[k] == 1 else v for k, v in feeds.items()}
-        return dict(zip(names, session.run(names, fed), strict=True))
+        out = session.run(names, fed)
+        # and a rank-1 output leaves as [batch, 1], the shape declared for it
+        return {n: v.reshape(-1, 1) if v.ndim == 1 else v for n, v in zip(names, out, strict=True)}
 
     return infer, inputs, outputs
 
@@ -106,7 +108,6 @@ def main() -> None:
                     max_batch_size=args.max_batch_size,
                     batcher=DynamicBatcher(max_queue_delay_microseconds=100),
                 ),
-                strict=True,
             )
         triton.run()
         print("serving", flush=True)
