@@ -11,20 +11,26 @@ from typing import Any
 
 import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from streamfer_dev.modelgen import DemoModel
 from tests.unit import test_pipeline as base
 from tests.unit.test_model_faults import Readiness, rows
 from tests.unit.test_pipeline import FakeSink, WrappedEngine, matrix
+from tests.unit.test_reloader import one_pipeline
 from tests.unit.triton_fakes import FakeTriton, TritonFailure
-from worker.config import ModelSpec, load_config
+from worker.config import ModelSpec, PipelineConfig, load_config
 from worker.errors import EngineError, InferenceServerError
 from worker.features import StoreWait
-from worker.inference import TritonEngine
+from worker.inference import LiveModel, ModelSlot, TritonEngine
 from worker.inference.engine import Feeds, Outputs
 from worker.inference.triton import call_failure
+from worker.models import LoadedModel
+from worker.models.reloader import Look, ModelWatch, show_model
 from worker.ops.health import HealthState
+from worker.ops.metrics import Metrics
+from worker.pipeline import FeedPlan
 
 config, store, onnx_engine = base.config, base.store, base.onnx_engine
 metrics, make_pipeline, sink = base.metrics, base.make_pipeline, base.sink
@@ -257,3 +263,39 @@ def test_the_docs_example_loads(tmp_path: Path) -> None:
     assert model.engine == "triton" and model.triton is not None
     assert model.triton.root_certificates == tmp_path / "ca.pem"
     assert model.watch is True  # no version pinned: the server's newest is followed
+
+
+def test_the_reloader_follows_the_servers_highest_ready_version() -> None:
+    server = FakeTriton(versions=["1"], ready={"1"})
+    config = one_pipeline({"engine": "triton", "triton": {"url": "h:1"}})
+    assert config.model.watch is True  # no version pinned: the server's newest is followed
+
+    def load(cfg: PipelineConfig, model: ModelSpec) -> LoadedModel:
+        served = TritonEngine(model, grpc=server.module())
+        plan = FeedPlan.build(cfg.model_copy(update={"model": model}), served.inputs)
+        served.warm_up([1], served.example(plan.widths()))
+        return LoadedModel(served, plan)
+
+    live = load(config, config.model)
+    slot = ModelSlot(LiveModel.of(config.model, live.engine))
+    registry = Metrics(CollectorRegistry())
+    shown = show_model(registry, "p", slot.for_batch().identity, "triton", hide=None)
+    watch = ModelWatch(config, slot, live, registry, shown=shown, load=load)
+
+    def reloads(result: str) -> float:
+        found = registry.registry.get_sample_value(
+            "streamfer_model_reloads_total", {"pipeline": "p", "result": result}
+        )
+        return found or 0.0
+
+    assert slot.for_batch().identity.version == "1"
+    assert watch.look() is Look.IDLE
+    server.versions, server.ready = ["1", "2"], {"1", "2"}
+    assert watch.look() is Look.LOADED
+    assert slot.for_batch().identity.version == "2" and reloads("loaded") == 1
+    server.versions, server.ready, server.width = ["1", "2", "3"], {"1", "2", "3"}, 4
+    assert watch.look() is Look.REFUSED  # fed otherwise: four columns for three features
+    assert watch.look() is Look.IDLE  # not tried again
+    assert slot.for_batch().identity.version == "2" and reloads("refused") == 1
+    server.failures = [TritonFailure("UNAVAILABLE", "down")]
+    assert watch.look() is Look.IDLE  # the batches wait out an outage, not the reloader
