@@ -50,7 +50,7 @@ class TensorrtOptions(Frozen):
 
 
 class TritonSettings(Frozen):
-    """A Triton Inference Server (or any KServe v2 gRPC server) that runs the model, as
+    """A Triton Inference Server that runs the model (over the KServe v2 gRPC protocol), as
     ``[pipelines.model.triton]``; the worker reads the model's inputs, outputs and
     ``max_batch_size`` from it at start-up. Relative certificate paths resolve against
     the config file's directory."""

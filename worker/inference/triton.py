@@ -117,8 +117,8 @@ class TritonEngine:
 
     ``on_call`` hears the seconds of every call, ``on_error`` the kind of every failed
     one (the worker's metrics). Raises ``InferenceServerError`` when the server cannot
-    answer at start-up, ``EngineError`` when it has no such model or version, or one
-    whose inputs or outputs the worker cannot feed or publish."""
+    answer at start-up or serves no ready version of the model, ``EngineError`` when the
+    model has inputs or outputs the worker cannot feed or publish."""
 
     def __init__(
         self,
