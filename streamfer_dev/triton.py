@@ -109,7 +109,8 @@ class TritonServer:
         return f"127.0.0.1:{self.grpc_port}"
 
     def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM to the server's process group, SIGKILL after ``timeout``."""
+        """SIGTERM to the server's process group, SIGKILL after ``timeout``; removes its
+        scratch folder."""
         process = self.process
         if process is None or process.poll() is not None:
             return
@@ -121,6 +122,8 @@ class TritonServer:
             process.wait(10)
         # PyTriton's server and backend stubs, should any outlive it
         _kill_group(process.pid)
+        if self.log_path is not None:  # its scratch folder, log included
+            shutil.rmtree(self.log_path.parent, ignore_errors=True)
 
     def log_tail(self, lines: int = 40) -> str:
         if self.log_path is None or not self.log_path.exists():
