@@ -43,6 +43,7 @@ KAFKA_CONTENDERS = (
     "streamfer_2w",
     "streamfer_2p",
     "streamfer_cache",
+    "streamfer_triton",
     "streamfer_share",
     "streamfer_share_2w",
     "naive",
@@ -85,6 +86,9 @@ class Job:
     baseline_root: Path | None = None
     """An earlier commit's source tree (``--baseline-ref``) that ``streamfer_baseline``
     runs, with the same config file as ``streamfer``."""
+    triton_url: str | None = None
+    """The Triton server ``streamfer_triton``'s worker calls (serving the same model file
+    as ``model_name``)."""
 
 
 @dataclass
@@ -149,6 +153,8 @@ def launch(name: str, job: Job) -> Launched:
         return _streamfer(name, job, 1, processes=2)
     if name == "streamfer_cache":
         return _streamfer(name, job, 1, cache=True)
+    if name == "streamfer_triton":
+        return _streamfer(name, job, 1)
     if name in ("streamfer_share", "streamfer_share_2w"):
         return _streamfer(name, job, 2 if name.endswith("_2w") else 1, share_group=True)
     if name == "streamfer_baseline":
@@ -272,6 +278,7 @@ def _config_file(name: str, job: Job, *, share_group: bool) -> Path:
             layout=job.layout,
             top=f"max_in_flight_batches = {job.max_in_flight}" if job.max_in_flight else "",
             share_group=share_group,
+            triton_url=job.triton_url,
         )
     )
     return config

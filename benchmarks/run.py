@@ -44,6 +44,7 @@ from benchmarks.pyspy import Profiler, top_frames
 from benchmarks.report import format_table, latency_targets, ratios
 from streamfer_dev.modelgen import seed_entities
 from streamfer_dev.stack import KAFKA_VERSION, local_kafka, local_redis
+from streamfer_dev.triton import start_triton
 from worker.config import FeatureSpec
 from worker.kafka.topics import ensure_topics
 
@@ -53,13 +54,22 @@ ALL_CONTENDERS = (*KAFKA_CONTENDERS, "ort_alone", "redis_alone")
 DEFAULT_CONTENDERS = tuple(
     c
     for c in ALL_CONTENDERS
-    if c not in ("streamfer_baseline", "streamfer_cache", "streamfer_share", "streamfer_share_2w")
+    if c
+    not in (
+        "streamfer_baseline",
+        "streamfer_cache",
+        "streamfer_triton",
+        "streamfer_share",
+        "streamfer_share_2w",
+    )
 )
 """What runs without ``--contenders``: every contender but the cached worker, which only
 says something about a stream that repeats itself (``--repeat-share``), and the share
 groups' (``streamfer_share``, ``streamfer_share_2w``), which say something where a group
-has fewer partitions than workers (``--partitions 1``), and the earlier commit's, which
-``--baseline-ref`` adds."""
+has fewer partitions than workers (``--partitions 1``), the earlier commit's, which
+``--baseline-ref`` adds, and the worker whose model runs on a Triton server
+(``streamfer_triton``: the server, from ``streamfer_dev.triton``, serves the same model
+file on the same machine; the worker's CPU is its own, the server's is not counted)."""
 SLOW_CONTENDERS = ("naive", "faust")
 ORT_CEILING_BUDGET_S = 2.0
 """How long ONNX Runtime alone is timed at the contenders' batch size."""
@@ -122,6 +132,15 @@ def run_benchmark(
                 raise ValueError("the streamfer_baseline contender needs a baseline_ref")
             baseline_root = _source_tree(opts.baseline_ref, work / "baseline")
         model = make_model(opts.model, work)
+        triton_url = None
+        if "streamfer_triton" in opts.contenders:
+            progress("triton server")
+            server = start_triton(
+                [f"{MODEL_NAMES[opts.model]}:1:{model.path}"],
+                max_batch_size=opts.max_batch_size,
+            )
+            stack.callback(server.stop)
+            triton_url = server.url
         client = redis.Redis.from_url(redis_url)
         entities = seed_entities(client, model, prefix=f"{run_id}-", layout=opts.layout)
         client.close()
@@ -177,6 +196,7 @@ def run_benchmark(
                 max_in_flight=opts.max_in_flight,
                 source_headers=opts.source_headers,
                 baseline_root=baseline_root,
+                triton_url=triton_url if name == "streamfer_triton" else None,
             )
 
         if needs_kafka and opts.broker_warmup > 0:

@@ -8,6 +8,12 @@ command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)  # the TLS tests make certificates
+# The Triton tests' server (streamfer_dev.triton) runs under Debian's python3 in a venv of
+# its own: its Python backend embeds that interpreter's shared libpython.
+[ -x /usr/bin/python3 ] || need_apt+=(python3)
+/usr/bin/python3 -c 'import ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
+/usr/bin/python3 -c 'import sysconfig, sys; sys.exit(not sysconfig.get_config_var("Py_ENABLE_SHARED"))' \
+    >/dev/null 2>&1 && ls /usr/lib/*/libpython3*.so.1* >/dev/null 2>&1 || need_apt+=(libpython3-dev)
 if ((${#need_apt[@]})); then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "streamfer: installing ${need_apt[*]}" >&2

@@ -12,6 +12,10 @@ mypy
 # The documentation site, offline, into a git-ignored folder: a broken link, a missing
 # page or any other warning fails the build (mkdocs.yml sets strict).
 NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir build/site
+# Triton's server venv (streamfer_dev.triton: nvidia-pytriton under Debian's python3), made
+# once in the tool cache so that no test pays for it; where it cannot be, those tests skip.
+python -c 'from streamfer_dev.triton import server_python; server_python()' ||
+    echo "streamfer: no Triton server here; the Triton tests will skip" >&2
 set +e
 python -m pytest -q "$@"
 rc=$?

@@ -47,7 +47,7 @@ def worker_config_toml(
     request_topic: str,
     result_topic: str,
     dead_letter_topic: str,
-    model_path: Path,
+    model_path: Path | None,
     fields: Sequence[str],
     max_batch_size: int = 256,
     max_wait_ms: float = 20,
@@ -62,13 +62,15 @@ def worker_config_toml(
     max_record_bytes: int = 65536,
     group_protocol: str = "classic",
     share_group: bool = False,
+    triton_url: str | None = None,
 ) -> str:
     """A one-pipeline config file, as a user would write it.
 
     ``top`` holds top-level settings, ``kafka_extra`` lines for ``[kafka]`` and ``extra``
     tables appended at the end. Under ``group_protocol = "consumer"`` the session timeout
     is the broker's (``start_kafka``), so the file leaves it out; so does a share group's
-    (``share_group``), whose session is the broker's too.
+    (``share_group``), whose session is the broker's too. With ``triton_url`` the model
+    (``model_name``) runs on that Triton server instead of ``model_path``.
     """
     if share_group:
         membership = "share_group = true"
@@ -80,6 +82,11 @@ def worker_config_toml(
     opts = ", ".join(
         f'"{k}" = {orjson.dumps(v).decode()}' for k, v in (consumer_options or {}).items()
     )
+    model_source = f'path = "{model_path}"\nversion = "1"'
+    server = ""
+    if triton_url is not None:
+        model_source = 'engine = "triton"'
+        server = f'[pipelines.model.triton]\nurl = "{triton_url}"'
     return f"""
 {top}
 
@@ -111,10 +118,10 @@ fields = {orjson.dumps(list(fields)).decode()}
 on_missing_entity = "dead_letter"
 
 [pipelines.model]
-path = "{model_path}"
+{model_source}
 name = "{model_name}"
-version = "1"
 {extra}
+{server}
 """
 
 

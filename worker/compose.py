@@ -33,7 +33,7 @@ from worker.delivery import (
     Transactional,
 )
 from worker.features import RedisLookups
-from worker.inference import ModelSlot, OnnxEngine
+from worker.inference import ModelSlot, ServingEngine
 from worker.kafka import (
     CallWatch,
     ChildGroupReader,
@@ -135,6 +135,7 @@ def build_worker(
             avro_results=result_encoder(p, schema_registry, parts.engine, parts.plan),
             on_schema_registry=health.schema_registry,
             on_model=health.model_for(p.name),
+            on_inference_server=health.inference_server_for(p.name),
         )
         pipelines.append(pipeline)
         identity = pipeline.slot.for_batch().identity
@@ -400,7 +401,7 @@ def _watch_coverage(
 
 
 class _Loaded(NamedTuple):
-    engine: OnnxEngine
+    engine: ServingEngine
     plan: FeedPlan
     store: RedisLookups
     hooks: BatchHooks

@@ -12,15 +12,16 @@ stage that refuses it returns why, and it becomes a dead letter.
     ├── FeatureStoreError      the feature store is unreachable or answered nonsense
     ├── SchemaRegistryError    the Schema Registry is unreachable or refuses the worker
     ├── EngineError            the model could not be loaded or run
+    ├── InferenceServerError   the inference server is down, overloaded or not serving
     ├── SinkError              a result or dead letter was not acknowledged
     ├── CommitError            an offset commit failed
     ├── CallStalled            a Kafka client call outlived its own timeout; that client is
     │                          beyond use, so the worker stops without closing it
     └── StackError             a local service (Kafka, Redis, Tansu) did not start
 
-Only ``FeatureStoreError`` and ``SchemaRegistryError`` are worth retrying in place (the
-batch waits for Redis or the registry); the others stop the worker, and what it had not
-committed is consumed again.
+Only ``FeatureStoreError``, ``SchemaRegistryError`` and ``InferenceServerError`` are
+worth retrying in place (the batch waits for Redis, the registry or the server); the
+others stop the worker, and what it had not committed is consumed again.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = [
     "EngineError",
     "FeatureStoreConfigError",
     "FeatureStoreError",
+    "InferenceServerError",
     "ModelMismatchError",
     "SchemaRegistryError",
     "SinkError",
@@ -83,6 +85,13 @@ class SchemaRegistryError(StreamferError):
 
 class EngineError(StreamferError):
     """A model could not be loaded, warmed up or run."""
+
+
+class InferenceServerError(StreamferError):
+    """The inference server that runs a pipeline's model (Triton) cannot answer: it is
+    unreachable, past the call's timeout, overloaded, or not serving the model. No record
+    is at fault: the batch waits and is retried, like a feature store outage; only the
+    model refusing the batch (an ``EngineError``) takes the per-row path."""
 
 
 class SinkError(StreamferError):

@@ -37,7 +37,7 @@ def mlp_config(kafka_bootstrap: str, redis_url: str, tmp_path: Path) -> MlpConfi
     def write(
         topics: Topics,
         data: FraudData,
-        model_path: Path,
+        model_path: Path | None,
         *,
         model_lines: str = "",
         pipeline_extra: str = "",
@@ -75,7 +75,7 @@ def mlp_worker(
     def start(
         topics: Topics,
         data: FraudData,
-        model_path: Path,
+        model_path: Path | None,
         *,
         args: tuple[str, ...] = (),
         **config: str,

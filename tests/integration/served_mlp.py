@@ -81,14 +81,16 @@ def config_text(
     redis_url: str,
     topics: Topics,
     tag: str,
-    model_path: Path,
+    model_path: Path | None,
     metrics_port: int,
     model_lines: str = "",
     pipeline_extra: str = "",
 ) -> str:
     """A config serving the MLP from the stored features (``store_features``);
     ``model_lines`` go into ``[pipelines.model]``, ``pipeline_extra`` after it (tables
-    such as ``[pipelines.canary]``)."""
+    such as ``[pipelines.canary]``, or ``[pipelines.model.triton]`` with no
+    ``model_path``)."""
+    path_line = "" if model_path is None else f'path = "{model_path}"'
     return f"""
 [kafka]
 bootstrap_servers = "{bootstrap}"
@@ -119,7 +121,7 @@ id = "meta.request_id"
 {fraud_lookup_tables(tag)}
 
 [pipelines.model]
-path = "{model_path}"
+{path_line}
 name = "fraud-mlp"
 {model_lines}
 

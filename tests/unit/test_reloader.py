@@ -91,17 +91,8 @@ def _age(path: Path, seconds: float = 60.0) -> None:
     os.utime(path, (then, then))
 
 
-def _serve(
-    model: dict[str, Any],
-    *,
-    settle_s: float = SETTLE_S,
-    clock: Callable[[], float] | None = None,
-    served_on: str | None = None,
-    cache: dict[str, Any] | None = None,
-) -> Served:
-    """What ``build_worker`` builds for one pipeline. ``served_on`` names the provider
-    the live engine says it serves on (this machine has only the CPU: a real engine
-    loaded here, whose ``provider`` is set as a GPU host's would read)."""
+def one_pipeline(model: dict[str, Any], cache: dict[str, Any] | None = None) -> PipelineConfig:
+    """Pipeline ``p`` of features ``FIELDS``, batches of 8, serving ``model`` (named m)."""
     raw = {
         "pipelines": [
             {
@@ -116,7 +107,21 @@ def _serve(
             }
         ]
     }
-    config = parse_config(raw, environ={}).pipelines[0]
+    return parse_config(raw, environ={}).pipelines[0]
+
+
+def _serve(
+    model: dict[str, Any],
+    *,
+    settle_s: float = SETTLE_S,
+    clock: Callable[[], float] | None = None,
+    served_on: str | None = None,
+    cache: dict[str, Any] | None = None,
+) -> Served:
+    """What ``build_worker`` builds for one pipeline. ``served_on`` names the provider
+    the live engine says it serves on (this machine has only the CPU: a real engine
+    loaded here, whose ``provider`` is set as a GPU host's would read)."""
+    config = one_pipeline(model, cache)
     metrics = Metrics(CollectorRegistry())
     loaded = load_model(config, config.model)
     if served_on is not None:

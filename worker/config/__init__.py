@@ -20,7 +20,7 @@ from worker.config.candidates import (
 from worker.config.connections import KafkaSettings, RedisSettings
 from worker.config.inputs import FeatureSpec, LookupSpec, MissingPolicy, RequestMapping
 from worker.config.loading import ENV_PREFIX, load_config, parse_config
-from worker.config.model_spec import CudaOptions, ModelSpec, TensorrtOptions
+from worker.config.model_spec import CudaOptions, ModelSpec, TensorrtOptions, TritonSettings
 from worker.config.model_versions import list_versions
 from worker.config.pipeline import (
     PRIORITY_NAMES,
@@ -62,6 +62,7 @@ __all__ = [
     "SchemaRegistrySettings",
     "ShadowSpec",
     "TensorrtOptions",
+    "TritonSettings",
     "WorkerConfig",
     "canary_buckets",
     "import_target",

@@ -1,20 +1,22 @@
 """The model a pipeline serves and where it runs: the ONNX file, its inputs and outputs,
 the execution providers in order, and their options (``CudaOptions``,
-``TensorrtOptions``). ``worker.inference`` reads these; the schema itself loads nothing."""
+``TensorrtOptions``), or the Triton Inference Server that runs it instead
+(``TritonSettings``). ``worker.inference`` reads these; the schema itself loads nothing."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 
 from worker.config.base import Frozen
 
-__all__ = ["CudaOptions", "ModelSpec", "Provider", "TensorrtOptions"]
+__all__ = ["CudaOptions", "Engine", "ModelSpec", "Provider", "TensorrtOptions", "TritonSettings"]
 
 Provider = Literal["CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"]
 _CPU: Provider = "CPUExecutionProvider"
+Engine = Literal["onnxruntime", "triton"]
 
 
 class CudaOptions(Frozen):
@@ -75,6 +77,62 @@ class TensorrtOptions(Frozen):
     )
 
 
+class TritonSettings(Frozen):
+    """A Triton Inference Server that runs the model (over the KServe v2 gRPC protocol), as
+    ``[pipelines.model.triton]``; the worker reads the model's inputs, outputs and
+    ``max_batch_size`` from it at start-up. Relative certificate paths resolve against
+    the config file's directory."""
+
+    url: str = Field(
+        pattern=r"^[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}$",
+        description="The server's gRPC address, host:port (Triton listens on 8001 by default).",
+    )
+    model: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The model's name on the server; default: the pipeline's model.name.",
+    )
+    version: str | None = Field(
+        default=None,
+        pattern=r"^[1-9][0-9]*$",
+        description="The model version to serve; default: the highest version the server "
+        "has ready, and with model.watch a higher one is served once the server has it.",
+    )
+    timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        description="Longest wait for one call; a call past it is an outage of the server "
+        "(the batch waits and is tried again), never a dead letter.",
+    )
+    ssl: bool = Field(default=False, description="Speak TLS to the server.")
+    root_certificates: Path | None = Field(
+        default=None,
+        description="PEM file of the CAs that signed the server's certificate (TLS); "
+        "default: the system's.",
+    )
+    private_key: Path | None = Field(
+        default=None, description="PEM file of the worker's private key, for mutual TLS."
+    )
+    certificate_chain: Path | None = Field(
+        default=None, description="PEM file of the worker's certificate chain, for mutual TLS."
+    )
+    headers: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description="gRPC metadata sent with every call (an API key or bearer token, say); "
+        "the values never print.",
+    )
+
+    @model_validator(mode="after")
+    def _tls_files_need_ssl(self) -> TritonSettings:
+        files = (self.root_certificates, self.private_key, self.certificate_chain)
+        if not self.ssl and any(f is not None for f in files):
+            raise ValueError("root_certificates, private_key and certificate_chain need ssl = true")
+        if (self.private_key is None) != (self.certificate_chain is None):
+            raise ValueError("private_key and certificate_chain go together (mutual TLS)")
+        return self
+
+
 class ModelSpec(Frozen):
     """An ONNX model file, how to name it in results, and where to run it.
 
@@ -93,13 +151,22 @@ class ModelSpec(Frozen):
     serves and off on the CPU, where neither pays.
     """
 
-    path: Path = Field(
+    path: Path | None = Field(
+        default=None,
         description=(
-            "The ONNX file, or a directory of numbered versions (each "
-            "<n>/model.onnx), relative to the config file."
-        )
+            "The ONNX file, or a directory of numbered versions (each <n>/model.onnx),"
+            ' relative to the config file; required unless engine = "triton".'
+        ),
     )
     name: str = Field(min_length=1, description="The model's name, as results carry it.")
+    engine: Engine = Field(
+        default="onnxruntime",
+        description="Where the model runs: ONNX Runtime in the worker (onnxruntime), or a "
+        "Triton Inference Server over gRPC (triton, configured in [pipelines.model.triton]).",
+    )
+    triton: TritonSettings | None = Field(
+        default=None, description='The server that runs the model when engine = "triton".'
+    )
     version: str = Field(
         default="1",
         description=(
@@ -211,6 +278,34 @@ class ModelSpec(Frozen):
                     raise ValueError("class_names is given twice: in model and in model.outputs")
                 data = {**data, "class_names": outputs.pop("class_names"), "outputs": outputs}
         return data
+
+    @property
+    def where(self) -> str:
+        """The model in words, for error messages: its file, or the server and name."""
+        if self.triton is not None:
+            return f"{self.triton.model or self.name} on Triton at {self.triton.url}"
+        return str(self.path.name if self.path is not None else self.name)
+
+    @property
+    def file(self) -> Path:
+        """The ONNX file of a model ONNX Runtime runs (the validator makes sure it is set)."""
+        if self.path is None:
+            raise ValueError(f"model {self.name!r} has no path: it runs on {self.engine}")
+        return self.path
+
+    @model_validator(mode="after")
+    def _engine_has_its_model(self) -> ModelSpec:
+        if self.engine == "triton":
+            if self.triton is None:
+                raise ValueError('engine = "triton" needs a [pipelines.model.triton] table (url)')
+            if self.path is not None:
+                raise ValueError('engine = "triton" runs the server\'s model; remove path')
+        else:
+            if self.path is None:
+                raise ValueError("path: the ONNX model file (or a directory of versions)")
+            if self.triton is not None:
+                raise ValueError('a triton table needs engine = "triton"')
+        return self
 
     @model_validator(mode="after")
     def _inputs_are_columns(self) -> ModelSpec:

@@ -14,7 +14,7 @@ from pydantic import (
 )
 
 from worker.config.candidates import CandidateSpec
-from worker.config.model_spec import ModelSpec
+from worker.config.model_spec import ModelSpec, TritonSettings
 from worker.config.model_versions import resolve_version
 from worker.config.worker_config import WorkerConfig
 from worker.errors import ConfigError
@@ -95,12 +95,14 @@ def _model_source(model: ModelSpec, base_dir: Path, where: str) -> dict[str, Any
     """``path``, ``version``, ``version_dir`` and ``watch`` as the worker serves them: a
     file, or a directory of versions resolved to its highest (or pinned) one. Raises
     ConfigError naming the field."""
+    if model.triton is not None:
+        return _triton_files(model.triton, model.watch, base_dir)
     if model.version_dir is not None:
         raise ConfigError(
             f"{where}.version_dir: is set by streamfer; give the directory of versions as "
             "model.path"
         )
-    path = model.path if model.path.is_absolute() else base_dir / model.path
+    path = model.file if model.file.is_absolute() else base_dir / model.file
     if path.is_dir():
         pinned = model.version if "version" in model.model_fields_set else None
         field = f"{where}.version" if pinned is not None else f"{where}.path"
@@ -114,6 +116,21 @@ def _model_source(model: ModelSpec, base_dir: Path, where: str) -> dict[str, Any
     if not path.is_file():
         raise ConfigError(f"{where}.path: model file not found: {path}")
     return {"path": path, "watch": bool(model.watch)}
+
+
+def _triton_files(triton: TritonSettings, watch: bool | None, base_dir: Path) -> dict[str, Any]:
+    """The server's TLS files resolved against the config's directory (the server and its
+    model are checked when the worker starts: ``worker.inference.triton``); ``watch``
+    on by default when no version is pinned, as for a directory of versions."""
+    files = {
+        name: base_dir / found
+        for name in ("root_certificates", "private_key", "certificate_chain")
+        if (found := getattr(triton, name)) is not None and not found.is_absolute()
+    }
+    update: dict[str, Any] = {"watch": triton.version is None if watch is None else watch}
+    if files:
+        update["triton"] = triton.model_copy(update=files)
+    return update
 
 
 def _candidate_source(spec: CandidateSpec, base_dir: Path, where: str) -> CandidateSpec:

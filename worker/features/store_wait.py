@@ -10,7 +10,9 @@ come back from the fetch as rejections.
 
 A Schema Registry that cannot give a batch its writers' schemas is waited out the same
 way by a wait of its own (``outage = SchemaRegistryError``, ``what = "schema
-registry"``): it is no fault of any record either.
+registry"``): it is no fault of any record either. So is an inference server that cannot
+run a batch (``outage = InferenceServerError``, with no deadline: the batch waits, as one
+held for a fault of its model does, until the server answers or the worker stops).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ class StoreWait:
         *,
         retry_s: float | None,
         abort: threading.Event,
-        errors: Counter,
+        errors: Counter | None,
         on_feature_store: Callable[[bool, str | None], None],
         outage: type[Exception] = FeatureStoreError,
         what: str = "feature store",
@@ -74,7 +76,8 @@ class StoreWait:
             try:
                 answer = attempt()
             except (self._outage, FeatureStoreConfigError) as exc:
-                self._errors.inc()
+                if self._errors is not None:  # None: the caller counts its failures
+                    self._errors.inc()
                 config = isinstance(exc, FeatureStoreConfigError)
                 first, longest = self.CONFIG_RETRY_S if config else (0.1, 5.0)
                 delay = min(delay * 2, longest) if delay else first

@@ -1,5 +1,7 @@
 """Running a model: the ONNX Runtime engine, execution providers, device I/O, batch-size
-buckets, what the graph declares, the model slot a pipeline serves from, and outputs as rows."""
+buckets, what the graph declares, the model slot a pipeline serves from, and outputs as
+rows; or a Triton Inference Server that runs it (``triton``, which imports its client
+only when an engine is made)."""
 
 from __future__ import annotations
 
@@ -9,15 +11,18 @@ from worker.inference.engine import (
     InferenceEngine,
     OnnxEngine,
     Outputs,
+    ServingEngine,
     TensorInput,
     file_sha256,
     warm_up_sizes,
 )
 from worker.inference.rows import finite_rows, row_outputs
 from worker.inference.slot import LiveModel, ModelIdentity, ModelSlot
+from worker.inference.triton import TRITON_PROVIDER, TritonEngine
 
 __all__ = [
     "ONNX_DTYPES",
+    "TRITON_PROVIDER",
     "Feeds",
     "InferenceEngine",
     "LiveModel",
@@ -25,7 +30,9 @@ __all__ = [
     "ModelSlot",
     "OnnxEngine",
     "Outputs",
+    "ServingEngine",
     "TensorInput",
+    "TritonEngine",
     "file_sha256",
     "finite_rows",
     "row_outputs",

@@ -57,6 +57,7 @@ __all__ = [
     "InferenceEngine",
     "OnnxEngine",
     "Outputs",
+    "ServingEngine",
     "TensorInput",
     "file_sha256",
     "is_device_oom",
@@ -157,6 +158,28 @@ class InferenceEngine(Protocol):
         ...
 
 
+class ServingEngine(InferenceEngine, Protocol):
+    """What start-up, ``streamfer check`` and the reloader read of a pipeline's engine
+    beyond its batches: ``OnnxEngine`` in the worker, or ``TritonEngine`` on a server."""
+
+    provider: str
+    """Where it runs, as ``streamfer_inference_provider`` says (an execution provider, or
+    ``triton``)."""
+    providers: list[str]
+    requested: list[str]
+    output_types: dict[str, str]
+    """Model output name -> its type, as ONNX Runtime names it."""
+
+    @property
+    def outputs(self) -> dict[str, str]:
+        """Result field -> model output name."""
+        ...
+
+    def example(self, widths: Mapping[str, int] | None = None) -> Example:
+        """Feeds of ``n`` rows the model accepts (zeros), for warm-up and checks."""
+        ...
+
+
 def warm_up_sizes(max_batch_size: int) -> list[int]:
     """Every power of two up to ``max_batch_size``, and it: the sizes adaptive batching
     and the tail of a backlog or a replay hand to the model, each run once up front."""
@@ -192,7 +215,7 @@ class OnnxEngine:
         batch_sizes: Sequence[int] | None = None,
         on_device_oom: Callable[[], None] | None = None,
     ) -> None:
-        path = spec.path
+        path = spec.file
         if not path.is_file():
             raise EngineError(f"model file not found: {path}")
         self._path = path

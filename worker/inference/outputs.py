@@ -72,7 +72,7 @@ def named_labels(labels: npt.NDArray[Any], names: npt.NDArray[np.object_]) -> np
 
 
 def output_map(
-    configured: Mapping[str, str] | None, names: list[str], path: Path
+    configured: Mapping[str, str] | None, names: list[str], path: Path | str
 ) -> dict[str, str]:
     if configured:
         unknown = sorted(set(configured.values()) - set(names))

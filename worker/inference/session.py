@@ -115,7 +115,7 @@ def open_session(spec: ModelSpec, sizes: Sequence[int]) -> ModelSession:
     no provider is available or serves, or the model does not load."""
     import onnxruntime as ort
 
-    path = spec.path
+    path = spec.file
     available = ort.get_available_providers()
     chain = [p for p in spec.providers if p in available]
     if not chain:

@@ -47,7 +47,10 @@ class LiveModel:
 
     @classmethod
     def of(cls, spec: ModelSpec, engine: InferenceEngine) -> LiveModel:
-        return cls(engine, ModelIdentity(spec.name, spec.version, engine.model_hash))
+        """``spec``'s model on ``engine``: named by the version a server serves
+        (``served_version``, which only the server knows) or else by the config's."""
+        version = getattr(engine, "served_version", None) or spec.version
+        return cls(engine, ModelIdentity(spec.name, str(version), engine.model_hash))
 
 
 class ModelSlot:

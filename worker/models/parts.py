@@ -14,15 +14,15 @@ from typing import NamedTuple
 
 from worker.config import ModelSpec, PipelineConfig, RedisSettings
 from worker.features import RedisLookups
-from worker.inference import OnnxEngine, warm_up_sizes
+from worker.inference import OnnxEngine, ServingEngine, TritonEngine, warm_up_sizes
 from worker.ops import Metrics
 from worker.pipeline import BatchHooks, FeedPlan, load_hooks
 
-__all__ = ["LoadedModel", "Parts", "load_model", "open_parts"]
+__all__ = ["LoadedModel", "Parts", "load_model", "open_engine", "open_parts"]
 
 
 class Parts(NamedTuple):
-    engine: OnnxEngine
+    engine: ServingEngine
     plan: FeedPlan
     """How the config's features feed ``engine``: built once, here, for the pipeline's
     life (a ``Pipeline`` takes it, and so does the reloader's check of a new version)."""
@@ -31,7 +31,7 @@ class Parts(NamedTuple):
 
 
 class LoadedModel(NamedTuple):
-    engine: OnnxEngine
+    engine: ServingEngine
     plan: FeedPlan
 
 
@@ -49,11 +49,26 @@ def load_model(
     device) beside the batches being served. Raises ``ModelMismatchError`` or
     ``EngineError`` as ``open_parts`` says."""
     buckets = warm_up_sizes(config.batch.max_batch_size)
-    oom = metrics.device_oom_retries.labels(config.name).inc if metrics is not None else None
-    engine = OnnxEngine(spec, batch_sizes=buckets, on_device_oom=oom)
+    engine = open_engine(config.name, spec, buckets, metrics)
     plan = FeedPlan.build(config.model_copy(update={"model": spec}), engine.inputs)
     engine.warm_up(buckets if warm_up is None else warm_up, engine.example(plan.widths()))
     return LoadedModel(engine, plan)
+
+
+def open_engine(
+    pipeline: str, spec: ModelSpec, buckets: list[int], metrics: Metrics | None
+) -> ServingEngine:
+    """The engine ``spec.engine`` names, its calls counted in ``metrics`` when given."""
+    if spec.engine == "triton":
+        if metrics is None:
+            return TritonEngine(spec)
+        calls = metrics.triton_call_seconds.labels(pipeline)
+        errors = metrics.triton_errors
+        return TritonEngine(
+            spec, on_call=calls.observe, on_error=lambda kind: errors.labels(pipeline, kind).inc()
+        )
+    oom = metrics.device_oom_retries.labels(pipeline).inc if metrics is not None else None
+    return OnnxEngine(spec, batch_sizes=buckets, on_device_oom=oom)
 
 
 def open_parts(

@@ -24,6 +24,13 @@ fails any step is refused: logged once, counted, and not tried again until it ch
 the live model keeps serving. ``streamfer_model_reloads_total{pipeline,result}`` counts
 both outcomes; ``streamfer_model_info`` and ``streamfer_inference_provider`` follow the
 live model (the old model's series are removed).
+
+A model on a Triton server (``engine = "triton"``) has no file: its source is the
+server, and a candidate is the highest version the server has ready
+(``TritonEngine.latest_version``), followed by default unless the config pins
+``triton.version``. It is loaded, checked, warmed and swapped in the same way, and a
+refused version is not tried again until the worker restarts. A server that cannot
+answer the look is left to the batches' own wait.
 """
 
 from __future__ import annotations
@@ -38,8 +45,15 @@ from enum import Enum
 from pathlib import Path
 
 from worker.config import ModelSpec, PipelineConfig, list_versions
-from worker.errors import EngineError
-from worker.inference import InferenceEngine, LiveModel, ModelIdentity, ModelSlot, file_sha256
+from worker.errors import EngineError, InferenceServerError
+from worker.inference import (
+    InferenceEngine,
+    LiveModel,
+    ModelIdentity,
+    ModelSlot,
+    TritonEngine,
+    file_sha256,
+)
 from worker.models.fit import ModelFit
 from worker.models.parts import LoadedModel, load_model
 from worker.ops import Metrics
@@ -143,6 +157,8 @@ class ModelWatch:
         self._live: Fingerprint | None = None
         self._pending: tuple[Fingerprint, float] | None = None
         self._refused: dict[Fingerprint, None] = {}
+        self._refused_versions: set[str] = set()
+        """Server versions refused (a model on Triton)."""
         self._missing_logged = False
 
     @property
@@ -160,6 +176,8 @@ class ModelWatch:
     def look(self) -> Look:
         """Look at the source once; load, check, warm and swap in a settled candidate.
         Blocks while a candidate loads; never raises for a bad candidate."""
+        if self._config.model.triton is not None:
+            return self._look_at_server()
         candidate = self._candidate()
         found = fingerprint(*candidate) if candidate is not None else None
         if found is None:
@@ -186,10 +204,50 @@ class ModelWatch:
         self._pending = None
         return self._try(found)
 
+    def _look_at_server(self) -> Look:
+        """The server's highest ready version, loaded and swapped in when it is new."""
+        settings = self._config.model.triton
+        live = self._slot.for_batch()
+        if settings is None or settings.version is not None:
+            return Look.IDLE  # a pinned version: nothing to follow
+        if not isinstance(live.engine, TritonEngine):
+            return Look.IDLE
+        try:
+            version = live.engine.latest_version()
+        except (InferenceServerError, EngineError) as exc:
+            log.debug("pipeline %s: no version from the server now: %s", self.name, exc)
+            return Look.IDLE
+        if version is None or version == live.identity.version:
+            return Look.IDLE
+        if version in self._refused_versions:
+            return Look.IDLE
+        spec = self._config.model.model_copy(
+            update={"triton": settings.model_copy(update={"version": version})}
+        )
+        started = time.perf_counter()
+        try:
+            loaded = self._load(self._config, spec)
+            self._fit.check(ModelFit.of(loaded), "the live model's")
+        except Exception as exc:  # the server's own errors too
+            self._refused_versions.add(version)
+            self._refused_count.inc()
+            log.error(
+                "pipeline %s: model %s version %s on the server refused (%s); version %s "
+                "keeps serving, and it is not tried again until the worker restarts",
+                self.name,
+                spec.name,
+                version,
+                str(exc).strip().splitlines()[0][:500] if str(exc).strip() else type(exc).__name__,
+                live.identity.version,
+            )
+            return Look.REFUSED
+        self._serve(spec, loaded, version, live.identity, started)
+        return Look.LOADED
+
     def _candidate(self) -> tuple[str, Path] | None:
         spec = self._config.model
         if spec.version_dir is None:
-            return spec.version, spec.path
+            return spec.version, spec.file
         versions = list_versions(spec.version_dir)
         return (versions[-1].name, versions[-1].path) if versions else None
 
@@ -212,10 +270,22 @@ class ModelWatch:
             return self._refuse(found, live, exc)
         if fingerprint(found.version, found.path) != found:
             return Look.SETTLING  # changed while it loaded: not this one
-        engine = loaded.engine
-        model = ModelIdentity(spec.name, found.version, engine.model_hash)
-        self._slot.swap(LiveModel(engine, model))
         self._live = found
+        self._serve(spec, loaded, found.version, live, started)
+        return Look.LOADED
+
+    def _serve(
+        self,
+        spec: ModelSpec,
+        loaded: LoadedModel,
+        version: str,
+        live: ModelIdentity,
+        started: float,
+    ) -> None:
+        """Swap a checked, warmed candidate in; metrics, ``on_swap`` and the log follow."""
+        engine = loaded.engine
+        model = ModelIdentity(spec.name, version, engine.model_hash)
+        self._slot.swap(LiveModel(engine, model))
         self._shown = show_model(
             self._metrics, self.name, model, engine.providers[0], hide=self._shown
         )
@@ -234,7 +304,6 @@ class ModelWatch:
             live.version,
             live.sha256[:12],
         )
-        return Look.LOADED
 
     def _same_provider(self, provider: str) -> None:
         """Raise EngineError when ``provider`` is not the live model's and the config

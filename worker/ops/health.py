@@ -88,6 +88,8 @@ class HealthState:
     """Why the Schema Registry cannot give a batch its schemas, while it cannot."""
     model_problems: dict[str, str] = field(default_factory=dict)
     """Pipelines whose batches wait for a fault of their model, and why."""
+    inference_server_problems: dict[str, str] = field(default_factory=dict)
+    """Pipelines whose batches wait for the inference server that runs their model, and why."""
     stopping: bool = False
     stalled_call: str | None = None
     """A Kafka client call past its own timeout (``worker.kafka.call_watch``): the loop is
@@ -115,6 +117,18 @@ class HealthState:
                 self.model_problems[pipeline] = problem or "the model fails"
 
         return on_model
+
+    def inference_server_for(self, pipeline: str) -> Callable[[bool, str | None], None]:
+        """A pipeline's ``on_inference_server`` callback: its server answers, or why not."""
+
+        def on_server(ok: bool, problem: str | None) -> None:
+            if ok:
+                self.inference_server_problems.pop(pipeline, None)
+            else:
+                why = problem or "inference server unreachable"
+                self.inference_server_problems[pipeline] = f"pipeline {pipeline}: {why}"
+
+        return on_server
 
     def broker(self, ok: bool, problem: str | None = None) -> None:
         """A broker answered (``ok``), or why none can be used."""
@@ -150,6 +164,7 @@ class HealthState:
         if self.schema_registry_problem is not None:
             reasons.append(f"schema registry: {self.schema_registry_problem}")
         reasons.extend(list(self.model_problems.values()))  # a copy: another thread writes it
+        reasons.extend(list(self.inference_server_problems.values()))
         if self.stopping:
             reasons.append("stopping")
         if not self.live():

@@ -241,6 +241,22 @@ class Metrics:
             ["pipeline"],
             registry=r,
         )
+        self.triton_call_seconds = Histogram(
+            "streamfer_triton_call_seconds",
+            "Seconds per call to the Triton Inference Server that runs a pipeline's model "
+            "(a batch is one call per max_batch_size rows), failed calls included",
+            ["pipeline"],
+            buckets=_SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.triton_errors = Counter(
+            "streamfer_triton_errors",
+            "Failed calls to the Triton server: unavailable (down, past the timeout, "
+            "overloaded, not serving the model: the batch waits and is retried) or model "
+            "(the model refused the batch: its rows are tried apart)",
+            ["pipeline", "kind"],
+            registry=r,
+        )
         self.stage_wait_seconds = Histogram(
             "streamfer_stage_wait_seconds",
             "Seconds a batch waited for a processing thread (decode: the first, which also "
@@ -467,6 +483,8 @@ METRIC_NAMES = (
     "streamfer_shadow_score_abs_diff",
     "streamfer_shadow_seconds",
     "streamfer_device_oom_retries_total",
+    "streamfer_triton_call_seconds",
+    "streamfer_triton_errors_total",
     "streamfer_stage_wait_seconds",
     "streamfer_aged_batches_total",
     "streamfer_pipeline_priority",

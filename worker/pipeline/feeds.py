@@ -80,7 +80,7 @@ class FeedPlan:
     def build(cls, config: PipelineConfig, model: Sequence[TensorInput]) -> FeedPlan:
         """The plan for ``config``'s features and the model's inputs. Raises
         ModelMismatchError naming the input, width or type that does not fit."""
-        where = f"pipeline {config.name!r}: model {config.model.path.name}"
+        where = f"pipeline {config.name!r}: model {config.model.where}"
         columns = _columns(config, model, where)
         kinds: dict[str, FeatureKind] = {}
         for t in model:

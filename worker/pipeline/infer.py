@@ -7,15 +7,19 @@ while ``worker.models.reloader`` swaps it. From there it picks one of three ways
 ``ModelCalls`` (``worker.pipeline.model_calls``): the rows the output cache lacks, a
 canary's share and the rest, or the whole batch; a failing row is isolated by bisection
 and refused alone, and a batch that meets a fault of the model waits for it
-(``worker.pipeline.model_faults``), trying again on the model the slot holds then. It
-runs on the second stage thread and produces nothing.
+(``worker.pipeline.model_faults``), trying again on the model the slot holds then. A
+batch whose inference server cannot answer (``InferenceServerError``) waits for it
+(``StoreWait``), each try on the model the slot holds then, so a version the reloader
+found meanwhile takes it. It runs on the second stage thread and produces nothing.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from worker.cache import OutputCache
+from worker.features import StoreWait
 from worker.inference import ModelSlot
 from worker.ops import PipelineMetrics
 from worker.pipeline.canary import Canary
@@ -43,11 +47,13 @@ class InferStep:
         canary: Canary | None = None,
         shadow: ShadowRunner | None = None,
         faults: tuple[ModelFaults, ModelFaultWait],
+        server_wait: StoreWait | None = None,
     ) -> None:
         self._slot = slot
         self._hooks = hooks
         self._calls = ModelCalls(hooks, faults[0])
         self._wait = faults[1]
+        self._server_wait = server_wait
         self._metrics = metrics
         self._cache = cache
         self._canary = canary
@@ -60,16 +66,24 @@ class InferStep:
             prepared.model, prepared.engine = live.identity, live.engine
             return prepared
         started = _perf()
+        score = self._scorer(prepared)
         try:
-            self._score(prepared)
+            score()
         except ModelFault as fault:
             assert prepared.model is not None
-            self._wait.hold(fault, prepared.model, lambda: self._score(prepared))
+            self._wait.hold(fault, prepared.model, score)
         prepared.timings.infer_ms = (_perf() - started) * 1000.0
         self._metrics.infer_seconds.observe(prepared.timings.infer_ms / 1000.0)
         if self._shadow is None:
             prepared.feeds = {}
         return prepared
+
+    def _scorer(self, prepared: Prepared) -> Callable[[], None]:
+        """One try of the batch, waiting out an inference server that cannot answer."""
+        server_wait = self._server_wait
+        if server_wait is None:
+            return lambda: self._score(prepared)
+        return lambda: server_wait.call(lambda: self._score(prepared))
 
     def _score(self, prepared: Prepared) -> None:
         """One try of the batch on the model the slot holds now."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from worker.config import PipelineConfig
-from worker.inference import OnnxEngine, row_outputs
+from worker.inference import ServingEngine, row_outputs
 from worker.pipeline.feeds import FeedPlan
 from worker.registry import AvroResults
 
@@ -15,7 +15,7 @@ __all__ = ["result_encoder"]
 
 
 def result_encoder(
-    p: PipelineConfig, client: Any | None, engine: OnnxEngine, plan: FeedPlan
+    p: PipelineConfig, client: Any | None, engine: ServingEngine, plan: FeedPlan
 ) -> AvroResults | None:
     """None for JSON results; else the encoder, its schema registered or found (raises
     ConfigError naming what is missing, SchemaRegistryError while the registry is down)."""

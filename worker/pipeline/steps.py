@@ -28,7 +28,7 @@ from confluent_kafka import Message
 from worker.cache import OutputCache
 from worker.config import PipelineConfig
 from worker.core import DeliveryTracker, PartitionKey, Refusal, next_offsets
-from worker.errors import ConfigError, SchemaRegistryError
+from worker.errors import ConfigError, InferenceServerError, SchemaRegistryError
 from worker.features import FeatureStore, OneStore, StoreWait
 from worker.inference import InferenceEngine, LiveModel, ModelSlot
 from worker.kafka import Sink
@@ -79,6 +79,7 @@ class Pipeline:
         avro_results: AvroResults | None = None,
         on_schema_registry: Callable[[bool, str | None], None] | None = None,
         on_model: Callable[[bool, str | None], None] | None = None,
+        on_inference_server: Callable[[bool, str | None], None] | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -143,6 +144,15 @@ class Pipeline:
             on_model=on_model or (lambda _ok, _why: None),
             model=lambda: slot.for_batch().identity,
         )
+        server_wait = StoreWait(
+            self.name,
+            retry_s=None,
+            abort=abort or threading.Event(),
+            errors=None,  # the engine counts each failed call
+            on_feature_store=on_inference_server or (lambda _ok, _why: None),
+            outage=InferenceServerError,
+            what="inference server",
+        )
         self._infer = InferStep(
             slot=slot,
             hooks=hooks,
@@ -151,6 +161,7 @@ class Pipeline:
             canary=canary,
             shadow=shadow,
             faults=(faults, fault_wait),
+            server_wait=server_wait,
         )
         self._publish = PublishStep(
             config,

@@ -144,8 +144,13 @@ def new_plan(
     if opts.model_path is not None and opts.model_version is None:
         raise ConfigError("--model needs --model-version, so its results can be told apart")
     version = opts.model_version or p.model.version
+    if opts.model_path is None and p.model.path is None:
+        raise ConfigError(
+            f"pipeline {p.name!r} runs its model on {p.model.engine}; replay runs an ONNX file "
+            "in the worker: give it with --model and --model-version"
+        )
     model_path = (
-        opts.model_path.expanduser().resolve() if opts.model_path is not None else p.model.path
+        opts.model_path.expanduser().resolve() if opts.model_path is not None else p.model.file
     )
     if not model_path.is_file():
         raise ConfigError(f"model file not found: {model_path}")

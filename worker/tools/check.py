@@ -9,7 +9,9 @@ model's encoders accept, see ``OnnxEngine.example``) must come out as a result; 
 naming a probe entity in every lookup exercises the lookups (its result or dead letter
 is fine, a Redis refusal is not). Requests are written in the pipeline's own request
 shape. ``CheckedPipeline.signature`` says how each model input is fed, and that the
-canary and shadow models load and fit (``worker.models.candidates``).
+canary and shadow models load and fit (``worker.models.candidates``); for a model on a
+Triton server, that the server is live and the model ready, and its ``max_batch_size``
+(its metadata was read and checked against the feeds by ``open_parts``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from worker.config import PipelineConfig, RedisSettings
 from worker.core import DeliveryTracker
 from worker.errors import EngineError
 from worker.features import PROBE_ENTITY
+from worker.inference import TritonEngine
 from worker.kafka import Headers, RecordLimits
 from worker.models import LoadedModel, load_candidates, open_parts
 from worker.ops import Metrics
@@ -132,6 +135,9 @@ def check_pipeline(cfg: PipelineConfig, redis: RedisSettings) -> CheckedPipeline
         f"output {name} <- {out} {engine.output_types[out]}" for name, out in engine.outputs.items()
     ]
     signature.append(f"provider {engine.provider} (requested {', '.join(engine.requested)})")
+    if isinstance(engine, TritonEngine):
+        signature += [f"{what}: {detail}" for what, _ok, detail in engine.health()]
+        signature.append(f"triton max_batch_size {engine.max_batch_size} (batches split at it)")
     if candidates.canary is not None and cfg.canary is not None:
         model = candidates.canary.identity
         signature.append(

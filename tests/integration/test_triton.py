@@ -1,0 +1,310 @@
+"""A model on a real Triton Inference Server, against real Kafka and Redis.
+
+The server is ``tritonserver`` from the ``nvidia-pytriton`` wheel
+(``streamfer_dev.triton``), serving the torch-style MLP of ``tests.integration.recipes``
+through ONNX Runtime with dynamic batching on the CPU. Every score a worker publishes is
+compared with ONNX Runtime's own on the same row, exactly: the server runs the same
+Runtime version. Each version of the MLP has other weights, so a score also says which
+version computed it. The tests skip, saying why, only where the server cannot run at all
+(no Debian python3 with its shared libpython); here and in CI they run.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+
+from streamfer_dev.harness import (
+    Outcomes,
+    WorkerProcess,
+    collect_outcomes,
+    end_offsets,
+    produce_requests,
+)
+from streamfer_dev.triton import TritonServer, server_python, start_triton
+from tests.conftest import Topics
+from tests.integration.conftest import MlpConfig
+from tests.integration.helpers import assert_committed_to_end, scrape_metrics
+from tests.integration.recipes import FraudData, fraud_data
+from tests.integration.served_mlp import (
+    in_background,
+    mlp_versions,
+    post,
+    produced_requests,
+    scores_by_version,
+    wait_for,
+)
+from tests.integration.test_bring_your_own_model import request_doc
+
+pytestmark = pytest.mark.integration
+
+REFUSE_ABOVE = 1e6
+"""The server's model refuses a request holding a number above this."""
+
+
+@pytest.fixture(scope="module")
+def data() -> FraudData:
+    return fraud_data(3000, seed=39)
+
+
+@pytest.fixture(scope="module")
+def models(data: FraudData, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Version -> ONNX file of the MLP (versions 1 and 2: other weights)."""
+    folder = tmp_path_factory.mktemp("triton-mlps")
+    out = {}
+    for version, content in mlp_versions(data, folder).items():
+        if version in ("1", "2"):
+            out[version] = folder / f"v{version}.onnx"
+            out[version].write_bytes(content)
+    return out
+
+
+@pytest.fixture(scope="module")
+def expected(data: FraudData, models: dict[str, Path]) -> dict[str, np.ndarray[Any, Any]]:
+    """Each version's scores for every request row, from ONNX Runtime in this process."""
+    return scores_by_version({v: p.read_bytes() for v, p in models.items()}, data)
+
+
+@pytest.fixture
+def triton() -> Iterator[Callable[..., TritonServer]]:
+    """Factory: a Triton server of ``NAME:VERSION:PATH`` models; stopped after the test."""
+    try:
+        server_python()
+    except Exception as exc:  # the reason goes to the report
+        pytest.skip(f"no Triton server here: {exc}")
+    started: list[TritonServer] = []
+
+    def start(models: list[str], **options: Any) -> TritonServer:
+        server = start_triton(models, refuse_above=REFUSE_ABOVE, **options)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+ON_TRITON = 'engine = "triton"'
+
+
+def triton_table(url: str) -> str:
+    return f"""
+[pipelines.model.triton]
+url = "{url}"
+model = "fraud"
+timeout_s = 5
+"""
+
+
+Served = Callable[..., tuple[TritonServer, Topics, WorkerProcess, int]]
+
+
+@pytest.fixture
+def served(
+    triton: Callable[..., TritonServer],
+    fresh_topics: Callable[..., Topics],
+    mlp_worker: Callable[..., tuple[WorkerProcess, int]],
+    models: dict[str, Path],
+    data: FraudData,
+) -> Served:
+    """Factory: a server of version 1, and a worker on it (``model_lines`` added to its
+    model table) that owns every partition of fresh topics."""
+
+    def start(model_lines: str = "") -> tuple[TritonServer, Topics, WorkerProcess, int]:
+        server = triton([f"fraud:1:{models['1']}"])
+        topics = fresh_topics(4)
+        worker, port = mlp_worker(
+            topics,
+            data,
+            None,
+            model_lines=f"{ON_TRITON}\n{model_lines}",
+            pipeline_extra=triton_table(server.url),
+        )
+        return server, topics, worker, port
+
+    return start
+
+
+def outcomes(bootstrap: str, topics: Topics, ids: set[str], timeout: float = 120) -> Outcomes:
+    return collect_outcomes(
+        bootstrap, topics.results, topics.dead_letters, ids, timeout=timeout, keep_docs=True
+    )
+
+
+def check_exact(
+    out: Outcomes, expected: dict[str, np.ndarray[Any, Any]], versions: set[str]
+) -> None:
+    """Every result names one of ``versions`` and carries exactly that version's scores
+    as ONNX Runtime computes them here."""
+    for doc in out.result_docs:
+        version = str(doc["model"]["version"])
+        assert version in versions, doc["model"]
+        row = int(doc["id"][1:])
+        got = np.asarray(doc["outputs"]["scores"], dtype=np.float32)
+        assert np.array_equal(got, expected[version][row]), (doc["id"], got, expected[version][row])
+
+
+def readyz(port: int) -> tuple[int, str]:
+    try:
+        return post(port, "/readyz", "GET")
+    except OSError as exc:
+        return 0, str(exc)
+
+
+def streamfer(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "worker", *args], capture_output=True, text=True, timeout=180
+    )
+
+
+def test_scores_equal_the_local_model_and_a_model_error_is_one_row(
+    served: Served,
+    kafka_bootstrap: str,
+    data: FraudData,
+    expected: dict[str, np.ndarray[Any, Any]],
+) -> None:
+    server, topics, worker, port = served()
+    good = produced_requests(data, 1500)
+    refused = {f"x{i}": i for i in (5, 700, 1400)}  # an amount the model refuses
+    bad = [
+        (rid, f"k{i}".encode(), orjson.dumps(request_doc(rid, {**data.requests[i], "amount": 1e9})))
+        for rid, i in refused.items()
+    ]
+    produce_requests(kafka_bootstrap, topics.requests, good[:700] + bad + good[700:])
+    ids = {rid for rid, _k, _v in good} | set(refused)
+    out = outcomes(kafka_bootstrap, topics, ids)
+    assert not out.lost(ids), f"lost: {out.lost(ids)[:5]}"
+    assert out.duplicates() == 0
+    assert set(out.results) == {rid for rid, _k, _v in good}
+    check_exact(out, expected, {"1"})
+    # the model's refusal takes the per-row path: those rows alone, with the server's words
+    assert out.dead_letter_ids == set(refused)
+    for doc in out.dead_letter_docs:
+        assert "holds a value above" in doc["reason"], doc["reason"]
+        assert server.url in doc["reason"], doc["reason"]
+    metrics = scrape_metrics(port)
+    model_errors = ("streamfer_triton_errors_total", (("kind", "model"), ("pipeline", "fraud")))
+    assert metrics.get(model_errors, 0) >= len(refused)
+    calls = ("streamfer_triton_call_seconds_count", (("pipeline", "fraud"),))
+    assert metrics.get(calls, 0) > 0
+    assert worker.terminate() == 0
+    assert_committed_to_end(kafka_bootstrap, topics.group, topics.requests)
+
+
+def test_check_asks_the_server(
+    fresh_topics: Callable[..., Topics],
+    mlp_config: MlpConfig,
+    triton: Callable[..., TritonServer],
+    models: dict[str, Path],
+    data: FraudData,
+) -> None:
+    server = triton([f"fraud:1:{models['1']}"])
+    path, _port = mlp_config(
+        fresh_topics(1), data, None, model_lines=ON_TRITON, pipeline_extra=triton_table(server.url)
+    )
+    check = streamfer("check", "--config", str(path), "--skip-kafka")
+    assert check.returncode == 0, check.stderr
+    assert f"triton server: {server.url} live" in check.stdout, check.stdout
+    assert f"triton model: fraud:1 at {server.url} ready" in check.stdout, check.stdout
+    assert "input input tensor(float)[batch, 5] <- amount" in check.stdout, check.stdout
+    assert "provider triton" in check.stdout
+    server.stop()
+    down = streamfer("check", "--config", str(path), "--skip-kafka")
+    assert down.returncode == 2
+    assert f"inference server {server.url}" in down.stderr, down.stderr
+    assert "UNAVAILABLE" in down.stderr, down.stderr
+
+
+def steady(
+    kafka_bootstrap: str, topics: Topics, requests: list[tuple[str, bytes, bytes]], rate: float
+) -> Callable[[], None]:
+    return in_background(
+        lambda: produce_requests(kafka_bootstrap, topics.requests, requests, rate=rate)
+    )
+
+
+def test_server_stopped_and_started_mid_stream(
+    served: Served,
+    kafka_bootstrap: str,
+    triton: Callable[..., TritonServer],
+    models: dict[str, Path],
+    data: FraudData,
+    expected: dict[str, np.ndarray[Any, Any]],
+) -> None:
+    server, topics, worker, port = served()
+    assert readyz(port)[0] == 200
+    requests = produced_requests(data, 3000)
+    join = steady(kafka_bootstrap, topics, requests, rate=200.0)
+    ids = {rid for rid, _k, _v in requests}
+    wait_for(lambda: len(outcomes(kafka_bootstrap, topics, {"r0"}, 1).results) > 0, 60, "results")
+    server.stop()
+    wait_for(lambda: readyz(port)[0] == 503, 60, "/readyz 503")
+    _status, body = readyz(port)
+    assert "inference server" in body and server.url in body, body
+    time.sleep(6)  # the server stays down longer than a call's timeout (timeout_s = 5)
+    assert worker.alive()
+    assert readyz(port)[0] == 503
+    server = triton([f"fraud:1:{models['1']}"], grpc_port=server.grpc_port)
+    wait_for(lambda: readyz(port)[0] == 200, 60, "/readyz 200 again")
+    join()
+    out = outcomes(kafka_bootstrap, topics, ids)
+    assert not out.lost(ids), f"lost: {out.lost(ids)[:5]}"
+    assert out.duplicates() == 0
+    assert (
+        not out.dead_letter_ids
+        and sum(end_offsets(kafka_bootstrap, topics.dead_letters).values()) == 0
+    )
+    check_exact(out, expected, {"1"})
+    unavailable = (
+        "streamfer_triton_errors_total",
+        (("kind", "unavailable"), ("pipeline", "fraud")),
+    )
+    assert scrape_metrics(port).get(unavailable, 0) > 0
+    assert worker.terminate() == 0
+    assert_committed_to_end(kafka_bootstrap, topics.group, topics.requests)
+
+
+def test_a_new_version_on_the_server_is_picked_up(
+    served: Served,
+    kafka_bootstrap: str,
+    triton: Callable[..., TritonServer],
+    models: dict[str, Path],
+    data: FraudData,
+    expected: dict[str, np.ndarray[Any, Any]],
+) -> None:
+    """The server moves from version 1 to version 2 (as Triton's default version policy,
+    the latest one, does; here by a restart that loads version 2 only): the worker's
+    batches wait while no version answers, the reloader finds version 2, checks and
+    warms it, and it scores the rest."""
+    server, topics, worker, port = served("reload_poll_s = 0.5")
+    first = produced_requests(data, 1000)
+    produce_requests(kafka_bootstrap, topics.requests, first)
+    ids = {rid for rid, _k, _v in first}
+    out = outcomes(kafka_bootstrap, topics, ids)
+    assert not out.lost(ids)
+    check_exact(out, expected, {"1"})
+    server.stop()
+    server = triton([f"fraud:2:{models['2']}"], grpc_port=server.grpc_port)
+    rest = produced_requests(data, 3000)[1000:]
+    produce_requests(kafka_bootstrap, topics.requests, rest)
+    ids |= {rid for rid, _k, _v in rest}
+    out = outcomes(kafka_bootstrap, topics, ids)
+    assert not out.lost(ids), f"lost: {out.lost(ids)[:5]}"
+    assert out.duplicates() == 0 and not out.dead_letter_ids
+    check_exact(out, expected, {"1", "2"})
+    versions = {doc["id"]: str(doc["model"]["version"]) for doc in out.result_docs}
+    assert all(versions[rid] == "1" for rid, _k, _v in first)
+    assert all(versions[rid] == "2" for rid, _k, _v in rest)
+    loaded = ("streamfer_model_reloads_total", (("pipeline", "fraud"), ("result", "loaded")))
+    assert scrape_metrics(port).get(loaded, 0) == 1
+    assert readyz(port)[0] == 200
+    assert worker.terminate() == 0
+    assert_committed_to_end(kafka_bootstrap, topics.group, topics.requests)
