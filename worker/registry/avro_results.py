@@ -20,7 +20,7 @@ import orjson
 
 from worker.config import PipelineConfig
 from worker.errors import ConfigError, SchemaRegistryError
-from worker.registry.client import NOT_FOUND, is_transport, outage, status_of
+from worker.registry.client import NOT_FOUND, is_transport, not_found, outage, status_of
 
 __all__ = ["AvroResults", "derived_schema"]
 
@@ -137,11 +137,13 @@ class AvroResults:
 
     def _refusal(self, exc: Exception, where: str, auto_register: bool) -> Exception:
         status = status_of(exc)
-        if status == NOT_FOUND and not auto_register:
+        if not_found(exc) and not auto_register:
             return ConfigError(
                 f"{where}: the result schema is not registered under subject {self.subject}: "
                 "register it, or set auto_register = true"
             )
+        if status == NOT_FOUND:  # not the registry's answer: no registry at this URL
+            return ConfigError(f"{where}: {outage(exc, f'registering {self.subject}')}")
         if status is not None and 400 <= status < 500:
             return ConfigError(f"{where}: the registry refuses the result schema: {exc}")
         if status is not None or is_transport(exc):

@@ -2,7 +2,7 @@
 Confluent wire format (magic byte 0, a 4-byte big-endian schema id, the payload).
 
 Each batch first resolves the schema ids it carries, once per new id (the client caches
-them by id for the life of the process): an id the registry does not know, or one whose
+them by id for the life of the process): an id the registry says it does not know, or one whose
 schema is of another type, makes its records dead letters (``unknown_schema``,
 ``wrong_schema_type``), while a registry that cannot answer is an outage the whole batch
 waits out (``SchemaRegistryError``). Then each value is decoded by confluent-kafka's
@@ -22,7 +22,7 @@ import orjson
 
 from worker.config import PipelineConfig, WorkerConfig, import_target
 from worker.errors import ConfigError
-from worker.registry.client import NOT_FOUND, is_transport, outage, status_of
+from worker.registry.client import is_transport, not_found, outage, status_of
 from worker.registry.undecodable import RecordUndecodable
 
 if TYPE_CHECKING:
@@ -152,7 +152,7 @@ class FramedRequests:
         try:
             schema = client.get_schema(schema_id)
         except Exception as exc:  # the client raises httpx's errors as well as its own
-            if status_of(exc) == NOT_FOUND:
+            if not_found(exc):
                 self._unknown[schema_id] = now + _UNKNOWN_RECHECK_S
                 return
             raise outage(exc, f"fetching schema id {schema_id}") from exc
@@ -193,7 +193,7 @@ class FramedRequests:
                 decoded = self._decode(value, None)
         except Exception as exc:  # a corrupt payload fails anywhere in the decoder
             status = status_of(exc)
-            if (status is not None and status != NOT_FOUND) or is_transport(exc):
+            if (status is not None and not not_found(exc)) or is_transport(exc):
                 raise outage(exc, "reading a schema a record refers to") from exc
             raise RecordUndecodable(
                 self._invalid,
