@@ -59,7 +59,10 @@ def outage(exc: BaseException, doing: str) -> SchemaRegistryError:
         if status in (401, 403):
             why = f"refuses this worker's credentials (HTTP {status}: {exc})"
         elif status == NOT_FOUND and not not_found(exc):
-            why = f"answered HTTP 404 without a Schema Registry error code ({exc})"
+            said = getattr(exc, "error_message", None)
+            why = "answered HTTP 404 without a Schema Registry error code" + (
+                f" ({said})" if said else " or message"
+            )
             hint = (
                 ": the URL is not a registry's API; is its base path missing (Apicurio's "
                 "is /apis/ccompat/v7)?"
