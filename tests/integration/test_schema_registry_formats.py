@@ -421,6 +421,60 @@ def own_registry() -> Iterator[Service]:
         service.stop()
 
 
+def held_through_an_outage(
+    kafka_bootstrap: str,
+    client: SchemaRegistryClient,
+    config: Path,
+    t: Topics,
+    entities: list[str],
+    log: Path,
+    cut: Callable[[], None],
+    mend: Callable[[], None],
+) -> tuple[str, str]:
+    """Serve ten requests, ``cut`` the registry, produce twenty written with a schema id
+    the worker has not met yet, check they are held back (/readyz 503, neither result
+    nor dead letter), ``mend`` it, and check every request is served once, nothing
+    dead-lettered. Returns /readyz's body during the outage and the worker's log."""
+    ctx = SerializationContext(t.requests, MessageField.VALUE)
+    v1 = AvroSerializer(client, json.dumps(AVRO_V1), conf=TOPIC_SUBJECTS)
+    v2 = AvroSerializer(client, json.dumps(AVRO_V2), conf=TOPIC_SUBJECTS)
+    first = [(f"a{n}", None, v1({"id": f"a{n}", "entity": entities[n]}, ctx)) for n in range(10)]
+    # serialized now, while the registry answers: the worker meets this id only later
+    later = [
+        (f"b{n}", None, v2({"id": f"b{n}", "entity": entities[n], "channel": "app"}, ctx))
+        for n in range(20)
+    ]
+    worker = WorkerProcess(config, log).start()
+    ids = {tag for tag, _k, _v in first + later}
+    try:
+        wait_for_assignment([worker], 1, timeout=90)
+        port = int(re.findall(r"/readyz on http://127\.0\.0\.1:(\d+)", worker.log_text())[-1])
+        produce_requests(kafka_bootstrap, t.requests, first)
+        served = collect_outcomes(kafka_bootstrap, t.results, t.dead_letters, {r[0] for r in first})
+        assert served.lost({r[0] for r in first}) == []
+        cut()
+        produce_requests(kafka_bootstrap, t.requests, later)
+        assert eventually(lambda: http_get(port, "/readyz")[0] == 503), worker.log_text()[-3000:]
+        body = http_get(port, "/readyz")[1]
+        held = collect_outcomes(
+            kafka_bootstrap, t.results, t.dead_letters, {r[0] for r in later}, timeout=5
+        )
+        held_back = {r[0] for r in later}
+        assert not held_back & set(held.results) and not held.dead_letters  # not refused
+        mend()
+        out = collect_outcomes(kafka_bootstrap, t.results, t.dead_letters, ids, timeout=90)
+        assert eventually(lambda: http_get(port, "/readyz")[0] == 200)
+        assert worker.alive(), worker.log_text()[-3000:]
+    finally:
+        mend()
+        code = worker.terminate()
+    text = worker.log_text()
+    assert code == 0, text[-3000:]
+    assert out.lost(ids) == [], text[-3000:]
+    assert not out.dead_letters
+    return body, text
+
+
 def test_a_frozen_registry_holds_batches_back_and_loses_nothing(
     kafka_bootstrap: str,
     own_registry: Service,
@@ -431,44 +485,16 @@ def test_a_frozen_registry_holds_batches_back_and_loses_nothing(
     tmp_path: Path,
 ) -> None:
     t = fresh_topics(1)
-    client = clients(own_registry.address)
-    ctx = SerializationContext(t.requests, MessageField.VALUE)
-    v1 = AvroSerializer(client, json.dumps(AVRO_V1), conf=TOPIC_SUBJECTS)
-    v2 = AvroSerializer(client, json.dumps(AVRO_V2), conf=TOPIC_SUBJECTS)
-    first = [(f"a{n}", None, v1({"id": f"a{n}", "entity": entities[n]}, ctx)) for n in range(10)]
-    # serialized now, while the registry answers: the worker meets this id only later
-    later = [
-        (f"b{n}", None, v2({"id": f"b{n}", "entity": entities[n], "channel": "app"}, ctx))
-        for n in range(20)
-    ]
     config = framed_config(write_config, t, own_registry.address, "avro", timeout_s="1")
-    worker = WorkerProcess(config, tmp_path / "w.log").start()
-    ids = {tag for tag, _k, _v in first + later}
-    try:
-        wait_for_assignment([worker], 1, timeout=90)
-        port = int(re.findall(r"/readyz on http://127\.0\.0\.1:(\d+)", worker.log_text())[-1])
-        produce_requests(kafka_bootstrap, t.requests, first)
-        served = collect_outcomes(kafka_bootstrap, t.results, t.dead_letters, {r[0] for r in first})
-        assert served.lost({r[0] for r in first}) == []
-        os.kill(own_registry.pid, signal.SIGSTOP)
-        produce_requests(kafka_bootstrap, t.requests, later)
-        assert eventually(lambda: http_get(port, "/readyz")[0] == 503), worker.log_text()[-3000:]
-        body = http_get(port, "/readyz")[1]
-        assert "schema registry" in body, body
-        held = collect_outcomes(
-            kafka_bootstrap, t.results, t.dead_letters, {r[0] for r in later}, timeout=5
-        )
-        held_back = {r[0] for r in later}
-        assert not held_back & set(held.results) and not held.dead_letters  # not refused
-        os.kill(own_registry.pid, signal.SIGCONT)
-        out = collect_outcomes(kafka_bootstrap, t.results, t.dead_letters, ids, timeout=90)
-        assert eventually(lambda: http_get(port, "/readyz")[0] == 200)
-        assert worker.alive(), worker.log_text()[-3000:]
-    finally:
-        os.kill(own_registry.pid, signal.SIGCONT)
-        code = worker.terminate()
-    log = worker.log_text()
-    assert code == 0, log[-3000:]
-    assert out.lost(ids) == [], log[-3000:]
-    assert not out.dead_letters
+    body, log = held_through_an_outage(
+        kafka_bootstrap,
+        clients(own_registry.address),
+        config,
+        t,
+        entities,
+        tmp_path / "w.log",
+        cut=lambda: os.kill(own_registry.pid, signal.SIGSTOP),
+        mend=lambda: os.kill(own_registry.pid, signal.SIGCONT),
+    )
+    assert "schema registry" in body, body
     assert "schema registry" in log and "answers again" in log, log[-3000:]

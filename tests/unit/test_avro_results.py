@@ -6,6 +6,7 @@ and read real Avro results through Apicurio Registry."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -14,11 +15,13 @@ import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from fastavro import schemaless_reader
 from pydantic import ValidationError
 
 from worker.config import PipelineConfig, WorkerConfig
 from worker.errors import ConfigError
 from worker.registry import AvroResults, derived_schema
+from worker.registry.avro_schema import parse_avro
 
 SAMPLE = {"label": 1, "scores": [0.25, 0.75], "accepted": True, "segment": "a"}
 
@@ -102,6 +105,28 @@ def test_the_record_strategy_names_the_subject_by_the_records_full_name(
         pipeline(auto_register=True, result_subject_strategy="record"), registry, SAMPLE
     )
     assert results.subject == "streamfer.fraud_v2.Result"
+
+
+def test_a_result_schema_with_an_invalid_logical_type_is_used_as_the_spec_says(
+    registry: SchemaRegistryClient, tmp_path: Path
+) -> None:
+    schema = derived_schema("fraud-v2", SAMPLE)
+    scale_over_precision = {"type": "bytes", "logicalType": "decimal", "precision": 2, "scale": 5}
+    schema["fields"].append({"name": "note", "type": ["null", scale_over_precision]})
+    own = tmp_path / "result.avsc"
+    own.write_text(json.dumps(schema))
+    p = pipeline(auto_register=True, result_schema=str(own))
+    results = AvroResults(p, registry, SAMPLE)
+    doc = {**result(), "note": b"\x05"}
+    value = results.encode(doc)
+    held = registry.get_schema(results.schema_id).schema_str
+    assert held is not None and json.loads(held) == schema  # registered as written
+    assert int.from_bytes(value[1:5], "big") == results.schema_id
+    assert schemaless_reader(io.BytesIO(value[5:]), parse_avro(held), None) == doc
+    schema["fields"][-1] = {"name": "note", "type": "NoSuchType"}
+    own.write_text(json.dumps(schema))
+    with pytest.raises(ConfigError, match=r"the result schema cannot be used .*NoSuchType"):
+        AvroResults(p, registry, SAMPLE)
 
 
 def test_avro_result_settings_are_checked() -> None:

@@ -14,7 +14,13 @@ from worker.registry.undecodable import RecordUndecodable
 
 if TYPE_CHECKING:
     from worker.registry.avro_results import AvroResults, derived_schema
-    from worker.registry.client import needs_registry, open_registry, outage, registry_client
+    from worker.registry.client import (
+        needs_registry,
+        open_registry,
+        outage,
+        registry_client,
+        start_refusal,
+    )
     from worker.registry.framed_requests import (
         FRAMED_FORMATS,
         FramedRequests,
@@ -36,6 +42,7 @@ __all__ = [
     "open_registry",
     "outage",
     "registry_client",
+    "start_refusal",
 ]
 
 __getattr__ = lazy_names(
@@ -52,5 +59,6 @@ __getattr__ = lazy_names(
         "needs_registry": "client",
         "outage": "client",
         "registry_client": "client",
+        "start_refusal": "client",
     },
 )

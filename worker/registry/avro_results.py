@@ -2,12 +2,15 @@
 "avro"``): the same fields a JSON result carries.
 
 The result schema is the pipeline's ``result_schema`` file, or derived from one row of
-the model's outputs (``derived_schema``). At start-up confluent-kafka's
-``AvroSerializer`` writes one example result: that registers the schema under its
-subject (``auto_register``) or finds it there, and gives the frame (byte 0 and the
-schema id) every result then starts with. Each result is then written by fastavro's
-``schemaless_writer`` after that frame: the serializer's subject and rule steps run once,
-not per record."""
+the model's outputs (``derived_schema``). At start-up the schema is parsed as the Avro
+specification reads it (``avro_schema``: an invalid logical type is ignored), one example
+result is written with it, and the schema is registered under its subject
+(``auto_register``) or found there, as confluent-kafka's ``AvroSerializer`` would; its id
+gives the frame (byte 0 and the schema id) every result then starts with. Each result is
+written by fastavro's ``schemaless_writer`` after that frame: no subject or rule step
+runs per record. A schema that cannot be parsed, a result it does not take, or a
+registry that refuses it stops the worker with a ``ConfigError``; a registry that cannot
+answer, with a ``SchemaRegistryError``."""
 
 from __future__ import annotations
 
@@ -20,7 +23,8 @@ import orjson
 
 from worker.config import PipelineConfig
 from worker.errors import ConfigError, SchemaRegistryError
-from worker.registry.client import NOT_FOUND, is_transport, outage, status_of
+from worker.registry.avro_schema import parse_avro
+from worker.registry.client import NOT_FOUND, not_found, outage, status_of
 
 __all__ = ["AvroResults", "derived_schema"]
 
@@ -84,13 +88,13 @@ class AvroResults:
 
     def __init__(self, p: PipelineConfig, client: Any, sample: Mapping[str, Any]) -> None:
         from confluent_kafka.schema_registry import (
+            Schema,
             record_subject_name_strategy,
             topic_record_subject_name_strategy,
             topic_subject_name_strategy,
         )
-        from confluent_kafka.schema_registry.avro import AvroSerializer
         from confluent_kafka.serialization import MessageField, SerializationContext
-        from fastavro import parse_schema, schemaless_writer
+        from fastavro import schemaless_writer
 
         where = f"pipelines.{p.name}"
         if p.result_schema is not None:
@@ -111,11 +115,14 @@ class AvroResults:
         name, namespace = str(schema.get("name", "")), schema.get("namespace")
         full_name = f"{namespace}.{name}" if namespace and "." not in name else name
         self.subject: str = strategy(ctx, full_name) or f"{p.result_topic}-value"
-        serializer = AvroSerializer(
-            client,
-            text,
-            conf={"auto.register.schemas": p.auto_register, "subject.name.strategy": strategy},
-        )
+        try:
+            self._parsed = parse_avro(schema)
+        except Exception as exc:  # fastavro's refusal, whichever of its errors
+            raise ConfigError(
+                f"{where}: the result schema cannot be used ({type(exc).__name__}: {exc})"
+            ) from None
+        self._write: Callable[..., Any] = schemaless_writer
+        self._frame = b""  # until the schema id is known
         example = {
             "id": "streamfer-example",
             "key": None,
@@ -126,30 +133,34 @@ class AvroResults:
             "timings_ms": {},
         }
         try:
-            framed = serializer(example, ctx)
-        except Exception as exc:  # the client's errors, httpx's, or the record's
+            self.encode(example)
+        except Exception as exc:  # fastavro's, whichever of its errors
+            raise ConfigError(
+                f"{where}: a result does not fit the result schema ({type(exc).__name__}: {exc})"
+            ) from None
+        registered = Schema(text.strip(), "AVRO")
+        try:
+            if p.auto_register:
+                self.schema_id = int(client.register_schema(self.subject, registered))
+            else:
+                self.schema_id = int(client.lookup_schema(self.subject, registered).schema_id)
+        except Exception as exc:  # the client's errors, or httpx's
             raise self._refusal(exc, where, p.auto_register) from None
-        assert framed is not None
-        self._frame = framed[:5]
-        self.schema_id = int.from_bytes(framed[1:5], "big")
-        self._parsed = parse_schema(schema)
-        self._write: Callable[..., Any] = schemaless_writer
+        self._frame = b"\x00" + self.schema_id.to_bytes(4, "big")
 
     def _refusal(self, exc: Exception, where: str, auto_register: bool) -> Exception:
         status = status_of(exc)
-        if status == NOT_FOUND and not auto_register:
+        if not_found(exc) and not auto_register:
             return ConfigError(
                 f"{where}: the result schema is not registered under subject {self.subject}: "
                 "register it, or set auto_register = true"
             )
+        if status == NOT_FOUND:  # not the registry's answer: no registry at this URL
+            return ConfigError(f"{where}: {outage(exc, f'registering {self.subject}')}")
         if status is not None and 400 <= status < 500:
             return ConfigError(f"{where}: the registry refuses the result schema: {exc}")
-        if status is not None or is_transport(exc):
-            error: SchemaRegistryError = outage(exc, f"registering {self.subject}")
-            return error
-        return ConfigError(
-            f"{where}: a result does not fit the result schema ({type(exc).__name__}: {exc})"
-        )
+        error: SchemaRegistryError = outage(exc, f"registering {self.subject}")
+        return error
 
     def encode(self, doc: Mapping[str, Any]) -> bytes:
         """The framed record for ``doc``; raises when it does not fit the schema."""

@@ -2,13 +2,14 @@
 Confluent wire format (magic byte 0, a 4-byte big-endian schema id, the payload).
 
 Each batch first resolves the schema ids it carries, once per new id (the client caches
-them by id for the life of the process): an id the registry does not know, or one whose
-schema is of another type, makes its records dead letters (``unknown_schema``,
-``wrong_schema_type``), while a registry that cannot answer is an outage the whole batch
-waits out (``SchemaRegistryError``). Then each value is decoded by confluent-kafka's
-deserializer for its format with the writer's schema, and becomes the same plain
-document a JSON request parses to, so the request mapping, lookups and inline features
-read it unchanged.
+them by id for the life of the process): an id the registry says it does not know, one
+whose schema is of another type, or one whose schema cannot be parsed makes its records
+dead letters (``unknown_schema``, ``wrong_schema_type``, ``invalid_schema``), while a
+registry that cannot answer is an outage the whole batch waits out
+(``SchemaRegistryError``). Then each value is decoded with the writer's schema (Avro by
+fastavro, the schema read as the Avro specification reads it; Protobuf and JSON Schema by
+confluent-kafka's deserializers) and becomes the same plain document a JSON request
+parses to, so the request mapping, lookups and inline features read it unchanged.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import orjson
 
 from worker.config import PipelineConfig, WorkerConfig, import_target
 from worker.errors import ConfigError
-from worker.registry.client import NOT_FOUND, is_transport, outage, status_of
+from worker.registry.avro_schema import parse_avro
+from worker.registry.client import is_transport, not_found, outage, status_of
 from worker.registry.undecodable import RecordUndecodable
 
 if TYPE_CHECKING:
@@ -43,7 +45,8 @@ _INVALID = {"avro": "invalid_avro", "protobuf": "invalid_protobuf", "json-schema
 _UNKNOWN_RECHECK_S = 30.0
 """An id the registry did not know is asked for again after this long (it may be
 registered since); until then its records are dead letters without a round trip."""
-_MISSING = object()
+_MISSING = ("", "")
+"""What ``_known`` gives for an id it lacks (by identity)."""
 
 
 def _no_subject(ctx: object, record_name: object) -> None:
@@ -93,7 +96,6 @@ class FramedRequests:
         *,
         message_type: type[ProtoMessage] | None = None,
     ) -> None:
-        from confluent_kafka.schema_registry.avro import AvroDeserializer
         from confluent_kafka.schema_registry.json_schema import JSONDeserializer
         from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
 
@@ -103,15 +105,18 @@ class FramedRequests:
         self._client = client
         self._schema_type = FRAMED_FORMATS[fmt]
         self._invalid = _INVALID[fmt]
-        self._known: dict[int, str | None] = {}
-        """Schema ids resolved: None when usable, else why not (another schema type)."""
+        self._known: dict[int, tuple[str, str] | None] = {}
+        """Schema ids resolved: None when usable, else the code and reason of their
+        records' dead letters (another schema type, a schema that cannot be parsed)."""
         self._unknown: dict[int, float] = {}
         """Schema ids the registry did not know, and when to ask again."""
         self._avro: dict[int, Any] = {}
-        """Avro writer schemas without references, parsed by fastavro once per id: their
-        records are read by ``fastavro.schemaless_reader`` directly, a third of the
-        deserializer's cost per record (which runs its subject, rule and schema-cache
-        steps for every record). A schema with references goes through the deserializer."""
+        """Avro writer schemas (with the named types of their references) parsed by
+        fastavro once per id: records are read by ``fastavro.schemaless_reader``
+        directly, a third of confluent-kafka's deserializer's cost per record (which runs
+        its subject, rule and schema-cache steps for every record)."""
+        self._read_avro: Callable[..., Any] | None = None
+        self._decode: Callable[[bytes, None], Any]
         self._to_doc: Callable[[Any], Any] = _same
         if fmt == "protobuf":
             if message_type is None:
@@ -119,7 +124,7 @@ class FramedRequests:
             # no registry client: the message class is the reader's schema, and the
             # payload's message indexes are read from the frame (schema ids are
             # checked against the registry in ``for_batch`` all the same)
-            self._decode: Callable[[bytes, None], Any] = ProtobufDeserializer(
+            self._decode = ProtobufDeserializer(
                 message_type, {"use.deprecated.format": False, **_WRITERS_SCHEMA}
             )
             self._to_doc = message_doc
@@ -128,8 +133,7 @@ class FramedRequests:
         elif fmt == "avro":
             from fastavro import schemaless_reader
 
-            self._decode = AvroDeserializer(client, conf=_WRITERS_SCHEMA)
-            self._read_avro: Callable[..., Any] = schemaless_reader
+            self._read_avro = schemaless_reader
         else:
             self._decode = JSONDeserializer(
                 None, schema_registry_client=client, conf=_WRITERS_SCHEMA, json_decode=orjson.loads
@@ -152,20 +156,47 @@ class FramedRequests:
         try:
             schema = client.get_schema(schema_id)
         except Exception as exc:  # the client raises httpx's errors as well as its own
-            if status_of(exc) == NOT_FOUND:
+            if not_found(exc):
                 self._unknown[schema_id] = now + _UNKNOWN_RECHECK_S
                 return
             raise outage(exc, f"fetching schema id {schema_id}") from exc
         self._unknown.pop(schema_id, None)
         kind = schema.schema_type or "AVRO"
-        if kind == "AVRO" == self._schema_type and not schema.references:
-            self._avro[schema_id] = _parsed_avro(schema.schema_str)
-        self._known[schema_id] = (
-            None
-            if kind == self._schema_type
-            else f"schema id {schema_id} is a {kind} schema; this pipeline reads "
-            f"{self._format} ({self._schema_type}) requests"
-        )
+        if kind != self._schema_type:
+            self._known[schema_id] = (
+                "wrong_schema_type",
+                f"schema id {schema_id} is a {kind} schema; this pipeline reads "
+                f"{self._format} ({self._schema_type}) requests",
+            )
+            return
+        if kind == "AVRO":
+            try:
+                self._avro[schema_id] = parse_avro(schema.schema_str or "", self._named(schema))
+            except Exception as exc:  # the registry's, or the parser's for this schema
+                if _registrys_fault(exc):
+                    raise outage(exc, f"fetching the references of schema id {schema_id}") from exc
+                self._known[schema_id] = (
+                    "invalid_schema",
+                    f"schema id {schema_id} cannot be used: {type(exc).__name__}: {exc}",
+                )
+                return
+        self._known[schema_id] = None
+
+    def _named(self, schema: Any) -> dict[str, Any]:
+        """The named types ``schema``'s references define, theirs included, each by the
+        reference's name and by its full name (as confluent-kafka's deserializer has
+        them)."""
+        client: Any = self._client
+        named: dict[str, Any] = {}
+        for ref in schema.references or ():
+            found = client.get_version(ref.subject, ref.version, True)
+            named.update(self._named(found.schema))
+            raw = orjson.loads(found.schema.schema_str or "")
+            named[ref.name] = raw
+            if isinstance(raw, dict) and isinstance(raw.get("name"), str):
+                space, name = raw.get("namespace"), raw["name"]
+                named[f"{space}.{name}" if space and "." not in name else name] = raw
+        return named
 
     def _loads(self, value: bytes) -> Any:
         if len(value) <= 5 or value[0] != 0:
@@ -182,30 +213,30 @@ class FramedRequests:
                     "unknown_schema", f"schema id {schema_id} is not in the schema registry"
                 )
             if problem is not None:
-                raise RecordUndecodable("wrong_schema_type", str(problem))
+                raise RecordUndecodable(*problem)
         try:
-            parsed = self._avro.get(schema_id) if self._avro else None
-            if parsed is not None:
+            if self._read_avro is not None:
                 stream = BytesIO(value)
                 stream.seek(5)  # past the frame: byte 0 and the schema id
-                decoded = self._read_avro(stream, parsed, None)
+                decoded = self._read_avro(stream, self._avro[schema_id], None)
             else:
                 decoded = self._decode(value, None)
         except Exception as exc:  # a corrupt payload fails anywhere in the decoder
-            status = status_of(exc)
-            if (status is not None and status != NOT_FOUND) or is_transport(exc):
+            if _registrys_fault(exc):
                 raise outage(exc, "reading a schema a record refers to") from exc
             raise RecordUndecodable(
                 self._invalid,
-                f"not a valid {self._format} record for its schema ({type(exc).__name__}: {exc})",
+                f"not a valid {self._format} record for its schema id {schema_id} "
+                f"({type(exc).__name__}: {exc})",
             ) from None
         return self._to_doc(decoded)
 
 
-def _parsed_avro(schema_str: str | None) -> Any:
-    from fastavro import parse_schema
-
-    return parse_schema(orjson.loads(schema_str or "null"))
+def _registrys_fault(exc: BaseException) -> bool:
+    """A failure of the registry (unreachable, any HTTP error but its own "not found"),
+    not of what it holds."""
+    status = status_of(exc)
+    return (status is not None and not not_found(exc)) or is_transport(exc)
 
 
 def _same(doc: Any) -> Any:

@@ -11,7 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 from worker.config import PipelineConfig, WorkerConfig
-from worker.registry import FRAMED_FORMATS, load_message_type, outage, registry_client
+from worker.registry import (
+    FRAMED_FORMATS,
+    load_message_type,
+    outage,
+    registry_client,
+    start_refusal,
+)
 from worker.tools.kafka_check import CheckLine
 
 __all__ = ["check_registry"]
@@ -44,7 +50,8 @@ def _lines(
     try:
         subjects = set(client.get_subjects())
     except Exception as exc:  # the client raises httpx's errors as well as its own
-        return [CheckLine("schema registry", False, str(outage(exc, "listing subjects")))]
+        why = start_refusal(settings, exc) or str(outage(exc, "listing subjects"))
+        return [CheckLine("schema registry", False, why)]
     lines = [
         CheckLine("schema registry", True, f"{settings.url} answers: {len(subjects)} subjects")
     ]
