@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from worker.core.clock import Clock, monotonic_clock
     from worker.core.deadline import Deadline
     from worker.core.job import Job, next_offsets
+    from worker.core.parked import Parked
     from worker.core.text import safe_text
     from worker.core.tracker import NO_REFUSALS, RESENDS_PER_RECORD, DeliveryTracker
     from worker.core.types import (
@@ -38,6 +39,7 @@ __all__ = [
     "DecodedRequests",
     "DeliveryTracker",
     "Job",
+    "Parked",
     "PartitionKey",
     "Refusal",
     "Rejection",
@@ -59,6 +61,7 @@ __getattr__ = lazy_names(
         "Deadline": "deadline",
         "Job": "job",
         "next_offsets": "job",
+        "Parked": "parked",
         "safe_text": "text",
         "DeliveryTracker": "tracker",
         "NO_REFUSALS": "tracker",
