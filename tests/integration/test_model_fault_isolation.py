@@ -24,7 +24,13 @@ from streamfer_dev.harness import (
 from streamfer_dev.modelgen import DemoModel
 from streamfer_dev.stack import free_port
 from tests.conftest import Topics
-from tests.integration.helpers import assert_committed_to_end, eventually, http_get, scrape_metrics
+from tests.integration.helpers import (
+    assert_committed_to_end,
+    eventually,
+    http_get,
+    scrape_metrics,
+    services_toml,
+)
 from tests.integration.test_hot_reload import publish_version
 from tests.integration.test_model_faults import failing_on_real_rows
 
@@ -83,21 +89,10 @@ def test_a_broken_model_holds_its_pipeline_while_the_other_is_served(
 
     config = tmp_path / "worker.toml"
     config.write_text(
-        f"""
-max_in_flight_batches = 4
-
-[kafka]
-bootstrap_servers = "{kafka_bootstrap}"
-group_id = "{healthy.group}"
-session_timeout_ms = 10000
-
-[redis]
-url = "{redis_url}"
-
-[metrics]
-host = "127.0.0.1"
-port = {port}
-"""
+        "max_in_flight_batches = 4\n"
+        + services_toml(
+            bootstrap=kafka_bootstrap, group=healthy.group, redis_url=redis_url, metrics_port=port
+        )
         + pipeline("healthy", healthy, model.path)
         + pipeline("held", held, root)
         + "reload_poll_s = 0.5\n"
