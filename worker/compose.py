@@ -235,6 +235,7 @@ def wire_worker(
         metrics.paused_partitions.set,
         shares=shares,
         on_share=lambda name, held: metrics.in_flight_share_held.labels(name).set(held),
+        topics={p.name: p.config.request_topics for p in pipelines},
     )
     shared = [share.pipeline for share in shares]
     bind_lane_gauges(metrics, pipelines, committer, shared)

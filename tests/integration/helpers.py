@@ -157,3 +157,21 @@ def eventually(check: Callable[[], bool], timeout: float = 60.0) -> bool:
             return True
         time.sleep(0.5)
     return False
+
+
+def services_toml(*, bootstrap: str, group: str, redis_url: str, metrics_port: int) -> str:
+    """The ``[kafka]``, ``[redis]`` and ``[metrics]`` tables of a worker config serving
+    several pipelines (their ``pipeline_toml`` tables follow)."""
+    return f"""
+[kafka]
+bootstrap_servers = "{bootstrap}"
+group_id = "{group}"
+session_timeout_ms = 10000
+
+[redis]
+url = "{redis_url}"
+
+[metrics]
+host = "127.0.0.1"
+port = {metrics_port}
+"""

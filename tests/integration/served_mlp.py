@@ -24,6 +24,7 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from tests.conftest import Topics
+from tests.integration.helpers import services_toml
 from tests.integration.recipes import NUMERIC, FraudData, fraud_lookup_tables, torch_style_mlp
 from tests.integration.test_bring_your_own_model import request_doc
 
@@ -91,19 +92,10 @@ def config_text(
     such as ``[pipelines.canary]``, or ``[pipelines.model.triton]`` with no
     ``model_path``)."""
     path_line = "" if model_path is None else f'path = "{model_path}"'
-    return f"""
-[kafka]
-bootstrap_servers = "{bootstrap}"
-group_id = "{topics.group}"
-session_timeout_ms = 10000
-
-[redis]
-url = "{redis_url}"
-
-[metrics]
-host = "127.0.0.1"
-port = {metrics_port}
-reload_endpoint = true
+    services = services_toml(
+        bootstrap=bootstrap, group=topics.group, redis_url=redis_url, metrics_port=metrics_port
+    )
+    return f"""{services}reload_endpoint = true
 
 [[pipelines]]
 name = "fraud"

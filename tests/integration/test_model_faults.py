@@ -44,16 +44,17 @@ HELD = 2_000
 
 
 def failing_on_real_rows(good: bytes) -> bytes:
-    """``good`` with its input first gathered through an index that only zeros keep in
-    bounds (see the module)."""
+    """``good`` with its (first) input first gathered through an index that only zeros
+    keep in bounds (see the module)."""
     import onnx
     from onnx import TensorProto, helper
 
     model = onnx.load_from_string(good)
     graph = model.graph
-    guarded = "input_guarded"
+    first = graph.input[0].name
+    guarded = f"{first}_guarded"
     for node in graph.node:
-        node.input[:] = [guarded if name == "input" else name for name in node.input]
+        node.input[:] = [guarded if name == first else name for name in node.input]
     graph.initializer.extend(
         [
             helper.make_tensor("guard.table", TensorProto.FLOAT, [1], [0.0]),
@@ -61,12 +62,12 @@ def failing_on_real_rows(good: bytes) -> bytes:
         ]
     )
     front = [
-        helper.make_node("Abs", ["input"], ["guard.abs"]),
+        helper.make_node("Abs", [first], ["guard.abs"]),
         helper.make_node("ReduceMax", ["guard.abs"], ["guard.max"], keepdims=0),
         helper.make_node("Mul", ["guard.max", "guard.scale"], ["guard.scaled"]),
         helper.make_node("Cast", ["guard.scaled"], ["guard.index"], to=TensorProto.INT64),
         helper.make_node("Gather", ["guard.table", "guard.index"], ["guard.zero"]),
-        helper.make_node("Add", ["input", "guard.zero"], [guarded]),
+        helper.make_node("Add", [first, "guard.zero"], [guarded]),
     ]
     nodes = front + list(graph.node)
     del graph.node[:]

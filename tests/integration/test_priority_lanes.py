@@ -29,7 +29,7 @@ from streamfer_dev.harness import (
 from streamfer_dev.modelgen import DemoModel
 from streamfer_dev.stack import free_port
 from tests.conftest import Topics
-from tests.integration.helpers import scrape_metrics, wait_committed_to_end
+from tests.integration.helpers import scrape_metrics, services_toml, wait_committed_to_end
 
 pytestmark = pytest.mark.integration
 
@@ -136,19 +136,9 @@ def test_an_interactive_pipeline_keeps_flowing_while_a_bulk_backlog_drains(
     port = free_port()
     config = tmp_path / "lanes.toml"
     config.write_text(
-        f"""
-[kafka]
-bootstrap_servers = "{kafka_bootstrap}"
-group_id = "{live.group}"
-session_timeout_ms = 10000
-
-[redis]
-url = "{redis_url}"
-
-[metrics]
-host = "127.0.0.1"
-port = {port}
-"""
+        services_toml(
+            bootstrap=kafka_bootstrap, group=live.group, redis_url=redis_url, metrics_port=port
+        )
         + lane("live", "interactive", live, model, {"mode": "adaptive", "max_batch_size": 32})
         + lane("bulk", "bulk", bulk, heavy, {"max_batch_size": 256, "max_wait_ms": 20})
     )

@@ -124,6 +124,24 @@ def test_endpoints_answer_as_before(serve: Serve, state: HealthState) -> None:
     assert get(server.port, "/healthz") == (503, b"loop stalled\n")
 
 
+def test_one_held_pipeline_of_two_makes_the_worker_not_ready_naming_it(
+    serve: Serve, state: HealthState
+) -> None:
+    """Readiness means every configured pipeline is served: a held one says so, by
+    name, while the worker stays live."""
+    server = serve()
+    held, other = state.model_for("held"), state.model_for("other")
+    held(False, "pipeline held: the model refused a whole batch")
+    other(True, None)
+    assert get(server.port, "/readyz") == (
+        503,
+        b"pipeline held: the model refused a whole batch\n",
+    )
+    assert get(server.port, "/healthz") == (200, b"ok\n")
+    held(True, None)
+    assert get(server.port, "/readyz") == (200, b"ready\n")
+
+
 def test_while_models_load_the_probes_answer_not_yet(serve: Serve, state: HealthState) -> None:
     """The server starts before the models load: a startup probe on /healthz waits for
     the load however long it takes, and /readyz already says why it is not ready."""

@@ -8,7 +8,7 @@ from worker.loop.lanes import LaneQueue
 HIGH, LOW = 10, -10
 
 
-def always(_lane: int) -> bool:
+def always(_lane: int, _item: object) -> bool:
     return True
 
 
@@ -57,9 +57,9 @@ def test_a_lane_whose_next_stage_is_full_is_skipped() -> None:
     queue: LaneQueue[str] = LaneQueue()
     queue.append(HIGH, "live", 0.0)
     queue.append(LOW, "bulk", 0.0)
-    taken = queue.take(lambda lane: lane != HIGH, 0.0)
+    taken = queue.take(lambda lane, _item: lane != HIGH, 0.0)
     assert taken is not None and taken.item == "bulk"
-    assert queue.take(lambda lane: lane != HIGH, 0.0) is None
+    assert queue.take(lambda lane, _item: lane != HIGH, 0.0) is None
     assert len(queue) == 1
 
 
@@ -93,7 +93,7 @@ def test_a_lane_not_overtaken_while_blocked_does_not_age() -> None:
     queue.append(HIGH, "live0", 0.0)
     queue.take(always, 0.0)  # live0 overtakes bulk
     queue.append(HIGH, "live1", 0.5)
-    queue.take(lambda lane: lane == HIGH, 0.5)  # bulk's next stage is full
+    queue.take(lambda lane, _item: lane == HIGH, 0.5)  # bulk's next stage is full
     queue.append(HIGH, "live2", 2.0)
     got = queue.take(always, 2.0)
     assert got is not None and got.item == "live2" and not got.aged

@@ -26,7 +26,7 @@ from tests.unit.test_pipeline import (
 )
 from worker.config import ModelSpec, PipelineConfig
 from worker.errors import EngineError
-from worker.inference import LiveModel
+from worker.inference import LiveModel, ModelIdentity
 from worker.inference.engine import Feeds, OnnxEngine, Outputs
 from worker.ops.metrics import Metrics
 from worker.pipeline.hooks import BatchHooks
@@ -303,3 +303,49 @@ def test_the_registry_counts_metrics_per_pipeline() -> None:
     text = {s.name: s.value for m in metrics.registry.collect() for s in m.samples}
     assert text["streamfer_model_failed_batches_total"] == 1
     assert text["streamfer_model_paused"] == 1
+
+
+def test_the_hold_never_blocks_and_backs_off_on_its_clock() -> None:
+    """On an injected clock: the held batch is tried at 1 s, 2 s, 4 s ... (at most
+    30 s) after each fault on the same model, at once on another model, and the
+    ``Parked`` it raises meanwhile looks back within ``LOOK_S``; abort ends it."""
+    now = [100.0]
+    first = ModelIdentity("m", "1", "00" * 32)
+    serving = [first]
+    abort = threading.Event()
+    readiness = Readiness()
+    gauge = Metrics(CollectorRegistry()).model_paused.labels("p")
+    wait = ModelFaultWait(
+        "p",
+        abort=abort,
+        paused=gauge,
+        on_model=readiness,
+        model=lambda: serving[0],
+        clock=lambda: now[0],
+    )
+    wait.RETRY_S, wait.LOOK_S = (1.0, 30.0), 0.25
+    parked = wait.held(ModelFault(DEVICE_ERROR), first)
+    assert wait.holding and gauge._value.get() == 1 and readiness.heard[-1][0] is False
+    assert parked.after_s == 0.25
+    now[0] += 0.9
+    assert not wait.try_now()
+    now[0] += 0.1
+    assert wait.try_now()
+    wait.held(ModelFault(DEVICE_ERROR), first)  # the same fault again: twice as long
+    now[0] += 1.9
+    assert not wait.try_now()
+    now[0] += 0.1
+    assert wait.try_now()
+    serving[0] = ModelIdentity("m", "2", "11" * 32)
+    assert wait.try_now(), "a reloaded model is tried at once"
+    wait.held(ModelFault(DEVICE_ERROR), serving[0])  # and after it fails, 1 s again
+    now[0] += 1.0
+    assert wait.try_now()
+    wait.released()
+    assert not wait.holding and gauge._value.get() == 0 and readiness.heard[-1] == (True, None)
+
+    wait.held(ModelFault(DEVICE_ERROR), serving[0])
+    abort.set()
+    with pytest.raises(ModelFault, match="CUDA failure"):
+        wait.try_now()
+    assert not wait.holding and gauge._value.get() == 0

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from worker.core.job import Job
+from worker.core.parked import Parked
 from worker.core.tracker import DeliveryTracker
 from worker.loop.threads import StageThreads, Step
 
@@ -338,3 +339,71 @@ def test_a_sustained_interactive_overload_still_lets_bulk_through() -> None:
     assert ("bulk0", True) in model and ("bulk1", True) in model, model
     assert not any(aged for name, aged in model if name.startswith("live"))
     assert [t for t in published if t.startswith("live")] == [f"live{n}" for n in range(200)]
+
+
+class Holding:
+    """Stages whose infer step raises ``Parked`` for pipeline ``a`` while ``held``."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.lock = threading.Lock()
+        self.held = threading.Event()
+
+    def log(self, event: str) -> None:
+        with self.lock:
+            self.events.append(event)
+
+    def of(self, kind: str) -> list[str]:
+        with self.lock:
+            return [e.split()[1] for e in self.events if e.startswith(kind)]
+
+    def prepare(self, job: Job) -> Step:
+        name = f"{job.pipeline}{min(job.offsets.values()) - 1}"
+        self.log(f"prepare {name}")
+
+        def infer() -> Step:
+            if job.pipeline == "a" and self.held.is_set():
+                raise Parked("waiting for its model", 0.001)
+            self.log(f"infer {name}")
+            return publish
+
+        def publish() -> None:
+            job.tracker.seal()
+            self.log(f"published {name}")
+
+        return infer
+
+
+def test_a_parked_job_holds_its_pipeline_only_and_keeps_its_order() -> None:
+    stages = Holding()
+    stages.held.set()
+    proc = StageThreads(stages.prepare, stages=3, ahead=1)
+    try:
+        for n in range(5):
+            proc.submit(Job("a", [], DeliveryTracker("a"), {("ta", 0): n + 1}))
+            proc.submit(Job("b", [], DeliveryTracker("b"), {("tb", 0): n + 1}))
+        wait_for(lambda: len(stages.of("published")) == 5)
+        assert stages.of("published") == [f"b{n}" for n in range(5)]
+        assert proc.parked() == {"a"} and proc.pending() == 5
+        # a0 is parked at the model; with ahead=1 only a1 waits for it, prepared
+        assert stages.of("prepare").count("a0") == 1 and "a2" not in stages.of("prepare")
+        assert proc.pending(lane_at_least=0) == 0, "parked jobs do not make the model busy"
+        stages.held.clear()
+        wait_for(lambda: proc.pending() == 0)
+        assert [e for e in stages.of("published") if e[0] == "a"] == [f"a{n}" for n in range(5)]
+        assert proc.parked() == frozenset()
+    finally:
+        stages.held.clear()
+        assert proc.close(5.0)
+
+
+def test_close_waits_for_a_parked_job() -> None:
+    stages = Holding()
+    stages.held.set()
+    proc = StageThreads(stages.prepare, stages=3, ahead=1)
+    proc.submit(Job("a", [], DeliveryTracker("a"), {("ta", 0): 1}))
+    wait_for(lambda: proc.parked() == {"a"})
+    assert not proc.close(0.05), "a parked job keeps its stage open"
+    stages.held.clear()
+    assert proc.close(5.0)
+    assert stages.of("published") == ["a0"]

@@ -35,15 +35,17 @@ def append(consumer: FakeConsumer, topic: str, partition: int, n: int) -> None:
     log += requests(partition, n, start=len(log), topic=topic)
 
 
-def two_pipeline_worker(
-    classifier: DemoModel, *, priorities: bool = True
-) -> tuple[Worker, FakeConsumer, FakeSink, dict[str, GatedStore], Metrics]:
-    """An interactive pipeline (batches of 4) and a bulk one (batches of 8); bound 4 x 8 =
-    32 records, so bulk's default share is 16 (two batches), resuming at 8."""
-    data = {
+def entity_rows(classifier: DemoModel) -> dict[str, dict[str, bytes]]:
+    """The feature store's rows: entities e0 to e19."""
+    return {
         f"e{i}": {f: repr(float(v)).encode() for f, v in zip(classifier.fields, row, strict=True)}
         for i, row in enumerate(classifier.features[:20].tolist())
     }
+
+
+def two_pipeline_config(classifier: DemoModel, *, priorities: bool = True) -> WorkerConfig:
+    """An interactive pipeline (batches of 4) and a bulk one (batches of 8); bound 4 x 8 =
+    32 records, so bulk's default share is 16 (two batches), resuming at 8."""
 
     def pipeline(name: str, topic: str, batch: int, priority: str) -> dict[str, Any]:
         return {
@@ -57,7 +59,7 @@ def two_pipeline_worker(
             **({"priority": priority} if priorities else {}),
         }
 
-    config = WorkerConfig.model_validate(
+    return WorkerConfig.model_validate(
         {
             "pipelines": [
                 pipeline("live", LIVE, 4, "interactive"),
@@ -67,6 +69,14 @@ def two_pipeline_worker(
             "poll_timeout_ms": 5,
         }
     )
+
+
+def two_pipeline_worker(
+    classifier: DemoModel, *, priorities: bool = True
+) -> tuple[Worker, FakeConsumer, FakeSink, dict[str, GatedStore], Metrics]:
+    """``two_pipeline_config``'s worker, around the fakes."""
+    data = entity_rows(classifier)
+    config = two_pipeline_config(classifier, priorities=priorities)
     metrics = Metrics(CollectorRegistry())
     stores = {p.name: GatedStore(data, classifier.fields) for p in config.pipelines}
     engines = {p.name: OnnxEngine(p.model) for p in config.pipelines}

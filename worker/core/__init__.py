@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from worker.core.deadline import Deadline
     from worker.core.extras import extra_requirements, install_command
     from worker.core.job import Job, next_offsets
+    from worker.core.parked import Parked
     from worker.core.text import safe_text
     from worker.core.tracker import NO_REFUSALS, RESENDS_PER_RECORD, DeliveryTracker
     from worker.core.types import (
@@ -39,6 +40,7 @@ __all__ = [
     "DecodedRequests",
     "DeliveryTracker",
     "Job",
+    "Parked",
     "PartitionKey",
     "Refusal",
     "Rejection",
@@ -64,6 +66,7 @@ __getattr__ = lazy_names(
         "install_command": "extras",
         "Job": "job",
         "next_offsets": "job",
+        "Parked": "parked",
         "safe_text": "text",
         "DeliveryTracker": "tracker",
         "NO_REFUSALS": "tracker",

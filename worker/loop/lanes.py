@@ -59,10 +59,14 @@ class LaneQueue(Generic[T]):
         queue.append((item, now))
         self._size += 1
 
-    def count(self, lane: int) -> int:
-        """Items waiting in ``lane``."""
+    def count(self, lane: int, where: Callable[[T], bool] | None = None) -> int:
+        """Items waiting in ``lane`` (only those ``where`` holds for, given one)."""
         queue = self._lanes.get(lane)
-        return len(queue) if queue is not None else 0
+        if queue is None:
+            return 0
+        if where is None:
+            return len(queue)
+        return sum(1 for item, _ in queue if where(item))
 
     def __iter__(self) -> Iterator[T]:
         """Every waiting item, highest lane first, in order within a lane."""
@@ -76,13 +80,21 @@ class LaneQueue(Generic[T]):
         self._overtaken_since.clear()
         self._size = 0
 
-    def take(self, ready: Callable[[int], bool], now: float) -> Taken[T] | None:
-        """The next item of the highest lane that is ``ready`` (its next stage has room),
-        or of a lower ready lane overtaken for ``max_overtaken_s``; None when no lane is
-        ready. Every lower ready lane passed over starts (or goes on) counting."""
-        ready_lanes = [lane for lane in self._order if self._lanes[lane] and ready(lane)]
+    def take(self, ready: Callable[[int, T], bool], now: float) -> Taken[T] | None:
+        """The first ``ready`` item (``ready(lane, item)``: it may go now; its next stage
+        has room, say) of the highest lane that has one, or of a lower lane overtaken for
+        ``max_overtaken_s``; None when no item is ready. An item that is not ready is
+        passed over, not reordered: the caller makes readiness the same for items that
+        must keep their order (one pipeline's). Every lower ready lane passed over starts
+        (or goes on) counting."""
+        firsts: dict[int, int] = {}
+        for lane in self._order:
+            at = next((i for i, (item, _) in enumerate(self._lanes[lane]) if ready(lane, item)), -1)
+            if at >= 0:
+                firsts[lane] = at
+        ready_lanes = list(firsts)
         since = self._overtaken_since
-        for lane in [lane for lane in since if lane not in ready_lanes]:
+        for lane in [lane for lane in since if lane not in firsts]:
             del since[lane]  # nothing to take, or its next stage is full: not overtaken
         if not ready_lanes:
             return None
@@ -99,6 +111,8 @@ class LaneQueue(Generic[T]):
                 for lane in ready_lanes[1:]:
                     since.setdefault(lane, now)
         since.pop(chosen, None)
-        item, queued_at = self._lanes[chosen].popleft()
+        queue = self._lanes[chosen]
+        item, queued_at = queue[firsts[chosen]]
+        del queue[firsts[chosen]]
         self._size -= 1
         return Taken(item, chosen, max(0.0, now - queued_at), aged)

@@ -8,7 +8,10 @@ latency-sensitive one) has its own, smaller limit on the records it has consumed
 not committed: fetches are cut short (``fetch_limit``) so that it never goes past it,
 at it only its partitions pause, and they resume once one batch's worth has drained,
 so the other pipelines' partitions keep flowing and the bound keeps room for their
-records. Pausing is per
+records. A pipeline waiting for its model (a batch of it parked, ``worker.loop.threads``)
+has its partitions paused until the batch goes on, and its records do not count against
+the bound meanwhile (they cannot grow while paused), so its stuck batches never pause
+the other pipelines. Pausing is per
 partition in librdkafka and outlives ownership: a partition paused, revoked and later
 assigned again stays paused. So a newly assigned partition is paused while a limit that
 covers it holds, and resumed if this worker had left it paused; others are not touched,
@@ -90,17 +93,22 @@ class PausingManager:
         on_change: Callable[[int], None] = lambda _paused: None,
         shares: Sequence[Share] = (),
         on_share: Callable[[str, bool], None] = lambda _pipeline, _held: None,
+        topics: Mapping[str, Collection[str]] | None = None,
     ) -> None:
         """``bound``: records in flight at which partitions pause (they resume at half);
         ``on_change`` hears how many partitions are paused after every decision;
         ``shares`` are the pipelines' own limits, and ``on_share`` hears when one starts
-        (True) or stops (False) holding its pipeline's partitions paused."""
+        (True) or stops (False) holding its pipeline's partitions paused; ``topics``
+        are each pipeline's request topics, for those that wait for their model."""
         self._switch = switch
         self.bound = bound
         self._on_change = on_change
         self._shares = tuple(shares)
         self._on_share = on_share
         self._bound_reached = False
+        self._topics = {name: frozenset(t) for name, t in (topics or {}).items()}
+        self._waiting: frozenset[str] = frozenset()
+        """Pipelines waiting for their model: their partitions stay paused."""
         self._held: set[str] = set()
         """Pipelines at their share: their partitions stay paused."""
         self._paused: set[PartitionKey] = set()
@@ -151,12 +159,20 @@ class PausingManager:
         owned: set[PartitionKey],
         batches: int = 0,
         by_pipeline: Mapping[str, int] | None = None,
+        waiting: frozenset[str] = frozenset(),
     ) -> None:
         """Pause every owned partition at the bound and resume them at half of it; pause
         a pipeline's partitions at its share (``by_pipeline``: its records consumed and
-        not committed) and resume them once a batch has drained. ``batches`` (in flight)
-        is for the log."""
+        not committed) and resume them once a batch has drained; keep the partitions of
+        the pipelines ``waiting`` for their model paused. ``records`` leaves out those of
+        the ``waiting`` pipelines; ``batches`` (in flight) is for the log."""
         fresh, self._fresh = self._fresh & owned, set()
+        if waiting != self._waiting:
+            for name in sorted(waiting - self._waiting):
+                log.warning("pipeline %s waits for its model: pausing its partitions", name)
+            for name in sorted(self._waiting - waiting):
+                log.info("pipeline %s: its model takes batches again, resuming", name)
+            self._waiting = waiting
         was_reached = self._bound_reached
         if records >= self.bound:
             self._bound_reached = True
@@ -214,9 +230,12 @@ class PausingManager:
         """The owned partitions some limit holds paused now."""
         if self._bound_reached:
             return set(owned)
-        if not self._held:
+        if not self._held and not self._waiting:
             return set()
-        topics = frozenset().union(*(s.topics for s in self._shares if s.pipeline in self._held))
+        topics = frozenset().union(
+            *(s.topics for s in self._shares if s.pipeline in self._held),
+            *(self._topics.get(name, ()) for name in self._waiting),
+        )
         return {key for key in owned if key[0] in topics}
 
 

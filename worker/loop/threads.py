@@ -14,17 +14,27 @@ lower lane's backlog never fills a higher lane's room; the highest of several la
 bounded only by the worker's in-flight bound, so that its small batches are all ready
 the moment the model is free. An exception in any stage stops
 them all and is re-raised on the loop thread by ``check()``.
+
+A step that cannot go on yet raises ``Parked`` (``worker.core.parked``: its pipeline's
+model is at fault). The stage sets the job aside and serves other pipelines' jobs; the
+same step runs again when the wait it named is over. Until the parked job goes on, the
+stage takes no other job of its pipeline (each partition keeps its order), at most
+``ahead`` of that pipeline's jobs wait for the stage, and those do not count against the
+room of the other pipelines of their lane. ``parked()`` names the pipelines held so, for
+the loop to pause their partitions.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Union
 
-from worker.core import Job, PartitionKey
-from worker.loop.lanes import LaneQueue
+from worker.core import Job, Parked, PartitionKey
+from worker.loop.lanes import LaneQueue, Taken
 
 __all__ = ["OnTake", "StageThreads", "Start", "Step"]
 
@@ -38,6 +48,16 @@ Start = Callable[[Job], Step | None]
 OnTake = Callable[[int, Job, float, bool], None]
 """``(stage index, job, seconds it waited there, aged)``, on the stage's thread when it
 takes a job; aged: it went ahead of a higher lane, overtaken for too long."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Aside:
+    """A job parked at a stage: the step to run again, at ``due`` (on the clock)."""
+
+    job: Job
+    step: Step
+    lane: int
+    due: float
 
 
 class StageThreads:
@@ -72,6 +92,10 @@ class StageThreads:
             LaneQueue(max_overtaken_s) for _ in range(stages)
         ]
         self._running: list[Job | None] = [None] * stages
+        self._parked: list[dict[str, _Aside]] = [{} for _ in range(stages)]
+        """Per stage: the job parked there, by pipeline."""
+        self._holding: dict[str, Job] = {}
+        """Pipelines with a parked job, and that job (while it is tried again too)."""
         self._finished = [False] * stages
         self._cond = threading.Condition()
         self._closed = False
@@ -90,14 +114,22 @@ class StageThreads:
             self._cond.notify_all()
 
     def pending(self, lane_at_least: int | None = None) -> int:
-        """Jobs queued for or running in any stage; with ``lane_at_least``, only those of
-        that lane or a higher one (whatever would go before a job of that lane)."""
+        """Jobs queued for, running in or parked at any stage; with ``lane_at_least``,
+        only those of that lane or a higher one that would go before a job of that lane
+        (not parked ones, nor those waiting behind them)."""
         with self._cond:
             jobs = self._unfinished()
+            waiting = set(self._holding)
         if lane_at_least is None:
             return len(jobs)
         lane = self._lane
-        return sum(1 for job in jobs if lane(job) >= lane_at_least)
+        return sum(1 for j in jobs if lane(j) >= lane_at_least and j.pipeline not in waiting)
+
+    def parked(self) -> frozenset[str]:
+        """Pipelines with a job parked at a stage (or being tried again there): nothing
+        of theirs goes on meanwhile."""
+        with self._cond:
+            return frozenset(self._holding)
 
     def unfinished(self) -> list[Job]:
         """The jobs queued for or running in any stage."""
@@ -136,46 +168,90 @@ class StageThreads:
 
     def _unfinished(self) -> list[Job]:
         queued = [job for queue in self._queues for job, _step in queue]
-        return queued + [job for job in self._running if job is not None]
+        aside = [a.job for stage in self._parked for a in stage.values()]
+        return queued + aside + [job for job in self._running if job is not None]
 
     def _stage(self, index: int) -> None:
         cond = self._cond
         inbox = self._queues[index]
         outbox = self._queues[index + 1] if index + 1 < len(self._queues) else None
+        here = self._parked[index]
+        after = self._parked[index + 1] if outbox is not None else {}
         ahead, top, clock, on_take = self._ahead, self._top_lane, self._clock, self._on_take
 
-        def room(lane: int) -> bool:
-            return outbox is None or lane == top or outbox.count(lane) < ahead
+        def ready(lane: int, item: tuple[Job, Step | None]) -> bool:
+            name = item[0].pipeline
+            if name in here:
+                return False
+            if outbox is None or lane == top:
+                return True
+            if not after:
+                return outbox.count(lane) < ahead
+            if name in after:
+                return outbox.count(lane, lambda it: it[0].pipeline == name) < ahead
+            return outbox.count(lane, lambda it: it[0].pipeline not in after) < ahead
 
         while True:
             with cond:
                 while True:
-                    taken = inbox.take(room, clock()) if self._error is None else None
+                    if self._error is not None:
+                        taken = None
+                    else:
+                        taken = self._due(here, clock()) or inbox.take(ready, clock())
                     if taken is not None:
                         break
-                    if self._error is not None or (not inbox and self._upstream_done(index)):
+                    if self._error is not None or (
+                        not inbox and not here and self._upstream_done(index)
+                    ):
                         self._finished[index] = True
                         cond.notify_all()
                         return
-                    cond.wait()
+                    cond.wait(self._next_due(here))
                 job, step = taken.item
                 self._running[index] = job
                 cond.notify_all()  # room in this stage's inbox
             try:
-                if on_take is not None:
+                if on_take is not None and taken.waited_s >= 0.0:
                     on_take(index, job, taken.waited_s, taken.aged)
                 following = self._start(job) if step is None else step()
+            except Parked as parked:
+                with cond:
+                    self._running[index] = None
+                    if self._error is None:  # not stopped meanwhile
+                        again = step if step is not None else functools.partial(self._start, job)
+                        due = clock() + parked.after_s
+                        here[job.pipeline] = _Aside(job, again, taken.lane, due)
+                        self._holding[job.pipeline] = job
+                    cond.notify_all()
+                continue
             except BaseException as exc:  # surfaced on the loop thread by check()
                 self._stop_with(exc)
                 return
             with cond:
                 self._running[index] = None
+                if self._holding.get(job.pipeline) is job:
+                    del self._holding[job.pipeline]
                 if following is not None:
                     if outbox is None:
                         self._stop_with(RuntimeError("a job returned work after its last stage"))
                         return
                     outbox.append(taken.lane, (job, following), clock())
                 cond.notify_all()
+
+    def _due(self, here: dict[str, _Aside], now: float) -> Taken[tuple[Job, Step | None]] | None:
+        """The parked job whose wait is over (first parked first), taken back; its
+        retry is not a take for ``on_take`` (waited_s < 0)."""
+        name = next((name for name, aside in here.items() if aside.due <= now), None)
+        if name is None:
+            return None
+        aside = here.pop(name)
+        return Taken((aside.job, aside.step), aside.lane, -1.0, False)
+
+    def _next_due(self, here: dict[str, _Aside]) -> float | None:
+        """How long a stage with parked jobs may sleep; None: until notified."""
+        if not here:
+            return None
+        return max(0.0, min(aside.due for aside in here.values()) - self._clock())
 
     def _upstream_done(self, index: int) -> bool:
         return self._closed if index == 0 else self._finished[index - 1]
@@ -185,6 +261,9 @@ class StageThreads:
             if self._error is None:
                 self._error = exc
             self._running = [None] * len(self._running)
+            for stage in self._parked:
+                stage.clear()
+            self._holding.clear()
             for queue in self._queues:
                 queue.clear()
             self._cond.notify_all()

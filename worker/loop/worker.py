@@ -280,9 +280,19 @@ class Worker:
         flowing), only its partitions pause. Their resume costs tens of milliseconds
         while another pipeline's partitions are being fetched (up to the consumer's
         ``fetch.wait.max.ms`` when those are quiet), which the batch it resumes at covers.
+
+        A pipeline waiting for its model (``StageThreads.parked``) has its partitions
+        paused, and its records are left out of the bound while it waits, so that the
+        other pipelines keep flowing.
         """
         delivery, pausing, threads = self._delivery, self._pausing, self._threads
-        if pausing.full(delivery.records_in_flight()) and not pausing.bound_reached:
+        waiting = threads.parked()
+
+        def counted() -> int:
+            records = delivery.records_in_flight()
+            return records - sum(map(delivery.records_of, waiting)) if waiting else records
+
+        if pausing.full(counted()) and not pausing.bound_reached:
 
             def serve() -> None:
                 threads.check()
@@ -290,14 +300,13 @@ class Worker:
                 delivery.commit()
 
             grace = min(1.0, self.config.kafka.max_poll_interval_ms / 4000.0)
-            Deadline.after(grace, self._clock).wait(
-                lambda: not pausing.full(delivery.records_in_flight()), serve
-            )
+            Deadline.after(grace, self._clock).wait(lambda: not pausing.full(counted()), serve)
         pausing.update(
-            delivery.records_in_flight(),
+            counted(),
             self.assigned,
             len(self._committer),
             self._share_counts() if self._shared else None,
+            waiting,
         )
 
     def _share_counts(self) -> dict[str, int]:

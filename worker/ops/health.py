@@ -4,7 +4,12 @@
 attributes suffice) and read by the HTTP thread. ``/healthz`` answers 200 while the loop
 keeps turning (503 while the models load); ``/readyz`` answers 200 when the worker owns
 partitions (or is waiting for an assignment in a group that has none for it), its models
-are loaded and the broker and the feature store answer, else 503 with the reasons;
+are loaded and the broker and the feature store answer, else 503 with the reasons. A
+pipeline whose model is at fault makes it 503 too, naming that pipeline, even while the
+worker's other pipelines are served: readiness says whether the worker serves everything
+it was configured for, so a rollout of a broken model version stops at its first pod and
+an alert on readiness fires; nothing restarts a pod or takes it out of its group for
+being not ready, so the other pipelines go on;
 ``/metrics`` is Prometheus text from the worker's own registry; with ``reload`` given
 (``[metrics] reload_endpoint = true``, loopback hosts only), ``POST /reload`` asks the
 worker to look for a new model version and answers 202 at once. ``HttpEndpoint`` is the
@@ -87,7 +92,8 @@ class HealthState:
     schema_registry_problem: str | None = None
     """Why the Schema Registry cannot give a batch its schemas, while it cannot."""
     model_problems: dict[str, str] = field(default_factory=dict)
-    """Pipelines whose batches wait for a fault of their model, and why."""
+    """Pipelines whose batches wait for a fault of their model, and why (the others are
+    served meanwhile; any one makes the worker not ready)."""
     inference_server_problems: dict[str, str] = field(default_factory=dict)
     """Pipelines whose batches wait for the inference server that runs their model, and why."""
     stopping: bool = False

@@ -7,10 +7,11 @@ while ``worker.models.reloader`` swaps it. From there it picks one of three ways
 ``ModelCalls`` (``worker.pipeline.model_calls``): the rows the output cache lacks, a
 canary's share and the rest, or the whole batch; a failing row is isolated by bisection
 and refused alone, and a batch that meets a fault of the model waits for it
-(``worker.pipeline.model_faults``), trying again on the model the slot holds then. A
-batch whose inference server cannot answer (``InferenceServerError``) waits for it
-(``StoreWait``), each try on the model the slot holds then, so a version the reloader
-found meanwhile takes it. It runs on the second stage thread and produces nothing.
+(``worker.pipeline.model_faults``): the step raises ``Parked`` and is called again with
+the same batch, which is then tried on the model the slot holds. A batch whose inference
+server cannot answer (``InferenceServerError``) waits for it (``StoreWait``), each try on
+the model the slot holds then, so a version the reloader found meanwhile takes it. It runs
+on the second stage thread and produces nothing.
 """
 
 from __future__ import annotations
@@ -60,18 +61,23 @@ class InferStep:
         self._shadow = shadow
 
     def __call__(self, prepared: Prepared) -> Prepared:
-        """Score ``prepared``'s rows; see ``Pipeline.infer``."""
+        """Score ``prepared``'s rows; see ``Pipeline.infer``. Raises ``Parked`` while the
+        model is at fault: call again with the same batch (and no other of this pipeline)
+        once its wait is over."""
         if not len(prepared.good):
             live = self._slot.for_batch()
             prepared.model, prepared.engine = live.identity, live.engine
             return prepared
+        wait = self._wait
+        if wait.holding and not wait.try_now():
+            raise wait.parked()
         started = _perf()
-        score = self._scorer(prepared)
         try:
-            score()
+            self._scorer(prepared)()
         except ModelFault as fault:
             assert prepared.model is not None
-            self._wait.hold(fault, prepared.model, score)
+            raise wait.held(fault, prepared.model) from None
+        wait.released()
         prepared.timings.infer_ms = (_perf() - started) * 1000.0
         self._metrics.infer_seconds.observe(prepared.timings.infer_ms / 1000.0)
         if self._shadow is None:

@@ -13,12 +13,15 @@ the model as well.
 
 ``ModelFaultWait`` holds the batch that met the fault: the pipeline reports not ready
 with the reason, ``streamfer_model_paused`` is 1 and the batch is tried again with
-backoff (1 s to 30 s), at once when a reload brings another model version. The held
-batch blocks the infer stage, so the records behind it fill the worker's in-flight bound
-and their partitions pause (``worker.loop.pausing``): the stream waits for a model
-instead of being dead-lettered. It ends when the batch goes through (ready again, the
-partitions resume as it drains) or when ``abort`` is set (the worker is stopping; the
-batch is not committed and is served again).
+backoff (1 s to 30 s), at once when a reload brings another model version. It holds
+without blocking: each time the batch may not be tried yet the infer step raises
+``Parked`` (``worker.core.parked``), so the stage thread the pipelines share serves the
+other pipelines' batches meanwhile and comes back to this one later; this pipeline's
+later batches wait behind it, and the worker pauses its partitions (``worker.loop``):
+the stream waits for a model instead of being dead-lettered. The hold ends when the
+batch goes through (ready again, the partitions resume) or when ``abort`` is set (the
+worker is stopping; the next try raises the fault, the batch is not committed and is
+served again).
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from prometheus_client import Counter, Gauge
 
+from worker.core import Parked
 from worker.errors import EngineError
 from worker.inference import ModelIdentity
 from worker.pipeline.feeds import Feeds
@@ -39,8 +43,6 @@ from worker.pipeline.feeds import Feeds
 __all__ = ["KnownGood", "ModelFault", "ModelFaultWait", "ModelFaults"]
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 
 class ModelFault(EngineError):
@@ -109,12 +111,14 @@ class ModelFaults:
 
 
 class ModelFaultWait:
-    """Holds a batch that met a ModelFault until the model takes it (see the module)."""
+    """Holds a batch that met a ModelFault until the model takes it (see the module).
+
+    Used by one thread at a time: the one running the pipeline's infer step."""
 
     RETRY_S = (1.0, 30.0)
     """First and longest wait between tries of the held batch on the same model."""
     LOOK_S = 0.25
-    """How often a held batch looks for a reloaded model."""
+    """How often a held batch looks for a reloaded model (and for ``abort``)."""
 
     def __init__(
         self,
@@ -124,49 +128,75 @@ class ModelFaultWait:
         paused: Gauge,
         on_model: Callable[[bool, str | None], None],
         model: Callable[[], ModelIdentity],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._pipeline = pipeline
         self._abort = abort
         self._paused = paused
         self._on_model = on_model
         self._model = model
+        self._clock = clock
+        self._fault: ModelFault | None = None
+        self._tried_on: ModelIdentity | None = None
+        self._delay = 0.0
+        self._due = 0.0
 
-    def hold(self, fault: ModelFault, tried_on: ModelIdentity, attempt: Callable[[], T]) -> T:
-        """``attempt()`` again (with backoff, or at once when the model is no longer
-        ``tried_on``, the one that met ``fault``) until it returns; raises the last
-        ModelFault once ``abort`` is set."""
+    @property
+    def holding(self) -> bool:
+        """Whether a batch is held: the next batch to try is that one."""
+        return self._fault is not None
+
+    def try_now(self) -> bool:
+        """Whether the held batch may be tried now: the model is no longer the one that
+        met the fault, or its wait is over. Raises that fault once ``abort`` is set,
+        ending the hold."""
+        fault = self._fault
+        assert fault is not None, "nothing is held"
+        if self._abort.is_set():
+            self._end()
+            raise fault
+        if self._model() != self._tried_on:
+            self._delay = 0.0  # a new model: the next wait starts again from the first
+            return True
+        return self._clock() >= self._due
+
+    def held(self, fault: ModelFault, tried_on: ModelIdentity) -> Parked:
+        """A try of the batch on ``tried_on`` met ``fault``: hold it (reporting the first
+        fault and any other one) and return the ``Parked`` for the caller to raise."""
         name = self._pipeline
-        self._paused.set(1)
-        self._on_model(False, f"pipeline {name}: {fault}")
-        log.error(
-            "pipeline %s: %s; its batches wait for the model (nothing is dead-lettered): "
-            "fix the model or its hooks and reload",
-            name,
-            fault,
-        )
         first, longest = self.RETRY_S
-        delay = first
-        try:
-            while True:
-                due = time.monotonic() + delay
-                while time.monotonic() < due and self._model() == tried_on:
-                    if self._abort.wait(self.LOOK_S):
-                        raise fault
-                if self._abort.is_set():
-                    raise fault
-                reloaded = self._model() != tried_on
-                tried_on = self._model()
-                delay = first if reloaded else min(delay * 2, longest)
-                try:
-                    answer = attempt()
-                except ModelFault as again:
-                    if str(again) != str(fault):
-                        log.error("pipeline %s: %s", name, again)
-                        self._on_model(False, f"pipeline {name}: {again}")
-                    fault = again
-                    continue
-                log.info("pipeline %s: the model takes its batches again", name)
-                return answer
-        finally:
-            self._paused.set(0)
-            self._on_model(True, None)
+        if self._fault is None:
+            self._paused.set(1)
+            self._on_model(False, f"pipeline {name}: {fault}")
+            log.error(
+                "pipeline %s: %s; its batches wait for the model (nothing is dead-lettered, "
+                "the other pipelines go on): fix the model or its hooks and reload",
+                name,
+                fault,
+            )
+            self._delay = first
+        else:
+            if str(fault) != str(self._fault):
+                log.error("pipeline %s: %s", name, fault)
+                self._on_model(False, f"pipeline {name}: {fault}")
+            self._delay = first if self._delay == 0.0 else min(self._delay * 2, longest)
+        self._fault, self._tried_on = fault, tried_on
+        self._due = self._clock() + self._delay
+        return self.parked()
+
+    def parked(self) -> Parked:
+        """The ``Parked`` of the held batch: look again at its next try, or sooner for a
+        reloaded model or ``abort``."""
+        wait = min(self.LOOK_S, self._due - self._clock())
+        return Parked(f"pipeline {self._pipeline}: waiting for its model", wait)
+
+    def released(self) -> None:
+        """The held batch went through: the pipeline takes batches again."""
+        if self._fault is not None:
+            log.info("pipeline %s: the model takes its batches again", self._pipeline)
+            self._end()
+
+    def _end(self) -> None:
+        self._fault = self._tried_on = None
+        self._paused.set(0)
+        self._on_model(True, None)

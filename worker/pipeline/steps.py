@@ -27,7 +27,7 @@ from confluent_kafka import Message
 
 from worker.cache import OutputCache
 from worker.config import PipelineConfig
-from worker.core import DeliveryTracker, PartitionKey, Refusal, next_offsets
+from worker.core import DeliveryTracker, Parked, PartitionKey, Refusal, next_offsets
 from worker.errors import ConfigError, InferenceServerError, SchemaRegistryError
 from worker.features import FeatureStore, OneStore, StoreWait
 from worker.inference import InferenceEngine, LiveModel, ModelSlot
@@ -102,10 +102,11 @@ class Pipeline:
                 "their rows are compared and published per model, the cache's per input"
             )
         self.metrics = metrics
+        self._abort = abort = abort or threading.Event()
         store_wait = StoreWait(
             self.name,
             retry_s=retry_feature_store_s,
-            abort=abort or threading.Event(),
+            abort=abort,
             errors=metrics.feature_store_errors,
             on_feature_store=on_feature_store or (lambda _ok, _why: None),
         )
@@ -115,7 +116,7 @@ class Pipeline:
             registry_wait = StoreWait(
                 self.name,
                 retry_s=retry_feature_store_s,
-                abort=abort or threading.Event(),
+                abort=abort,
                 errors=metrics.schema_registry_errors,
                 on_feature_store=on_schema_registry or (lambda _ok, _why: None),
                 outage=SchemaRegistryError,
@@ -139,7 +140,7 @@ class Pipeline:
         faults = ModelFaults(config.pause_after_model_failures, metrics.model_failed_batches)
         fault_wait = ModelFaultWait(
             self.name,
-            abort=abort or threading.Event(),
+            abort=abort,
             paused=metrics.model_paused,
             on_model=on_model or (lambda _ok, _why: None),
             model=lambda: slot.for_batch().identity,
@@ -176,9 +177,17 @@ class Pipeline:
     def handle(
         self, batch: Sequence[Message], sink: Sink, tracker: DeliveryTracker | None = None
     ) -> tuple[DeliveryTracker, dict[PartitionKey, int]]:
-        """``prepare``, ``infer`` and ``publish`` one batch on the calling thread."""
+        """``prepare``, ``infer`` and ``publish`` one batch on the calling thread, which
+        waits while the model is at fault (raising ModelFault once ``abort`` is set)."""
         tracker = tracker if tracker is not None else DeliveryTracker()
-        self.publish(self.infer(self.prepare(batch)), sink, tracker)
+        prepared = self.prepare(batch)
+        while True:
+            try:
+                self.infer(prepared)
+                break
+            except Parked as parked:  # nothing else runs on this thread: wait here
+                self._abort.wait(parked.after_s)
+        self.publish(prepared, sink, tracker)
         return tracker, next_offsets(batch)
 
     def prepare(self, batch: Sequence[Message]) -> Prepared:
@@ -193,7 +202,12 @@ class Pipeline:
     def infer(self, prepared: Prepared) -> Prepared:
         """Run the model on the rows that reached it; a failing row is isolated by
         bisection and becomes a dead letter, the others still publish. The slot is read
-        here, once: the whole batch runs on (and names) one model version."""
+        here, once: the whole batch runs on (and names) one model version.
+
+        Raises ``Parked`` while the model is at fault (``worker.pipeline.model_faults``):
+        nothing of the batch is refused; call ``infer`` with it again after the wait the
+        ``Parked`` names, before any other batch of this pipeline. Raises ModelFault on
+        that call once ``abort`` is set."""
         return self._infer(prepared)
 
     def publish(self, prepared: Prepared, sink: Sink, tracker: DeliveryTracker) -> None:
