@@ -62,13 +62,15 @@ def worker_config_toml(
     max_record_bytes: int = 65536,
     group_protocol: str = "classic",
     share_group: bool = False,
+    redis_table: str | None = None,
 ) -> str:
     """A one-pipeline config file, as a user would write it.
 
     ``top`` holds top-level settings, ``kafka_extra`` lines for ``[kafka]`` and ``extra``
     tables appended at the end. Under ``group_protocol = "consumer"`` the session timeout
     is the broker's (``start_kafka``), so the file leaves it out; so does a share group's
-    (``share_group``), whose session is the broker's too.
+    (``share_group``), whose session is the broker's too. ``redis_table`` replaces the
+    ``[redis]`` table's ``url = redis_url`` line (Sentinel settings, say).
     """
     if share_group:
         membership = "share_group = true"
@@ -91,7 +93,7 @@ consumer_options = {{ {opts} }}
 {kafka_extra}
 
 [redis]
-url = "{redis_url}"
+{f'url = "{redis_url}"' if redis_table is None else redis_table}
 
 [[pipelines]]
 name = "demo"

@@ -386,11 +386,13 @@ def start_redis(
     timeout: float = 20.0,
     persist_dir: Path | None = None,
     tls: tuple[Path, Path] | None = None,
+    args: tuple[str, ...] = (),
 ) -> Service:
     """redis-server without automatic snapshots; with ``persist_dir`` a ``SAVE`` before
     stopping survives into the next start there (the fault harness restarts Redis). With
     ``tls`` (certificate and key files, PEM) it speaks TLS only, at a ``rediss://``
-    address, and asks clients for no certificate."""
+    address, and asks clients for no certificate. ``args`` go to the server as well
+    (``--replicaof host port``, say)."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise StackError("redis-server not found; install it (Debian package redis-server)")
@@ -419,6 +421,7 @@ def start_redis(
             str(persist_dir or work),
             "--protected-mode",
             "yes",
+            *args,
         ],
         lambda p: f"{'redis' if tls is None else 'rediss'}://127.0.0.1:{p}/0",
         port,
