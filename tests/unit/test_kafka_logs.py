@@ -147,3 +147,19 @@ def test_the_kafka_logger_filters_outages_before_repeats() -> None:
     kinds = [type(f) for f in KAFKA_LOG.filters]
     assert kinds.index(BrokerOutages) < kinds.index(RepeatFilter)
     assert BROKER_OUTAGES in KAFKA_LOG.filters
+
+
+def test_errors_after_a_quiet_spell_are_a_new_outage() -> None:
+    """A broker no client reconnects to after its restart never shows UP in statistics;
+    its next failure must still be told, not held back as part of the old one."""
+    clock = Clock()
+    outages = BrokerOutages(remind_s=60.0, quiet_s=30.0, clock=clock)
+    assert outages.filter(_librdkafka(REFUSED.format(port=9093, id=2)))
+    clock.now = 29.0
+    assert not outages.filter(_librdkafka(REFUSED.format(port=9093, id=2)))
+    clock.now = 58.0  # 29 s after the last error about it
+    assert not outages.filter(_librdkafka(REFUSED.format(port=9093, id=2)))
+    clock.now = 90.0
+    record = _librdkafka(REFUSED.format(port=9093, id=2))
+    assert outages.filter(record)
+    assert record.getMessage().startswith("Kafka broker 127.0.0.1:9093 is unreachable (")

@@ -78,14 +78,24 @@ class BrokerOutages(logging.Filter):
     as a WARNING saying so, later ones about it are held back, and every ``remind_s`` one
     more passes with how long and how many. ``seen`` takes librdkafka's statistics
     (``brokers``): a broker held as down that is ``UP`` there is logged as back, once.
+    A broker no client needs any more is not reconnected to, so no statistics say it is
+    back: an error after ``quiet_s`` without any about it starts a new outage.
     """
 
-    def __init__(self, remind_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        remind_s: float = 60.0,
+        quiet_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         super().__init__()
         self.remind_s = remind_s
+        self.quiet_s = quiet_s
+        """Longer than librdkafka's longest reconnect backoff (10 s) while it still tries."""
         self._clock = clock
         self._down: dict[str, list[float]] = {}
-        """host:port -> [when it went down, when a line last passed, lines held back]."""
+        """host:port -> [when it went down, when a line last passed, lines held back,
+        when the last error about it came]."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING:
@@ -96,8 +106,8 @@ class BrokerOutages(logging.Filter):
             return True
         broker, now = found.group(1), self._clock()
         down = self._down.get(broker)
-        if down is None:
-            self._down[broker] = [now, now, 0]
+        if down is None or now - down[3] >= self.quiet_s:
+            self._down[broker] = [now, now, 0, now]
             text = (
                 f"Kafka broker {broker} is unreachable ({message}); its connection errors "
                 "are held back until it is up again"
@@ -107,9 +117,9 @@ class BrokerOutages(logging.Filter):
                 f"Kafka broker {broker} still unreachable after {now - down[0]:.0f}s "
                 f"({int(down[2])} connection errors held back): {message}"
             )
-            down[1:] = [now, 0]
+            down[1:] = [now, 0, now]
         else:
-            down[2] += 1
+            down[2:] = [down[2] + 1, now]
             return False
         record.msg, record.args = text, ()
         record.levelno, record.levelname = logging.WARNING, "WARNING"
