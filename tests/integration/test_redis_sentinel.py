@@ -1,7 +1,8 @@
 """Features through Redis Sentinel: a primary, a replica and three real Sentinels started
-by the test; ``check`` names the primary they give, a worker serves from it, and after a
-failover both follow the promoted replica. The failover under steady load is a scenario
-of the fault harness (``test_guarantees.py``)."""
+by the test; ``check`` names the primary they give, a worker serves from it (its output
+cache writes there too), and after a failover all of them follow the promoted replica.
+The failover under steady load is a scenario of the fault harness
+(``test_guarantees.py``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import redis
 from streamfer_dev.harness import collect_outcomes, produce_requests
 from streamfer_dev.modelgen import DemoModel, seed_entities
 from streamfer_dev.redis_sentinel import SERVICE_NAME, RedisSentinel, start_redis_sentinel
-from streamfer_dev.stack import free_port
+from streamfer_dev.stack import Service, free_port
 from tests.conftest import Topics
 from tests.integration.helpers import assert_committed_to_end, clean_env, streamfer
 
@@ -33,6 +34,26 @@ def sentinel_group(model: DemoModel) -> Iterator[RedisSentinel]:
         yield started
     finally:
         started.stop()
+
+
+ENTITIES = [f"sen-{i}" for i in range(80)]
+CACHE_TABLE = """
+[pipelines.cache]
+enabled = true
+max_entries = 0
+redis_ttl_s = 600
+redis_key_prefix = "sencache:"
+redis_timeout_ms = 2000
+"""
+"""The output cache in Redis only, so that every output is written there."""
+
+
+def _cached(node: Service) -> int:
+    client = redis.Redis.from_url(node.address)
+    try:
+        return sum(1 for _ in client.scan_iter("sencache:*"))
+    finally:
+        client.close()
 
 
 def _sentinel_table(addresses: list[str]) -> str:
@@ -69,22 +90,26 @@ def test_check_names_the_primary_and_the_worker_follows_a_failover(
     write_config: Callable[..., Path],
 ) -> None:
     t = fresh_topics(2)
-    config = write_config(t, redis_table=_sentinel_table(sentinel_group.addresses))
-    entities = [f"sen-{i}" for i in range(40)]
+    config = write_config(
+        t, redis_table=_sentinel_table(sentinel_group.addresses), extra=CACHE_TABLE
+    )
     first = sentinel_group.primary()
     check = streamfer("check", "--config", str(config), "--skip-kafka", env=clean_env())
     assert check.returncode == 0, check.stdout + check.stderr
     at = first.address.removeprefix("redis://").removesuffix("/0")
     assert f"ok: redis sentinel: service '{SERVICE_NAME}': primary {at} " in check.stdout
-    _serve(kafka_bootstrap, config, t, [f"a{i}" for i in range(200)], entities)
+    _serve(kafka_bootstrap, config, t, [f"a{i}" for i in range(200)], ENTITIES[:40])
+    assert _cached(first) > 0, "the output cache's Redis tier wrote to the primary"
 
     promoted = sentinel_group.wait_for_new_primary(sentinel_group.kill_primary())
+    before = _cached(promoted)  # what the replica had copied
     check = streamfer("check", "--config", str(config), "--skip-kafka", env=clean_env())
     assert check.returncode == 0, check.stdout + check.stderr
     now = promoted.address.removeprefix("redis://").removesuffix("/0")
     assert now != at
     assert f"primary {now} " in check.stdout, check.stdout
-    _serve(kafka_bootstrap, config, t, [f"b{i}" for i in range(200)], entities)
+    _serve(kafka_bootstrap, config, t, [f"b{i}" for i in range(200)], ENTITIES[40:80])
+    assert _cached(promoted) > before, "new outputs are cached on the promoted primary"
 
 
 def test_check_fails_naming_the_service_when_no_sentinel_answers(
