@@ -801,12 +801,14 @@ def broker_failover_scenario(
     *,
     exactly_once: bool = False,
     coordinator: bool = True,
+    spare_coordinator: bool = False,
     name: str = "cluster-failover",
 ) -> dict[str, Any]:
     """On the three-node cluster under steady load, 2 workers: SIGKILL the broker leading
     most request partitions, start it again once the others took over, and (with
     ``coordinator``) when every replica is back in sync restart (SIGTERM) the broker
-    coordinating the group. ``served_again_s`` per fault; from the workers' logs,
+    coordinating the group. ``spare_coordinator``: the leader killed is one that does
+    not coordinate the group. ``served_again_s`` per fault; from the workers' logs,
     ``connection_errors_logged`` (ERROR lines about a lost connection: a broker outage
     is one warning, ``outage_warnings``) and ``back_lines``."""
     cluster = env.cluster
@@ -821,7 +823,8 @@ def broker_failover_scenario(
     for n in _spread(stream, 2 if coordinator else 1):
         run.fault()
         if n == 0:
-            node = cluster.leader_of_most(run.requests_topic)
+            spared = frozenset({cluster.coordinator_of(run.group)} if spare_coordinator else ())
+            node = cluster.leader_of_most(run.requests_topic, spared)
             cluster.kill_node(node)
             time.sleep(SESSION_TIMEOUT_MS / 1000)  # the others lead and coordinate meanwhile
             hurt.append(f"killed leader {node}")
@@ -1065,10 +1068,16 @@ SCENARIOS: dict[str, tuple[Scenario, int, str]] = {
     ),
     "cluster-leader-kill-exactly-once": (
         lambda env, n: broker_failover_scenario(
-            env, n, exactly_once=True, coordinator=False, name="cluster-leader-kill-exactly-once"
+            env,
+            n,
+            exactly_once=True,
+            coordinator=False,
+            spare_coordinator=True,
+            name="cluster-leader-kill-exactly-once",
         ),
         6_000,
-        "exactly-once, the leader of most request partitions SIGKILLed only (--cluster)",
+        "exactly-once: SIGKILL the leader of most request partitions that does not "
+        "coordinate the group (--cluster)",
     ),
     "sentinel-failover": (
         sentinel_failover_scenario,

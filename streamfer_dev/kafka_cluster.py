@@ -68,10 +68,12 @@ class KafkaCluster:
         self.nodes[node_id] = _start_node(self.work / f"node-{node_id}", node_id, self.heap_mb)
         _wait_for_port(self.nodes[node_id], self.ports[node_id], timeout)
 
-    def leader_of_most(self, topic: str) -> int:
-        """The node leading the most partitions of ``topic``."""
+    def leader_of_most(self, topic: str, sparing: frozenset[int] = frozenset()) -> int:
+        """The node leading the most partitions of ``topic``, among those not ``sparing``."""
         meta = self._admin().list_topics(topic, timeout=10).topics[topic]
-        leaders = Counter(p.leader for p in meta.partitions.values() if p.leader >= 0)
+        leaders = Counter(
+            p.leader for p in meta.partitions.values() if p.leader >= 0 and p.leader not in sparing
+        )
         if not leaders:
             raise StackError(f"no partition of {topic} has a leader")
         return leaders.most_common(1)[0][0]
