@@ -18,6 +18,11 @@ between the workers and Kafka and Redis, inject one network fault of
 ``benchmarks.netfaults`` mid-stream, and also report how many seconds after the fault
 every partition was served again, against the bound stated there. Their fleet restarts a
 worker that exits, as the ``--processes`` supervisor or Kubernetes would.
+
+``--cluster`` runs on three Kafka nodes (``streamfer_dev.kafka_cluster``: replication
+factor 3, ``min.insync.replicas = 2``) instead of one; the ``cluster-*`` scenarios need
+it and hurt single brokers: the leader of most request partitions, the group's
+coordinator. ``sentinel-failover`` kills the Redis primary under Sentinel.
 """
 
 from __future__ import annotations
@@ -53,7 +58,10 @@ from streamfer_dev.harness import (
     wait_for_assignment,
     worker_config_toml,
 )
+from streamfer_dev.kafka_cluster import REPLICAS, KafkaCluster, start_kafka_cluster
 from streamfer_dev.modelgen import DemoModel, make_classifier, seed_entities
+from streamfer_dev.redis_sentinel import SERVICE_NAME as SENTINEL_SERVICE
+from streamfer_dev.redis_sentinel import start_redis_sentinel
 from streamfer_dev.stack import Service, free_port, start_kafka, start_redis
 from streamfer_dev.toxiproxy import Toxiproxy, start_toxiproxy
 from worker.errors import StackError
@@ -73,7 +81,7 @@ class Env:
     """The local stack one harness run uses, and how to hurt it."""
 
     work: Path
-    kafka: Service
+    kafka: Service | KafkaCluster
     redis: Service
     model: DemoModel
     entities: list[str]
@@ -87,10 +95,14 @@ class Env:
 
     @classmethod
     @contextlib.contextmanager
-    def start(cls, *, net: bool = False) -> Iterator[Env]:
+    def start(
+        cls, *, net: bool = False, cluster: bool = False, kafka: KafkaCluster | None = None
+    ) -> Iterator[Env]:
         """With ``net``, the workers reach Kafka and Redis through toxiproxy: Kafka gets a
         second listener advertised at the proxy's port, so every connection of theirs
-        goes through it, while the harness's producer and reader use the first."""
+        goes through it, while the harness's producer and reader use the first. With
+        ``cluster``, Kafka is three nodes (``start_kafka_cluster``), or ``kafka``, a
+        cluster the caller started and stops."""
         work = Path(tempfile.mkdtemp(prefix="streamfer-chaos-"))
         env: Env | None = None
         with contextlib.ExitStack() as stack:  # stops what started, in reverse order
@@ -99,20 +111,29 @@ class Env:
             if proxy is not None:
                 stack.callback(proxy.stop)
             ports = (free_port(), free_port())  # the broker's PROXIED listener, the proxy
-            kafka = start_kafka(
-                work / "kafka",
-                proxied=ports if net else None,
-                consumer_session_timeout_ms=SESSION_TIMEOUT_MS,
-            )
-            # the current ones at the end: a scenario may have replaced them
-            stack.callback(lambda: (kafka if env is None else env.kafka).stop())
+            brokers: Service | KafkaCluster
+            if kafka is not None:
+                brokers = kafka
+            elif cluster:
+                brokers = start_kafka_cluster(
+                    work / "kafka", consumer_session_timeout_ms=SESSION_TIMEOUT_MS
+                )
+                stack.callback(brokers.stop)
+            else:
+                brokers = start_kafka(
+                    work / "kafka",
+                    proxied=ports if net else None,
+                    consumer_session_timeout_ms=SESSION_TIMEOUT_MS,
+                )
+                # the current one at the end: a scenario may have replaced it
+                stack.callback(lambda: (brokers if env is None else env.kafka).stop())
             rds = start_redis(persist_dir=work / "redis")
             stack.callback(lambda: (rds if env is None else env.redis).stop())
             model = make_classifier(work / "model.onnx")
             client = redis.Redis.from_url(rds.address)
             entities = seed_entities(client, model, prefix="c")
             client.close()
-            env = cls(work, kafka, rds, model, entities, proxy)
+            env = cls(work, brokers, rds, model, entities, proxy)
             if proxy is not None:
                 redis_at = rds.address.removeprefix("redis://").removesuffix("/0")
                 env.proxied["kafka"] = proxy.create("kafka", ports[1], f"127.0.0.1:{ports[0]}")
@@ -132,7 +153,20 @@ class Env:
         at = self.proxied.get("redis")
         return self.redis.address if at is None else f"redis://{at}/0"
 
+    @property
+    def cluster(self) -> KafkaCluster:
+        """The three-node cluster a cluster scenario hurts."""
+        if not isinstance(self.kafka, KafkaCluster):
+            raise StackError("this scenario needs the three-node cluster: --cluster")
+        return self.kafka
+
+    @property
+    def replicas(self) -> int:
+        return REPLICAS if isinstance(self.kafka, KafkaCluster) else 1
+
     def restart_kafka(self, down_s: float = 2.0) -> None:
+        if isinstance(self.kafka, KafkaCluster):
+            raise StackError("restart_kafka restarts the single node; a cluster has three")
         self.kafka.stop()
         time.sleep(down_s)
         self.kafka = start_kafka(self.work / "kafka")
@@ -443,6 +477,7 @@ class Run:
                 (self.results_topic, PARTITIONS),
                 (self.dead_topic, 1),
             ],
+            replication_factor=self.env.replicas,
         )
 
     def fleet(
@@ -453,6 +488,7 @@ class Run:
         max_poll_interval_ms: int = 300_000,
         extra_top: str = "",
         max_record_bytes: int = 65536,
+        redis_table: str | None = None,
     ) -> Fleet:
         top = 'delivery = "exactly-once"\n' if self.exactly_once else ""
         config = self.dir / "worker.toml"
@@ -473,6 +509,7 @@ class Run:
                 kafka_extra=f"max_poll_interval_ms = {max_poll_interval_ms}",
                 max_record_bytes=max_record_bytes,
                 group_protocol=self.env.group_protocol,
+                redis_table=redis_table,
             )
         )
         static = self.exactly_once if self.static is None else self.static
@@ -581,6 +618,7 @@ class Run:
             "dead_letters": sum(readout.dead_letters.values()),
             "dead_letter_codes": dict(readout.dead_letter_codes),
             "clean_exits": all(code == 0 for code in fleet_codes),
+            "exit_codes": fleet_codes,
             "elapsed_s": round(time.monotonic() - self.started, 1),
             **extra,
         }
@@ -722,6 +760,90 @@ def redis_outage_scenario(env: Env, records: int, outage_s: float = 30.0) -> dic
         env.start_redis_again()
     stream.join()
     return run.report(fleet, good, set(), outage_s=outage_s)
+
+
+def sentinel_failover_scenario(env: Env, records: int) -> dict[str, Any]:
+    """SIGKILL the Redis primary mid-stream under Sentinel (a primary, a replica, three
+    Sentinels), which promote the replica: batches wait, nothing is dead-lettered or
+    lost. ``served_again_s``: from the kill until every partition was served again;
+    ``promoted_s``: until the Sentinels named the new primary."""
+    run = Run(env, "sentinel-failover", records)
+    group = start_redis_sentinel()
+    try:
+        client = redis.Redis.from_url(group.primary().address)
+        seed_entities(client, env.model, prefix="c")  # the ids env.entities holds
+        client.wait(1, 5000)  # on the replica too, before the primary can die
+        client.close()
+        fleet = run.fleet(
+            redis_table=f"sentinels = {orjson.dumps(group.addresses).decode()}\n"
+            f'service_name = "{SENTINEL_SERVICE}"\nsocket_timeout_s = 2.0'
+        )
+        requests, good, _ = run.requests()
+        run.start_workers(fleet, 2)
+        run.track_recovery()
+        stream = run.stream(requests, rate=records / 20.0)
+        promoted = None
+        for _ in _spread(stream, 1):
+            run.fault()
+            killed_at = time.monotonic()
+            old = group.kill_primary()
+            group.wait_for_new_primary(old)
+            promoted = round(time.monotonic() - killed_at, 1)
+        stream.join()
+        return run.report(fleet, good, set(), promoted_s=promoted)
+    finally:
+        group.stop()
+
+
+def broker_failover_scenario(
+    env: Env,
+    records: int,
+    *,
+    exactly_once: bool = False,
+    coordinator: bool = True,
+    spare_coordinator: bool = False,
+    name: str = "cluster-failover",
+) -> dict[str, Any]:
+    """On the three-node cluster under steady load, 2 workers: SIGKILL the broker leading
+    most request partitions, start it again once the others took over, and (with
+    ``coordinator``) when every replica is back in sync restart (SIGTERM) the broker
+    coordinating the group. ``spare_coordinator``: the leader killed is one that does
+    not coordinate the group. ``served_again_s`` per fault; from the workers' logs,
+    ``connection_errors_logged`` (ERROR lines about a lost connection: a broker outage
+    is one warning, ``outage_warnings``) and ``back_lines``."""
+    cluster = env.cluster
+    run = Run(env, name, records, exactly_once=exactly_once)
+    fleet = run.fleet()
+    requests, good, _ = run.requests()
+    run.start_workers(fleet, 2)
+    run.track_recovery()
+    stream = run.stream(requests, rate=records / 60.0)
+    hurt: list[str] = []
+    topics = [run.requests_topic, run.results_topic]
+    for n in _spread(stream, 2 if coordinator else 1):
+        run.fault()
+        if n == 0:
+            spared = frozenset({cluster.coordinator_of(run.group)} if spare_coordinator else ())
+            node = cluster.leader_of_most(run.requests_topic, spared)
+            cluster.kill_node(node)
+            time.sleep(SESSION_TIMEOUT_MS / 1000)  # the others lead and coordinate meanwhile
+            hurt.append(f"killed leader {node}")
+        else:
+            node = cluster.coordinator_of(run.group)
+            cluster.stop_node(node)
+            hurt.append(f"restarted coordinator {node}")
+        cluster.start_node(node)
+        cluster.wait_in_sync(topics)
+    stream.join()
+    logs = fleet.logs_text().splitlines()
+    report = run.report(fleet, good, set(), hurt=hurt)
+    lost = ("Connection refused", "Disconnected", "onnection reset", "closed by peer")
+    report["connection_errors_logged"] = sum(
+        1 for line in logs if " ERROR " in line and any(w in line for w in lost)
+    )
+    report["outage_warnings"] = sum(1 for line in logs if "is unreachable (" in line)
+    report["back_lines"] = sum(1 for line in logs if "is up again after" in line)
+    return report
 
 
 def slow_model_scenario(env: Env, records: int) -> dict[str, Any]:
@@ -931,6 +1053,37 @@ SCENARIOS: dict[str, tuple[Scenario, int, str]] = {
     ),
     "broker-restart": (broker_restart_scenario, 10_000, "restart Kafka on its on-disk logs"),
     "redis-outage": (redis_outage_scenario, 10_000, "Redis stopped for 30 s"),
+    "cluster-failover": (
+        broker_failover_scenario,
+        6_000,
+        "three brokers: SIGKILL the leader of most request partitions, then restart "
+        "the group coordinator's broker (--cluster)",
+    ),
+    "cluster-failover-exactly-once": (
+        lambda env, n: broker_failover_scenario(
+            env, n, exactly_once=True, name="cluster-failover-exactly-once"
+        ),
+        6_000,
+        "the same in exactly-once mode, read with read_committed (--cluster)",
+    ),
+    "cluster-leader-kill-exactly-once": (
+        lambda env, n: broker_failover_scenario(
+            env,
+            n,
+            exactly_once=True,
+            coordinator=False,
+            spare_coordinator=True,
+            name="cluster-leader-kill-exactly-once",
+        ),
+        6_000,
+        "exactly-once: SIGKILL the leader of most request partitions that does not "
+        "coordinate the group (--cluster)",
+    ),
+    "sentinel-failover": (
+        sentinel_failover_scenario,
+        6_000,
+        "SIGKILL the Redis primary under Sentinel; its replica is promoted",
+    ),
     "slow-model": (slow_model_scenario, 48, "a model slower than max.poll.interval.ms"),
     "poison": (poison_scenario, 10_000, "a request that makes the model raise, in a batch"),
     "poison-mix": (
@@ -967,7 +1120,7 @@ def run_scenario(name: str, records: int | None = None, env: Env | None = None) 
     try:
         if env is not None:
             return fn(env, records or default_records)
-        with Env.start(net=name.startswith("net-")) as own:
+        with Env.start(net=name.startswith("net-"), cluster=name.startswith("cluster-")) as own:
             return fn(own, records or default_records)
     finally:
         while _LIVE:
@@ -1006,6 +1159,12 @@ def main(argv: list[str] | None = None) -> int:
         default="classic",
         help="the workers' consumer group protocol (consumer: KIP-848)",
     )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="run on three Kafka nodes (replication factor 3, min.insync.replicas 2); "
+        "the cluster-* scenarios need it",
+    )
     args = parser.parse_args(argv)
     if args.list:
         for name, (_, records, text) in SCENARIOS.items():
@@ -1017,7 +1176,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.json:
         print(" | ".join(COLUMNS))
     failures = 0
-    with Env.start(net=any(n.startswith("net-") for n in names)) as env:
+    if args.scenario == "all" and not args.cluster:
+        names = [n for n in names if not n.startswith("cluster-")]
+    with Env.start(net=any(n.startswith("net-") for n in names), cluster=args.cluster) as env:
         env.group_protocol = args.group_protocol
         for name in names:
             for _ in range(args.repeat):
@@ -1029,7 +1190,7 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     print(" | ".join(str(report.get(c, "")) for c in COLUMNS), flush=True)
                     for key in ("stalled_partitions", "short_of_log_end", "unmet"):
-                        if report[key]:
+                        if report.get(key):
                             print(f"  {key}: {report[key]}", flush=True)
     runs = len(names) * args.repeat
     print(f"{runs - failures} of {runs} runs complete", file=sys.stderr)

@@ -4,6 +4,7 @@
 set -euo pipefail
 
 need_apt=()
+# redis-server also runs the Sentinels of the failover tests (redis-server --sentinel)
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need_apt+=(maven)

@@ -63,6 +63,7 @@ def worker_config_toml(
     group_protocol: str = "classic",
     share_group: bool = False,
     triton_url: str | None = None,
+    redis_table: str | None = None,
 ) -> str:
     """A one-pipeline config file, as a user would write it.
 
@@ -70,7 +71,8 @@ def worker_config_toml(
     tables appended at the end. Under ``group_protocol = "consumer"`` the session timeout
     is the broker's (``start_kafka``), so the file leaves it out; so does a share group's
     (``share_group``), whose session is the broker's too. With ``triton_url`` the model
-    (``model_name``) runs on that Triton server instead of ``model_path``.
+    (``model_name``) runs on that Triton server instead of ``model_path``. ``redis_table``
+    replaces the ``[redis]`` table's ``url = redis_url`` line (Sentinel settings, say).
     """
     if share_group:
         membership = "share_group = true"
@@ -98,7 +100,7 @@ consumer_options = {{ {opts} }}
 {kafka_extra}
 
 [redis]
-url = "{redis_url}"
+{f'url = "{redis_url}"' if redis_table is None else redis_table}
 
 [[pipelines]]
 name = "demo"

@@ -149,6 +149,120 @@ def kafka_classpath(version: str = KAFKA_VERSION) -> str:
     return str(libs / "*")
 
 
+def _java() -> str:
+    java = shutil.which("java")
+    if java is None:
+        raise StackError("Apache Kafka needs Java 17+ ('java' not found)")
+    return java
+
+
+def new_cluster_id() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def format_kafka_storage(
+    work: Path,
+    props: dict[str, str],
+    cluster_id: str,
+    features: tuple[str, ...],
+    scram: list[str] | None = None,
+) -> None:
+    """Write ``work/server.properties`` and the log configuration, and format the log
+    directories of a KRaft node as a member of ``cluster_id``."""
+    props_path = work / "server.properties"
+    props_path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+    (work / "log4j2.xml").write_text(_LOG4J)
+    fmt = subprocess.run(
+        [
+            _java(),
+            "-cp",
+            kafka_classpath(),
+            "kafka.tools.StorageTool",
+            "format",
+            f"--cluster-id={cluster_id}",  # an id may start with "-"
+            "-c",
+            str(props_path),
+            *[arg for f in features for arg in ("--feature", f)],
+            *[arg for user in scram or [] for arg in ("--add-scram", user)],
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if fmt.returncode != 0:
+        raise StackError(f"formatting Kafka storage failed:\n{fmt.stdout}{fmt.stderr}")
+
+
+def kafka_argv(work: Path, heap_mb: int) -> list[str]:
+    """The command line of a broker formatted in ``work``."""
+    return [
+        _java(),
+        f"-Xmx{heap_mb}m",
+        f"-Xms{min(heap_mb, 256)}m",
+        "-XX:+UseG1GC",
+        # C1 only: on a 2-core machine the C2 compiler's bursts in the broker's first
+        # minutes cost the workers beside it ~70 ms of p50 latency (measured).
+        "-XX:TieredStopAtLevel=1",
+        f"-Dlog4j2.configurationFile={work / 'log4j2.xml'}",
+        "-cp",
+        kafka_classpath(),
+        "kafka.Kafka",
+        str(work / "server.properties"),
+    ]
+
+
+def kraft_node_props(
+    *,
+    node_id: int,
+    port: int,
+    controller_port: int,
+    voters: str,
+    data: Path,
+    replicas: int = 1,
+    initial_rebalance_delay_ms: int = 0,
+    consumer_session_timeout_ms: int = 10_000,
+    share_session_timeout_ms: int = 10_000,
+) -> dict[str, str]:
+    """A combined broker and controller's ``server.properties`` (what ``start_kafka``
+    explains); ``replicas`` is the replication of new topics and of the internal ones,
+    with a minimum in-sync set of one less (at least one)."""
+    min_isr = str(max(1, replicas - 1))
+    return {
+        "process.roles": "broker,controller",
+        "node.id": str(node_id),
+        "controller.quorum.voters": voters,
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "log.dirs": str(data),
+        "num.partitions": "4",
+        "default.replication.factor": str(replicas),
+        "min.insync.replicas": min_isr,
+        "offsets.topic.replication.factor": str(replicas),
+        "offsets.topic.num.partitions": "4",
+        "transaction.state.log.replication.factor": str(replicas),
+        "transaction.state.log.min.isr": min_isr,
+        "transaction.state.log.num.partitions": "4",
+        "share.coordinator.state.topic.replication.factor": str(replicas),
+        "share.coordinator.state.topic.min.isr": min_isr,
+        "share.coordinator.state.topic.num.partitions": "4",
+        "group.share.min.session.timeout.ms": "1000",
+        "group.share.session.timeout.ms": str(share_session_timeout_ms),
+        "group.share.min.heartbeat.interval.ms": "500",
+        "group.share.heartbeat.interval.ms": "1000",
+        "group.share.min.record.lock.duration.ms": "1000",
+        "group.initial.rebalance.delay.ms": str(initial_rebalance_delay_ms),
+        "group.consumer.min.session.timeout.ms": "1000",
+        "group.consumer.session.timeout.ms": str(consumer_session_timeout_ms),
+        "group.consumer.min.heartbeat.interval.ms": "500",
+        "group.consumer.heartbeat.interval.ms": "1000",
+        "auto.create.topics.enable": "false",
+        "log.flush.interval.ms": "60000",
+    }
+
+
 def _wait_for_port(svc: Service, port: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -228,10 +342,6 @@ def start_kafka(
     A new group's first rebalance waits ``initial_rebalance_delay_ms`` for more members
     (Kafka's default is 3000); 0 lets tests start a lone consumer at once. With
     ``secured`` it also listens with SASL_SSL (SCRAM-SHA-512) and with mutual TLS."""
-    java = shutil.which("java")
-    if java is None:
-        raise StackError("Apache Kafka needs Java 17+ ('java' not found)")
-    classpath = kafka_classpath()
     owned = workdir is None
     work = Path(tempfile.mkdtemp(prefix="streamfer-kafka-")) if workdir is None else workdir
     work.mkdir(parents=True, exist_ok=True)
@@ -244,38 +354,16 @@ def start_kafka(
     else:
         port = port or free_port()
         controller = free_port()
-        props = {
-            "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@127.0.0.1:{controller}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
-            "controller.listener.names": "CONTROLLER",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "log.dirs": str(work / "data"),
-            "num.partitions": "4",
-            "offsets.topic.replication.factor": "1",
-            "offsets.topic.num.partitions": "4",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
-            "transaction.state.log.num.partitions": "4",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
-            "share.coordinator.state.topic.num.partitions": "4",
-            "group.share.min.session.timeout.ms": "1000",
-            "group.share.session.timeout.ms": str(share_session_timeout_ms),
-            "group.share.min.heartbeat.interval.ms": "500",
-            "group.share.heartbeat.interval.ms": "1000",
-            "group.share.min.record.lock.duration.ms": "1000",
-            "group.initial.rebalance.delay.ms": str(initial_rebalance_delay_ms),
-            "group.consumer.min.session.timeout.ms": "1000",
-            "group.consumer.session.timeout.ms": str(consumer_session_timeout_ms),
-            "group.consumer.min.heartbeat.interval.ms": "500",
-            "group.consumer.heartbeat.interval.ms": "1000",
-            "auto.create.topics.enable": "false",
-            "log.flush.interval.ms": "60000",
-        }
+        props = kraft_node_props(
+            node_id=1,
+            port=port,
+            controller_port=controller,
+            voters=f"1@127.0.0.1:{controller}",
+            data=work / "data",
+            initial_rebalance_delay_ms=initial_rebalance_delay_ms,
+            consumer_session_timeout_ms=consumer_session_timeout_ms,
+            share_session_timeout_ms=share_session_timeout_ms,
+        )
         if secured is not None:
             extra = _secured_props(secured, work)
             more = extra.pop("_listeners")
@@ -288,51 +376,13 @@ def start_kafka(
             props["listeners"] += f",PROXIED://127.0.0.1:{listen_port}"
             props["advertised.listeners"] += f",PROXIED://127.0.0.1:{proxy_port}"
             props["listener.security.protocol.map"] += ",PROXIED:PLAINTEXT"
-        props_path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-        (work / "log4j2.xml").write_text(_LOG4J)
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        fmt = subprocess.run(
-            [
-                java,
-                "-cp",
-                classpath,
-                "kafka.tools.StorageTool",
-                "format",
-                f"--cluster-id={cluster_id}",  # an id may start with "-"
-                "-c",
-                str(props_path),
-                *[arg for f in features for arg in ("--feature", f)],
-                *[
-                    arg
-                    for user, password in (secured.scram_users if secured else {}).items()
-                    for arg in ("--add-scram", f"SCRAM-SHA-512=[name={user},password={password}]")
-                ],
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if fmt.returncode != 0:
-            raise StackError(f"formatting Kafka storage failed:\n{fmt.stdout}{fmt.stderr}")
+        scram = [
+            f"SCRAM-SHA-512=[name={user},password={password}]"
+            for user, password in (secured.scram_users if secured else {}).items()
+        ]
+        format_kafka_storage(work, props, new_cluster_id(), features, scram)
     log_path = work / "kafka.log"
-    process = _spawn(
-        "kafka",
-        [
-            java,
-            f"-Xmx{heap_mb}m",
-            f"-Xms{min(heap_mb, 256)}m",
-            "-XX:+UseG1GC",
-            # C1 only: on a 2-core machine the C2 compiler's bursts in the broker's first
-            # minutes cost the workers beside it ~70 ms of p50 latency (measured).
-            "-XX:TieredStopAtLevel=1",
-            f"-Dlog4j2.configurationFile={work / 'log4j2.xml'}",
-            "-cp",
-            classpath,
-            "kafka.Kafka",
-            str(props_path),
-        ],
-        work,
-    )
+    process = _spawn("kafka", kafka_argv(work, heap_mb), work)
     svc = Service("kafka", f"127.0.0.1:{port}", process, work, log_path, owned)
     _wait_for_port(svc, port, timeout)
     _wait_for_kafka_metadata(svc, timeout)
@@ -387,11 +437,13 @@ def start_redis(
     timeout: float = 20.0,
     persist_dir: Path | None = None,
     tls: tuple[Path, Path] | None = None,
+    args: tuple[str, ...] = (),
 ) -> Service:
     """redis-server without automatic snapshots; with ``persist_dir`` a ``SAVE`` before
     stopping survives into the next start there (the fault harness restarts Redis). With
     ``tls`` (certificate and key files, PEM) it speaks TLS only, at a ``rediss://``
-    address, and asks clients for no certificate."""
+    address, and asks clients for no certificate. ``args`` go to the server as well
+    (``--replicaof host port``, say)."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise StackError("redis-server not found; install it (Debian package redis-server)")
@@ -420,6 +472,7 @@ def start_redis(
             str(persist_dir or work),
             "--protected-mode",
             "yes",
+            *args,
         ],
         lambda p: f"{'redis' if tls is None else 'rediss'}://127.0.0.1:{p}/0",
         port,

@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from streamfer_dev.harness import worker_config_toml
+from streamfer_dev.kafka_cluster import KafkaCluster, start_kafka_cluster
 from streamfer_dev.modelgen import DemoModel, make_classifier, seed_entities
 from streamfer_dev.stack import local_kafka, local_redis
 from worker.kafka.topics import ensure_topics
@@ -32,6 +33,17 @@ def kafka_bootstrap() -> Iterator[str]:
 def redis_url() -> Iterator[str]:
     with local_redis() as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster() -> Iterator[KafkaCluster]:
+    """Three KRaft nodes (replication factor 3, min.insync.replicas 2), started once for
+    the session by the first test that asks for them; no other test pays for them."""
+    cluster = start_kafka_cluster()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")

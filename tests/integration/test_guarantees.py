@@ -117,6 +117,17 @@ def test_redis_outage_waits_without_dead_letters_and_catches_up(env: chaos.Env) 
     assert report["duplicates"] == 0, report
 
 
+def test_redis_sentinel_failover_is_waited_out_without_dead_letters(env: chaos.Env) -> None:
+    report = chaos.sentinel_failover_scenario(env, 2000)
+    _assert_complete(report)
+    assert report["dead_letters"] == 0, report
+    assert report["duplicates"] == 0, report
+    (served_again,) = report["served_again_s"]
+    # the Sentinels take about 1 s to call the primary down and 1-2 s to promote; a
+    # waiting batch retries at most 5 s apart, and the group then commits within a poll
+    assert served_again is not None and served_again < 20, report
+
+
 # Long by design: every batch takes ~12 s of CPU, and two workers warm the model up at four
 # batch sizes on two cores (216 s alone here; 300 s was the suite's default, which a busy
 # machine overran while the workers were still warming up).

@@ -102,13 +102,23 @@ def cmd_check(args: argparse.Namespace) -> int:
     import orjson
 
     from worker.config import load_config, redacted
-    from worker.tools import CheckLine, check_kafka, check_pipeline, check_registry
+    from worker.tools import (
+        CheckLine,
+        check_kafka,
+        check_pipeline,
+        check_registry,
+        check_sentinel,
+    )
 
     lines: list[CheckLine] = []
     try:
         config = load_config(args.config)
         if args.print_config:
             print(orjson.dumps(redacted(config), option=orjson.OPT_INDENT_2).decode())
+        for line in check_sentinel(config.redis):  # where the lookups below go
+            lines.append(line)
+            if not args.json:
+                print(line.text(), flush=True)
         for p in config.pipelines:
             checked = check_pipeline(p, config.redis)
             lines.append(

@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 
 from worker.config.base import Frozen
-from worker.config.redis_url import redis_url_problem
+from worker.config.redis_url import redis_url_problem, sentinel_address_problem, split_address
 from worker.errors import ConfigError
 
 __all__ = [
@@ -52,6 +52,17 @@ _SET_BY_THE_SHARE_WORKER = {
 }
 """Share consumer settings the at-least-once promise rests on; a raw option must not
 override them."""
+
+_SENTINEL_ONLY = (
+    "service_name",
+    "database",
+    "tls",
+    "sentinel_username",
+    "sentinel_password",
+    "sentinel_password_file",
+    "sentinel_tls",
+)
+"""``[redis]`` settings that mean something only with ``sentinels``."""
 
 _TYPED = {
     "session_timeout_ms": "session.timeout.ms",
@@ -283,7 +294,8 @@ class KafkaSettings(Frozen):
 class RedisSettings(Frozen):
     """The feature store. The URL may carry a password, so it is a secret; use
     ``rediss://`` for TLS (``ssl_ca_certs`` to trust a private CA) and ``username`` /
-    ``password`` (or ``password_file``) for AUTH and ACL users."""
+    ``password`` (or ``password_file``) for AUTH and ACL users. With ``sentinels`` the
+    Sentinels name the primary instead of ``url`` (``worker.features.sentinel``)."""
 
     url: SecretStr = Field(
         default=SecretStr("redis://127.0.0.1:6379/0"),
@@ -331,6 +343,67 @@ class RedisSettings(Frozen):
             "before any reply is read."
         ),
     )
+    sentinels: list[str] = Field(
+        default_factory=list,
+        description='Redis Sentinel addresses, "host:port" each: the worker asks them which '
+        "server is the primary of service_name and asks again after a failover. Replaces url.",
+    )
+    service_name: str | None = Field(
+        default=None,
+        description="With sentinels: the name the Sentinels monitor the primary under "
+        "(the name in sentinel monitor <name> ...).",
+    )
+    database: int = Field(
+        default=0,
+        ge=0,
+        description="With sentinels: the database number on the primary (plain Redis takes "
+        "it from url).",
+    )
+    tls: bool = Field(
+        default=False,
+        description="With sentinels: talk TLS to the primary, trusting ssl_ca_certs (plain "
+        "Redis says rediss:// in url).",
+    )
+    sentinel_username: str | None = Field(
+        default=None, description="ACL user the worker signs in to the Sentinels as."
+    )
+    sentinel_password: SecretStr | None = Field(
+        default=None, description="Password of the Sentinels (requirepass or the ACL user's)."
+    )
+    sentinel_password_file: Path | None = Field(
+        default=None, description="Read at start-up into sentinel_password."
+    )
+    sentinel_tls: bool = Field(
+        default=False, description="Talk TLS to the Sentinels, trusting ssl_ca_certs."
+    )
+
+    @model_validator(mode="after")
+    def _sentinel_settings(self) -> RedisSettings:
+        """Sentinel mode is all or nothing: its settings without ``sentinels`` (or a
+        ``url`` beside them) would be silently ignored, so each is refused by name."""
+        if not self.sentinels:
+            given = [name for name in _SENTINEL_ONLY if name in self.model_fields_set]
+            if given:
+                raise ValueError(f"{', '.join(given)}: only with redis.sentinels")
+            return self
+        problems = [p for a in self.sentinels if (p := sentinel_address_problem(a))]
+        if self.service_name is None or not self.service_name.strip():
+            problems.append("service_name is required with sentinels")
+        if self.cluster:
+            problems.append("cluster = true cannot go with sentinels (a Cluster fails over itself)")
+        for name in ("url", "url_file"):
+            if name in self.model_fields_set:
+                problems.append(
+                    f"{name}: the Sentinels name the primary; remove it (database, tls, "
+                    "username and password say the rest)"
+                )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def sentinel_addresses(self) -> list[tuple[str, int]]:
+        """``sentinels`` as (host, port) pairs, as validated."""
+        return [split_address(a) for a in self.sentinels]
 
     def checked_url(self, source: str | None = None) -> str:
         """The URL, once it is known that redis-py reads it as written. Raises

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import urllib.parse
 
-__all__ = ["redis_url_problem"]
+__all__ = ["redis_url_problem", "sentinel_address_problem", "split_address"]
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
@@ -46,4 +46,27 @@ def redis_url_problem(url: str) -> str | None:
     database = parts.path.replace("/", "")  # as redis-py reads it
     if parts.scheme != "unix" and database and not (database.isascii() and database.isdigit()):
         return "the path after the host must be a database number, such as /0"
+    return None
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` for an IPv6 address) as (host, port); raises
+    ValueError when it is not one."""
+    host, sep, port = address.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isascii() or not port.isdigit():
+        raise ValueError(address)
+    number = int(port)
+    if not 0 < number < 65536:
+        raise ValueError(address)
+    return host, number
+
+
+def sentinel_address_problem(address: str) -> str | None:
+    """Why ``address`` is not a Sentinel's ``host:port``, or None."""
+    try:
+        split_address(address)
+    except ValueError:
+        return f'sentinel {address!r} is not "host:port" with a port from 1 to 65535'
     return None

@@ -40,6 +40,10 @@ def read_secret_files(cfg: WorkerConfig, base_dir: Path, source: str) -> WorkerC
         updates["url"] = read(rds.url_file, "redis.url_file")
     if rds.password_file is not None:
         updates["password"] = read(rds.password_file, "redis.password_file")
+    if rds.sentinel_password_file is not None:
+        updates["sentinel_password"] = read(
+            rds.sentinel_password_file, "redis.sentinel_password_file"
+        )
     registry = cfg.schema_registry
     if registry.basic_auth_user_info_file is not None:
         registry = registry.model_copy(

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from worker.core import lazy_names
 from worker.features.lookups import OneStore, RedisLookups
 from worker.features.redis_io import Command, RedisClient, redis_client
+from worker.features.sentinel import sentinel_primary
 from worker.features.stores import PROBE_ENTITY, FeatureStore, Fetched, exchange, pack_vector
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ __all__ = [
     "exchange",
     "pack_vector",
     "redis_client",
+    "sentinel_primary",
 ]
 
 __getattr__ = lazy_names(__name__, {"StoreWait": "store_wait"})

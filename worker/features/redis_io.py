@@ -22,6 +22,7 @@ from redis.crc import key_slot
 
 from worker.config import FeatureSpec, RedisSettings
 from worker.errors import FeatureStoreConfigError, FeatureStoreError
+from worker.features.sentinel import sentinel_client
 
 __all__ = [
     "REDIS_ERROR_KINDS",
@@ -69,14 +70,18 @@ def redis_client(settings: RedisSettings) -> RedisClient:
     """A client for the configured Redis, with AUTH/ACL user and TLS CA when set; a
     ``RedisCluster`` with ``cluster``.
 
-    A plain client connects lazily; a cluster client reads the slot map from the seed
-    node at once (FeatureStoreError when it cannot). Raises ``ConfigError`` for a URL
+    With ``sentinels``, a client of the primary the Sentinels name
+    (``worker.features.sentinel``). A plain or Sentinel client connects lazily; a cluster
+    client reads the slot map from the seed node at once (FeatureStoreError when it
+    cannot). Raises ``ConfigError`` for a URL
     redis-py would misread or refuse; its message and traceback hold no part of the URL,
     which may carry the password (settings built in code have not been through
     ``load_config``'s check).
     """
     from worker.errors import ConfigError
 
+    if settings.sentinels:
+        return sentinel_client(settings)
     url = settings.checked_url()
     extra: dict[str, Any] = {}
     if settings.username is not None:

@@ -5,6 +5,12 @@ makes it (and the error callback) repeat the same connection error every 50 ms. 
 client streamfer builds logs to ``KAFKA_LOG`` instead, so ``log_format = "json"``
 applies to those lines too, and ``RepeatFilter`` lets one line of a kind through per
 window, saying how many like it it held back.
+
+A broker that restarts or dies is an event an operator expects in a cluster, not an
+error per refused connection: ``BrokerOutages`` turns the first connection error about a
+broker into one warning, holds back the rest (one reminder a minute while it lasts) and
+says once when the client's statistics show the broker up again. Every other error,
+about a broker or not (a refused login, a TLS handshake), stays an error.
 """
 
 from __future__ import annotations
@@ -12,11 +18,28 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
-__all__ = ["KAFKA_LOG", "RepeatFilter"]
+__all__ = ["BROKER_OUTAGES", "KAFKA_LOG", "BrokerOutages", "RepeatFilter"]
 
 _NUMBERS = re.compile(r"\d+")
+
+_BROKER = re.compile(r"(?:^|\s)(\S+?:\d+)(?:/\w+)?: ")
+"""librdkafka's name of a broker, ``host:port/id`` (``/bootstrap`` before it knows the
+id; ``GroupCoordinator: host:port`` for the coordinator's connection), where a message
+about one connection starts."""
+
+_CONNECTION_LOST = (
+    "Connection refused",
+    "Disconnected",
+    "onnection reset by peer",
+    "connection closed by peer",
+    "Connection timed out",
+    "Broken pipe",
+)
+"""What librdkafka says when a broker's process or machine is gone; a refusal by a live
+broker (authentication, TLS, a wrong protocol) says something else."""
 
 
 class RepeatFilter(logging.Filter):
@@ -47,6 +70,82 @@ class RepeatFilter(logging.Filter):
         return True
 
 
+class BrokerOutages(logging.Filter):
+    """One warning per broker outage instead of an error per connection refused.
+
+    ``filter`` sees every line of ``KAFKA_LOG``: the first connection error about a
+    broker (keyed by ``host:port``, so its bootstrap and numbered names are one) passes
+    as a WARNING saying so, later ones about it are held back, and every ``remind_s`` one
+    more passes with how long and how many. ``seen`` takes librdkafka's statistics
+    (``brokers``): a broker held as down that is ``UP`` there is logged as back, once.
+    A broker no client needs any more is not reconnected to, so no statistics say it is
+    back: an error after ``quiet_s`` without any about it starts a new outage.
+    """
+
+    def __init__(
+        self,
+        remind_s: float = 60.0,
+        quiet_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self.remind_s = remind_s
+        self.quiet_s = quiet_s
+        """Longer than librdkafka's longest reconnect backoff (10 s) while it still tries."""
+        self._clock = clock
+        self._down: dict[str, list[float]] = {}
+        """host:port -> [when it went down, when a line last passed, lines held back,
+        when the last error about it came]."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        message = record.getMessage()
+        found = _BROKER.search(message)
+        if found is None or not any(words in message for words in _CONNECTION_LOST):
+            return True
+        broker, now = found.group(1), self._clock()
+        down = self._down.get(broker)
+        if down is None or now - down[3] >= self.quiet_s:
+            self._down[broker] = [now, now, 0, now]
+            text = (
+                f"Kafka broker {broker} is unreachable ({message}); its connection errors "
+                "are held back until it is up again"
+            )
+        elif now - down[1] >= self.remind_s:
+            text = (
+                f"Kafka broker {broker} still unreachable after {now - down[0]:.0f}s "
+                f"({int(down[2])} connection errors held back): {message}"
+            )
+            down[1:] = [now, 0, now]
+        else:
+            down[2:] = [down[2] + 1, now]
+            return False
+        record.msg, record.args = text, ()
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+    def seen(self, brokers: Mapping[str, Mapping[str, Any]]) -> None:
+        """librdkafka's per-broker statistics: each held as down and ``UP`` here is back."""
+        if not self._down:
+            return
+        for name, stats in brokers.items():
+            found = _BROKER.search(f"{name}: ")
+            if found is None or stats.get("state") != "UP":
+                continue
+            down = self._down.pop(found.group(1), None)
+            if down is not None:
+                KAFKA_LOG.warning(
+                    "Kafka broker %s is up again after %.0fs (%d connection errors held back)",
+                    found.group(1),
+                    self._clock() - down[0],
+                    int(down[2]),
+                )
+
+
 KAFKA_LOG = logging.getLogger("streamfer.kafka")
 """Where every Kafka client of streamfer logs (its ``logger`` option) and reports errors."""
+BROKER_OUTAGES = BrokerOutages()
+"""The outages ``KAFKA_LOG``'s lines and the consumers' statistics report."""
+KAFKA_LOG.addFilter(BROKER_OUTAGES)
 KAFKA_LOG.addFilter(RepeatFilter())

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from worker.core import PartitionKey
+from worker.kafka.client_logs import BROKER_OUTAGES
 
 __all__ = ["LagStats"]
 
@@ -61,7 +62,9 @@ class LagStats:
         self._rate_at = (now, self._consumed)
         drain = 0.0 if total == 0 else (total / self._rate if self._rate > 0 else float("inf"))
         self._drain.set(drain)
-        return any(b.get("state") == "UP" for b in stats.get("brokers", {}).values())
+        brokers = stats.get("brokers", {})
+        BROKER_OUTAGES.seen(brokers)
+        return any(b.get("state") == "UP" for b in brokers.values())
 
     def forget(self, partitions: Collection[PartitionKey]) -> None:
         """Partitions no longer owned export no lag."""

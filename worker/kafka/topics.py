@@ -19,10 +19,16 @@ def ensure_topics(
     *,
     options: dict[str, str | int | float] | None = None,
     timeout: float = 30.0,
+    replication_factor: int = 1,
 ) -> None:
-    """Create ``(name, partitions)`` topics that do not exist yet. Raises ``StackError``."""
+    """Create ``(name, partitions)`` topics that do not exist yet, with
+    ``replication_factor`` replicas each (-1: the cluster's default). Raises
+    ``StackError``."""
     admin = AdminClient({"bootstrap.servers": bootstrap_servers, **(options or {})})
-    new = [NewTopic(name, num_partitions=n, replication_factor=1) for name, n in topics]
+    new = [
+        NewTopic(name, num_partitions=n, replication_factor=replication_factor)
+        for name, n in topics
+    ]
     create_missing(admin, new, timeout=timeout)
 
 

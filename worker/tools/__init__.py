@@ -34,6 +34,7 @@ if TYPE_CHECKING:
         parse_offset_bound,
         resolve_ranges,
     )
+    from worker.tools.redis_check import check_sentinel
     from worker.tools.registry_check import check_registry
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "check_kafka",
     "check_pipeline",
     "check_registry",
+    "check_sentinel",
     "inspect_model",
     "load_features",
     "lookup_consumer_config",
@@ -79,6 +81,7 @@ __getattr__ = lazy_names(
         "show_command": "offsets",
         "ProgressLine": "progress",
         "check_registry": "registry_check",
+        "check_sentinel": "redis_check",
         "Bounds": "ranges",
         "OffsetLookup": "ranges",
         "PartitionRange": "ranges",

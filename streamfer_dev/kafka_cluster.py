@@ -1,0 +1,173 @@
+"""Apache Kafka as production runs it: three KRaft nodes on 127.0.0.1, each a combined
+broker and controller, the three forming the controller quorum. Topics get three
+replicas and ``min.insync.replicas = 2`` (the internal ones too), share groups are on,
+and each node is a JVM of its own, stopped by its PID.
+
+A test or the fault harness can stop (SIGTERM), kill (SIGKILL) and start any node again
+on its logs and ports, and ask which node leads a partition or coordinates a group, to
+hurt the one that matters. The heaps are small (384 MB each, C1 only, as
+``start_kafka``): three nodes and the workers share two cores here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka.admin import AdminClient
+
+from streamfer_dev.stack import (
+    Service,
+    _spawn,
+    _wait_for_port,
+    format_kafka_storage,
+    free_port,
+    kafka_argv,
+    kraft_node_props,
+    new_cluster_id,
+)
+from worker.errors import StackError
+
+__all__ = ["REPLICAS", "KafkaCluster", "start_kafka_cluster"]
+
+REPLICAS = 3
+
+
+@dataclass
+class KafkaCluster:
+    """The nodes, by node id (1, 2, 3); ``address`` is every node's listener, what a
+    client's ``bootstrap.servers`` names."""
+
+    work: Path
+    nodes: dict[int, Service]
+    heap_mb: int
+    owned: bool = True
+    ports: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return ",".join(f"127.0.0.1:{self.ports[i]}" for i in sorted(self.ports))
+
+    def stop_node(self, node_id: int) -> None:
+        """SIGTERM: the node hands its leaderships over and leaves cleanly."""
+        self.nodes[node_id].stop(timeout=60)
+
+    def kill_node(self, node_id: int) -> None:
+        """SIGKILL: the node vanishes mid-request, as a crashed machine would."""
+        self.nodes[node_id].kill()
+
+    def start_node(self, node_id: int, timeout: float = 120.0) -> None:
+        """Start a stopped node again on its logs and ports; returns once it listens."""
+        if self.nodes[node_id].process.poll() is None:
+            raise StackError(f"Kafka node {node_id} is running")
+        self.nodes[node_id] = _start_node(self.work / f"node-{node_id}", node_id, self.heap_mb)
+        _wait_for_port(self.nodes[node_id], self.ports[node_id], timeout)
+
+    def leader_of_most(self, topic: str, sparing: frozenset[int] = frozenset()) -> int:
+        """The node leading the most partitions of ``topic``, among those not ``sparing``."""
+        meta = self._admin().list_topics(topic, timeout=10).topics[topic]
+        leaders = Counter(
+            p.leader for p in meta.partitions.values() if p.leader >= 0 and p.leader not in sparing
+        )
+        if not leaders:
+            raise StackError(f"no partition of {topic} has a leader")
+        return leaders.most_common(1)[0][0]
+
+    def coordinator_of(self, group: str) -> int:
+        """The node that coordinates consumer group ``group``."""
+        admin = self._admin()  # alive until the answer is in
+        future = admin.describe_consumer_groups([group], request_timeout=10)[group]
+        return int(future.result().coordinator.id)
+
+    def wait_in_sync(self, topics: list[str], timeout: float = 120.0) -> None:
+        """Until every partition of ``topics`` has all its replicas in sync (a restarted
+        node has caught up), so that the next fault starts from a whole cluster."""
+        admin = self._admin()
+        deadline = time.monotonic() + timeout
+        short: list[str] = []
+        while time.monotonic() < deadline:
+            short = []
+            with contextlib.suppress(Exception):
+                meta = admin.list_topics(timeout=5)
+                for topic in topics:
+                    for p in meta.topics[topic].partitions.values():
+                        if len(p.isrs) < len(p.replicas):
+                            short.append(f"{topic}[{p.id}] isr {p.isrs}")
+                if not short:
+                    return
+            time.sleep(0.5)
+        raise StackError(f"replicas not back in sync in {timeout:.0f}s: {short[:5]}")
+
+    def stop(self) -> None:
+        for node in self.nodes.values():
+            node.stop(timeout=30)
+        if self.owned:
+            shutil.rmtree(self.work, ignore_errors=True)
+
+    def _admin(self) -> AdminClient:
+        return AdminClient({"bootstrap.servers": self.address})
+
+
+def _start_node(work: Path, node_id: int, heap_mb: int) -> Service:
+    process = _spawn("kafka", kafka_argv(work, heap_mb), work)
+    return Service(f"kafka-{node_id}", "", process, work, work / "kafka.log")
+
+
+def start_kafka_cluster(
+    workdir: Path | None = None,
+    *,
+    heap_mb: int = 384,
+    timeout: float = 180.0,
+    consumer_session_timeout_ms: int = 10_000,
+) -> KafkaCluster:
+    """Three nodes, formatted as one cluster, started together (a quorum needs two of
+    them to elect its leader); returns once every node lists all three brokers."""
+    owned = workdir is None
+    work = Path(tempfile.mkdtemp(prefix="streamfer-kcluster-")) if workdir is None else workdir
+    ids = range(1, REPLICAS + 1)
+    ports = {i: free_port() for i in ids}
+    controllers = {i: free_port() for i in ids}
+    voters = ",".join(f"{i}@127.0.0.1:{controllers[i]}" for i in ids)
+    cluster_id = new_cluster_id()
+    cluster = KafkaCluster(work, {}, heap_mb, owned, ports)
+    try:
+        for i in ids:
+            node_dir = work / f"node-{i}"
+            node_dir.mkdir(parents=True, exist_ok=True)
+            props = kraft_node_props(
+                node_id=i,
+                port=ports[i],
+                controller_port=controllers[i],
+                voters=voters,
+                data=node_dir / "data",
+                replicas=REPLICAS,
+                consumer_session_timeout_ms=consumer_session_timeout_ms,
+            )
+            format_kafka_storage(node_dir, props, cluster_id, ("share.version=1",))
+        for i in ids:
+            cluster.nodes[i] = _start_node(work / f"node-{i}", i, heap_mb)
+        for i in ids:
+            _wait_for_port(cluster.nodes[i], ports[i], timeout)
+        _wait_for_brokers(cluster, timeout)
+        return cluster
+    except BaseException:
+        cluster.stop()
+        raise
+
+
+def _wait_for_brokers(cluster: KafkaCluster, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    seen = 0
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            seen = len(cluster._admin().list_topics(timeout=2).brokers)
+            if seen == REPLICAS:
+                return
+        time.sleep(0.3)
+    tails = "\n".join(n.log_tail(10) for n in cluster.nodes.values())
+    raise StackError(f"the cluster listed {seen} of {REPLICAS} brokers in {timeout:.0f}s:\n{tails}")
