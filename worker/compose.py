@@ -217,6 +217,8 @@ def wire_worker(
         transactional=exactly_once,
         on_done=RetiredBatches({p.name: p.metrics for p in pipelines}),
         on_rejected=metrics.commit_failures.inc,
+        clock=clock,
+        interval=config.commit_interval_ms / 1000.0,
     )
     source = Source(
         consumer,
