@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -50,6 +50,8 @@ KAFKA_CONTENDERS = (
     "batch_loop",
     "faust",
     "passthrough",
+    "relay",
+    "streamfer_latency",
 )
 
 _OWNING = re.compile(r"owning (\d+) partitions")
@@ -147,6 +149,8 @@ class Launched:
 
 def launch(name: str, job: Job) -> Launched:
     """Start the named contender on ``job``."""
+    if name == "streamfer_latency":
+        return _streamfer(name, replace(job, batch_mode="adaptive"), 1)
     if name in ("streamfer", "streamfer_2w"):
         return _streamfer(name, job, 2 if name == "streamfer_2w" else 1)
     if name == "streamfer_2p":
@@ -179,6 +183,14 @@ def launch(name: str, job: Job) -> Launched:
             *("--bootstrap", job.bootstrap, "--group", job.group),
             *("--request-topic", job.request_topic, "--result-topic", job.result_topic),
             *("--batch", str(job.max_batch_size)),
+        ]
+        return _spawn(name, job, [argv], {})
+    if name == "relay":
+        argv = [
+            "-m",
+            "benchmarks.relay",
+            *("--bootstrap", job.bootstrap, "--group", job.group),
+            *("--request-topic", job.request_topic, "--result-topic", job.result_topic),
         ]
         return _spawn(name, job, [argv], {})
     if name == "faust":

@@ -99,12 +99,16 @@ def read_results(
     deadline_s: float = 600.0,
     alive: Callable[[], bool] = lambda: True,
     on_first: Callable[[], None] | None = None,
+    arrival: bool = False,
 ) -> Reading:
     """Read until every expected id has a result, or the contender stalls or dies.
 
     ``start_timeout_s`` bounds the wait for the first result, ``idle_timeout_s`` any gap
     after it, and ``deadline_s`` the whole read. ``pids`` names the processes whose CPU
     time is sampled; ``on_first`` runs once, right after the first results arrive.
+    With ``arrival`` a latency ends when the reader receives the result (it then takes
+    each result as soon as it is fetched) rather than at the result's CreateTime, so the
+    result producer's linger and the second hop count too.
     """
     consumer = Consumer(
         {
@@ -134,14 +138,19 @@ def read_results(
             elif now - last_seen > idle_timeout_s or (now - last_seen > 2.0 and not alive()):
                 out.timed_out = True
                 break
-            batch = consumer.consume(1000, 0.1)
+            if arrival:
+                first = consumer.poll(0.1)
+                batch = [first, *consumer.consume(999, 0)] if first is not None else []
+            else:
+                batch = consumer.consume(1000, 0.1)
             if not batch:
                 continue
             last_seen = time.monotonic()
+            received_ms = time.time() * 1000.0 if arrival else None
             for msg in batch:
                 if msg.error() is not None:
                     continue
-                _count(out, msg, pending)
+                _count(out, msg, pending, received_ms)
             if out.cpu_first is None and out.results:
                 out.cpu_first = cpu_seconds(pids())
                 out.results_at_first = sum(out.results.values())
@@ -154,19 +163,20 @@ def read_results(
     return out
 
 
-def _count(out: Reading, msg: Any, pending: set[str]) -> None:
+def _count(out: Reading, msg: Any, pending: set[str], received_ms: float | None = None) -> None:
     doc = orjson.loads(msg.value())
     rid = doc["id"]
     request_ts = doc.get("request_ts_ms")
     if request_ts is None:
         request_ts = next((int(v) for k, v in msg.headers() or () if k == "request_ts_ms"), None)
     ts = msg.timestamp()[1]
+    end = ts if received_ms is None else received_ms
     out.results[rid] += 1
     if doc.get("cached") is True:
         out.cached += 1
     pending.discard(rid)
     if request_ts is not None:
-        out.latencies_ms.append(ts - request_ts)
+        out.latencies_ms.append(end - request_ts)
         out.request_ts_ms.append(request_ts)
         if out.first_request_ms is None or request_ts < out.first_request_ms:
             out.first_request_ms = request_ts

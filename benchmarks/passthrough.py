@@ -11,15 +11,15 @@ assignment and stops, flushing, on SIGTERM or SIGINT.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 
 from confluent_kafka import Producer
 
 from benchmarks.hand_written import (
-    produce_retrying,
+    forward,
     producer_settings,
+    relay_parser,
     stop_on_signals,
     subscribed_consumer,
 )
@@ -28,11 +28,7 @@ __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.passthrough")
-    parser.add_argument("--bootstrap", required=True)
-    parser.add_argument("--request-topic", required=True)
-    parser.add_argument("--result-topic", required=True)
-    parser.add_argument("--group", required=True)
+    parser = relay_parser("python -m benchmarks.passthrough")
     parser.add_argument("--batch", type=int, default=256)
     args = parser.parse_args(argv)
     stop = stop_on_signals()
@@ -48,8 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for msg in batch:
                 if msg.error() is not None:
                     continue
-                ts = b"%d" % msg.timestamp()[1]
-                produce_retrying(producer, topic, msg.value(), msg.key(), [("request_ts_ms", ts)])
+                forward(producer, topic, msg)
             producer.poll(0)
             consumer.commit(asynchronous=True)
     finally:

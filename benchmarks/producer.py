@@ -75,6 +75,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--distinct", type=int, default=1000, help="inputs the repeats use")
     parser.add_argument("--feature", default="f0", help="the feature sent inline")
+    parser.add_argument(
+        "--linger-ms",
+        type=float,
+        default=None,
+        help="the request producer's linger.ms (default: the harness's 5); it counts in "
+        "every request's latency, which starts at produce time",
+    )
     args = parser.parse_args(argv)
     produce_requests(
         args.bootstrap,
@@ -89,6 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             feature=args.feature,
         ),
         rate=args.rate,
+        producer_options=None if args.linger_ms is None else {"linger.ms": args.linger_ms},
     )
     return 0
 

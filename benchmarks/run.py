@@ -37,18 +37,27 @@ import redis
 
 from benchmarks.ceilings import BATCH_SIZES, ort_alone, redis_alone
 from benchmarks.contenders import KAFKA_CONTENDERS, ROOT, Job, Launched, Layout, launch
-from benchmarks.measure import peak_rss_mb, read_results, summarize
+from benchmarks.measure import Reading, peak_rss_mb, read_results, summarize
 from benchmarks.models import MODEL_NAMES, ModelKind, make_model
 from benchmarks.producer import request_ids
 from benchmarks.pyspy import Profiler, top_frames
 from benchmarks.report import format_table, latency_targets, ratios
-from streamfer_dev.modelgen import seed_entities
+from streamfer_dev.modelgen import DemoModel, seed_entities
 from streamfer_dev.stack import KAFKA_VERSION, local_kafka, local_redis
 from streamfer_dev.triton import start_triton
 from worker.config import FeatureSpec
 from worker.kafka.topics import ensure_topics
 
-__all__ = ["ALL_CONTENDERS", "Options", "main", "run_benchmark"]
+__all__ = [
+    "ALL_CONTENDERS",
+    "Measured",
+    "Options",
+    "Stack",
+    "job_on",
+    "main",
+    "measure_contender",
+    "run_benchmark",
+]
 
 ALL_CONTENDERS = (*KAFKA_CONTENDERS, "ort_alone", "redis_alone")
 DEFAULT_CONTENDERS = tuple(
@@ -61,15 +70,18 @@ DEFAULT_CONTENDERS = tuple(
         "streamfer_triton",
         "streamfer_share",
         "streamfer_share_2w",
+        "relay",
+        "streamfer_latency",
     )
 )
 """What runs without ``--contenders``: every contender but the cached worker, which only
 says something about a stream that repeats itself (``--repeat-share``), and the share
 groups' (``streamfer_share``, ``streamfer_share_2w``), which say something where a group
 has fewer partitions than workers (``--partitions 1``), the earlier commit's, which
-``--baseline-ref`` adds, and the worker whose model runs on a Triton server
-(``streamfer_triton``: the server, from ``streamfer_dev.triton``, serves the same model
-file on the same machine; the worker's CPU is its own, the server's is not counted)."""
+``--baseline-ref`` adds, the latency curve's own (``benchmarks.latency``), and the
+worker whose model runs on a Triton server (``streamfer_triton``: the server, from
+``streamfer_dev.triton``, serves the same model file on the same machine; the worker's CPU
+is its own, the server's is not counted)."""
 SLOW_CONTENDERS = ("naive", "faust")
 ORT_CEILING_BUDGET_S = 2.0
 """How long ONNX Runtime alone is timed at the contenders' batch size."""
@@ -105,6 +117,10 @@ class Options:
     repeat_share: float | None = None
     """Share of requests that repeat one of ``distinct`` inputs (None: entities only)."""
     distinct: int = 1000
+    arrival: bool = False
+    """Latency ends at the reader's receipt of a result, not at its CreateTime."""
+    request_linger_ms: float | None = None
+    """The request producer's ``linger.ms`` (None: the harness's 5 ms)."""
     baseline_ref: str | None = None
     """A commit whose worker runs as ``streamfer_baseline`` beside today's (git archive of
     it into the run's folder): what a change cost, measured in the same run."""
@@ -177,27 +193,11 @@ def run_benchmark(
             }
 
         def job_for(name: str, tag: str) -> Job:
-            return Job(
-                bootstrap=bootstrap,
-                redis_url=redis_url,
-                request_topic=f"bench-{run_id}-{tag}-requests",
-                result_topic=f"bench-{run_id}-{tag}-results",
-                dead_letter_topic=f"bench-{run_id}-{tag}-dead-letters",
-                group=f"bench-{run_id}-{tag}",
-                model_path=model.path,
-                model_name=MODEL_NAMES[opts.model],
-                fields=model.fields,
-                workdir=work,
-                max_batch_size=opts.max_batch_size,
-                max_wait_ms=opts.max_wait_ms,
-                consumer_options=dict(opts.consumer_options),
-                layout=opts.layout,
-                batch_mode=opts.batch_mode,
-                max_in_flight=opts.max_in_flight,
-                source_headers=opts.source_headers,
-                baseline_root=baseline_root,
-                triton_url=triton_url if name == "streamfer_triton" else None,
-            )
+            where = Stack(bootstrap, redis_url, work, model, f"bench-{run_id}")
+            job = job_on(where, tag, opts, baseline_root)
+            if name == "streamfer_triton":
+                job = replace(job, triton_url=triton_url)
+            return job
 
         if needs_kafka and opts.broker_warmup > 0:
             # A fresh broker spends its first seconds of traffic loading and compiling
@@ -314,9 +314,88 @@ def _ceiling(stats: dict[str, float]) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class Stack:
+    """Where a run's contenders work: the broker, Redis, the run's folder and model, and
+    the prefix of its topic and group names."""
+
+    bootstrap: str
+    redis_url: str
+    workdir: Path
+    model: DemoModel
+    prefix: str
+
+
+def job_on(stack: Stack, tag: str, opts: Options, baseline_root: Path | None = None) -> Job:
+    """A contender's job on fresh topics and a fresh group named by ``tag``."""
+    name = f"{stack.prefix}-{tag}"
+    return Job(
+        bootstrap=stack.bootstrap,
+        redis_url=stack.redis_url,
+        request_topic=f"{name}-requests",
+        result_topic=f"{name}-results",
+        dead_letter_topic=f"{name}-dead-letters",
+        group=name,
+        model_path=stack.model.path,
+        model_name=MODEL_NAMES[opts.model],
+        fields=stack.model.fields,
+        workdir=stack.workdir,
+        max_batch_size=opts.max_batch_size,
+        max_wait_ms=opts.max_wait_ms,
+        consumer_options=dict(opts.consumer_options),
+        layout=opts.layout,
+        batch_mode=opts.batch_mode,
+        max_in_flight=opts.max_in_flight,
+        source_headers=opts.source_headers,
+        baseline_root=baseline_root,
+    )
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One contender's run: what the reader saw, its peak RSS, its processes (stopped;
+    their logs stay in the run's folder) and py-spy's top frames."""
+
+    reading: Reading
+    rss_mb: float | None
+    launched: Launched
+    profile: dict[str, Any]
+
+
 def _run_kafka_contender(
     name: str, job: Job, n: int, n_entities: int, opts: Options, run_id: str
 ) -> tuple[dict[str, Any], dict[str, Any]]:
+    done = measure_contender(name, job, n, n_entities, opts, run_id)
+    reading, launched = done.reading, done.launched
+    row = summarize(
+        reading, backlog=opts.mode == "backlog", rss_mb=done.rss_mb, warmup_s=_warmup_s(opts)
+    )
+    if name in ("streamfer_2w", "streamfer_share_2w"):
+        row["workers"] = 2
+    if name.startswith("streamfer_share"):
+        row["share_group"] = True
+    if name == "streamfer_2p":
+        row["processes"] = 2
+    if reading.cached:
+        row["cached"] = reading.cached
+    if reading.timed_out:
+        row["error"] = "stalled or exited before every result arrived"
+        row["log_tail"] = launched.log_tail()
+    return row, done.profile
+
+
+def measure_contender(
+    name: str,
+    job: Job,
+    n: int,
+    n_entities: int,
+    opts: Options,
+    run_id: str,
+    on_launch: Callable[[Launched], None] = lambda _l: None,
+) -> Measured:
+    """Run one contender on fresh topics: backlog (all ``n`` requests first) or steady
+    (``opts.rate`` requests/s once it owns every partition); ``on_launch`` sees its
+    processes as soon as they start (to pin them to a CPU, say)."""
     ensure_topics(
         job.bootstrap,
         [
@@ -334,6 +413,8 @@ def _run_kafka_contender(
         *("--records", str(n), "--rate", "0" if backlog else str(opts.rate)),
         *("--entity-prefix", f"{run_id}-", "--entities", str(n_entities)),
     ]
+    if opts.request_linger_ms is not None:
+        producer_argv += ["--linger-ms", str(opts.request_linger_ms)]
     if opts.repeat_share is not None:
         producer_argv += [
             "--repeat-share",
@@ -350,9 +431,12 @@ def _run_kafka_contender(
         if backlog:
             subprocess.run(producer_argv, cwd=ROOT, env=env, check=True, timeout=300)
             launched = launch(name, job)
+            on_launch(launched)
         else:
             launched = launch(name, job)
+            on_launch(launched)
             launched.wait_ready(opts.partitions, timeout=120)
+            on_launch(launched)  # and the threads it started meanwhile
             producer = subprocess.Popen(producer_argv, cwd=ROOT, env=env)
         procs = launched
 
@@ -367,6 +451,7 @@ def _run_kafka_contender(
             pids=procs.pids,
             alive=procs.alive,
             on_first=on_first,
+            arrival=opts.arrival,
         )
         rss = peak_rss_mb(procs.pids())
     finally:
@@ -375,20 +460,8 @@ def _run_kafka_contender(
             launched.stop()
         if producer is not None:
             _reap(producer)
-    row = summarize(reading, backlog=backlog, rss_mb=rss, warmup_s=_warmup_s(opts))
-    if name in ("streamfer_2w", "streamfer_share_2w"):
-        row["workers"] = 2
-    if name.startswith("streamfer_share"):
-        row["share_group"] = True
-    if name == "streamfer_2p":
-        row["processes"] = 2
-    if reading.cached:
-        row["cached"] = reading.cached
-    if reading.timed_out:
-        row["error"] = "stalled or exited before every result arrived"
-        row["log_tail"] = launched.log_tail()
     profile = {path.stem: top_frames(path) for path in spied}
-    return row, profile
+    return Measured(reading, rss, launched, profile)
 
 
 def _warmup_s(opts: Options) -> float:

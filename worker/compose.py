@@ -35,6 +35,8 @@ from worker.delivery import (
 from worker.features import RedisLookups
 from worker.inference import ModelSlot, ServingEngine
 from worker.kafka import (
+    LINGER_MS,
+    LOW_LATENCY_LINGER_MS,
     CallWatch,
     ChildGroupReader,
     GroupCoverage,
@@ -73,7 +75,7 @@ from worker.ops import HealthState, Metrics
 from worker.pipeline import BatchHooks, Canary, FeedPlan, Pipeline, ShadowRunner, result_encoder
 from worker.registry import framed_decoders, needs_registry, open_registry
 
-__all__ = ["build_worker", "wire_share_worker", "wire_worker"]
+__all__ = ["build_worker", "producer_linger_ms", "wire_share_worker", "wire_worker"]
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +157,7 @@ def build_worker(
             )
         sink = Sink(transactional_producer(config.kafka, limits, calls=calls), limits)
     else:
-        sink = Sink.from_settings(config.kafka, limits)
+        sink = Sink.from_settings(config.kafka, limits, linger_ms=producer_linger_ms(config))
     sink.warm_up(outputs)
     if config.kafka.share_group:
         return _share_worker(config, sink, pipelines, metrics, health, abort, background)
@@ -218,6 +220,8 @@ def wire_worker(
         transactional=exactly_once,
         on_done=RetiredBatches({p.name: p.metrics for p in pipelines}),
         on_rejected=metrics.commit_failures.inc,
+        clock=clock,
+        interval=config.commit_interval_ms / 1000.0,
     )
     source = Source(
         consumer,
@@ -370,6 +374,13 @@ def wire_share_worker(
         )
     metrics.ready.set_function(lambda: 0.0 if health.not_ready_reasons() else 1.0)
     return worker
+
+
+def producer_linger_ms(config: WorkerConfig) -> int:
+    """The producer's ``linger.ms`` unless the config sets one: none where a pipeline
+    batches adaptively (the latency setting), else a few milliseconds for throughput."""
+    adaptive = any(p.batch.mode == "adaptive" for p in config.pipelines)
+    return LOW_LATENCY_LINGER_MS if adaptive else LINGER_MS
 
 
 def _flush_all(batchers: Mapping[str, Batcher[Message]]) -> None:

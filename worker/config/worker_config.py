@@ -117,9 +117,21 @@ class WorkerConfig(Frozen):
         ge=1,
         le=1024,
         description=(
-            "Records produced but not yet committed stay under this many full "
-            "batches' worth (x max_batch_size); beyond it the loop waits, then "
-            "pauses its partitions."
+            "Records consumed and not yet delivered (or whose commit the broker refused "
+            "or left unanswered) stay under this many full batches' worth "
+            "(x max_batch_size); beyond it the loop waits, then pauses its partitions."
+        ),
+    )
+    commit_interval_ms: float = Field(
+        default=100.0,
+        ge=0,
+        le=60_000,
+        description=(
+            "At-least-once: the least time between two asynchronous offset commits. "
+            "Delivered batches are retired at once and their offsets merged into the next "
+            "commit, so commits per second stay under 1000 / commit_interval_ms whatever "
+            "the batch rate; a crash repeats at most this long's delivered records more. "
+            "0 commits after every loop turn that delivered something."
         ),
     )
     bulk_in_flight_share: float = Field(

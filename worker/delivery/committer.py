@@ -16,13 +16,22 @@ a record stays counted only while a retry or an unanswered commit can release it
 delivery stops commits for good: the caller must stop the worker so the uncommitted
 records are consumed again.
 
-``records`` counts what a crash would make another worker consume again, which the
-worker bounds: the records of uncommitted batches, those of commits the broker rejected
-until a later commit of their partitions succeeds, and those of commits left unanswered
-for ``STALLED_COMMIT_S``. While the group rebalances, which lasts up to a session timeout
-when a member died, librdkafka holds commits back unanswered, or the broker rejects
-them; counting them stops a worker from going on for the whole rebalance with nothing
-committed.
+Commits are coalesced: delivered batches are retired at once, but their offsets go to
+the broker at most once every ``interval`` seconds (merged, the highest offset per
+partition), so the number of commits follows the clock, never the batch rate. One commit
+per tiny batch (adaptive batching at a light load makes every record its own batch)
+sent hundreds of commits a second; their answers fell behind, each unanswered commit
+counted as in flight once stalled, and the worker paused every partition for seconds at
+a tenth of its capacity. A synchronous commit (revoke, stop) sends whatever is pending.
+
+``records`` counts what is really unfinished, which the worker bounds: the records of
+batches not yet delivered, those of commits the broker rejected until a later commit of
+their partitions succeeds, and those of commits left unanswered for
+``STALLED_COMMIT_S``. Records delivered and waiting for the next commit do not count:
+the interval bounds how long they wait, and no record waits on a commit to be served.
+While the group rebalances, which lasts up to a session timeout when a member died,
+librdkafka holds commits back unanswered, or the broker rejects them; counting them
+stops a worker from going on for the whole rebalance with nothing committed.
 """
 
 from __future__ import annotations
@@ -121,11 +130,13 @@ class Committer:
         on_done: Callable[[DeliveryTracker], None] | None = None,
         on_rejected: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        interval: float = 0.0,
     ) -> None:
         """``answers`` is where ``consumer`` puts the broker's answers to asynchronous
         commits. With ``transactional`` the offsets went into each batch's transaction,
         so done batches are only retired here; ``on_done`` sees every retired batch, and
-        ``on_rejected`` every asynchronous commit the broker rejected in part."""
+        ``on_rejected`` every asynchronous commit the broker rejected in part. ``interval``
+        (seconds, by ``clock``) is the least time between two asynchronous commits."""
         self._consumer = consumer
         self._answers = answers if answers is not None else CommitAnswers()
         self._on_rejected = on_rejected
@@ -142,6 +153,13 @@ class Committer:
         self._rejected: list[_Unsettled] = []
         self._confirmed: dict[PartitionKey, int] = {}
         self._records = 0
+        self._interval = interval
+        self._sent_at = -float("inf")
+        self._pending: dict[PartitionKey, int] = {}
+        """Offsets of retired batches not sent yet (the next coalesced commit)."""
+        self._pending_counts: dict[PartitionKey, int] = {}
+        self.commits_sent = 0
+        """Commits sent to the broker (asynchronous and synchronous)."""
 
     def __len__(self) -> int:
         return self._jobs
@@ -174,8 +192,9 @@ class Committer:
         return self._pipeline_records.get(pipeline, 0)
 
     def commit_ready(self, *, asynchronous: bool = True) -> int:
-        """Commit every pipeline's leading batches whose deliveries succeeded. Raises
-        SinkError."""
+        """Retire every pipeline's leading batches whose deliveries succeeded and commit
+        their offsets: synchronously at once, asynchronously once ``interval`` has passed
+        since the last commit. Returns the batches retired. Raises SinkError."""
         self._settle_answers()
         merged: dict[PartitionKey, int] = {}
         released: dict[PartitionKey, int] = {}
@@ -202,21 +221,40 @@ class Committer:
                 self._records -= retired
                 self._pipeline_records[pipeline] -= retired
         self._jobs -= done
+        if self._transactional:  # the offsets went into the batches' transactions
+            return done
+        self._hold(merged, released)
         if failed is not None:
-            if merged:  # what was delivered before the failure is still committed
-                self._commit(merged, asynchronous=False)
+            self._send_pending(asynchronous=False)  # what was delivered is still committed
             raise SinkError(
                 f"{len(failed.tracker.errors)} deliveries of a batch failed, not committing: "
                 + "; ".join(failed.tracker.errors)
             )
         if self._retry:
-            for tp, offset in self._retry.items():
-                if offset > merged.get(tp, -1):
-                    merged[tp] = offset
+            self._hold(self._retry, {})
             self._retry.clear()
-        if merged and not self._transactional:
-            self._commit(merged, asynchronous, released)
+        if not asynchronous or self._clock() - self._sent_at >= self._interval:
+            self._send_pending(asynchronous)
         return done
+
+    def _hold(
+        self, offsets: Mapping[PartitionKey, int], counts: Mapping[PartitionKey, int]
+    ) -> None:
+        """Add offsets (and the records they release) to the next commit."""
+        pending, pending_counts = self._pending, self._pending_counts
+        for tp, offset in offsets.items():
+            if offset > pending.get(tp, -1):
+                pending[tp] = offset
+        for tp, count in counts.items():
+            pending_counts[tp] = pending_counts.get(tp, 0) + count
+
+    def _send_pending(self, asynchronous: bool) -> None:
+        if not self._pending:
+            return
+        offsets, counts = self._pending, self._pending_counts
+        self._pending, self._pending_counts = {}, {}
+        self._sent_at = self._clock()
+        self._commit(offsets, asynchronous, counts)
 
     def commit_unconfirmed(self) -> int:
         """Commit synchronously what is ready and every offset the broker has not confirmed
@@ -233,8 +271,10 @@ class Committer:
         """Whether the broker confirmed every offset this worker committed."""
         self._settle_answers()
         confirmed = self._confirmed
-        return not self._retry and all(
-            offset <= confirmed.get(key, -1) for key, offset in self._committed.items()
+        return (
+            not self._retry
+            and not self._pending
+            and all(offset <= confirmed.get(key, -1) for key, offset in self._committed.items())
         )
 
     def clear(self) -> int:
@@ -248,6 +288,8 @@ class Committer:
         self._awaiting.clear()
         self._rejected.clear()
         self._confirmed.clear()
+        self._pending.clear()
+        self._pending_counts.clear()
         self._records = 0
         return dropped
 
@@ -360,6 +402,7 @@ class Committer:
         sending = _offsets(forward)
         counts = counts or {}
         entry = _Unsettled(sending, {k: counts[k] for k in sending if counts.get(k)}, self._clock())
+        self.commits_sent += 1
         try:
             self._consumer.store_offsets(offsets=forward)
             answer = (
@@ -394,6 +437,8 @@ class Committer:
                 del pending.offsets[tp]
                 pending.counts.pop(tp, None)  # still running: counted until it is done
         for tp in keys:
+            self._pending.pop(tp, None)
+            self._pending_counts.pop(tp, None)
             self._committed.pop(tp, None)
             self._retry.pop(tp, None)
             self._confirmed.pop(tp, None)

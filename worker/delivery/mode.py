@@ -158,10 +158,11 @@ class Delivery(Protocol):
 
 
 def commit_delivered(stages: Stages, *, asynchronous: bool, count: bool) -> None:
-    """``Committer.commit_ready`` with its metrics; ``count`` commits as consumer commits
-    (a transaction counts its own)."""
+    """``Committer.commit_ready`` with its metrics; ``count`` counts the commits sent to
+    the broker as consumer commits (a transaction counts its own)."""
     committer, metrics = stages.committer, stages.metrics
     started = time.perf_counter()
+    before = committer.commits_sent
     try:
         if asynchronous:
             done = committer.commit_ready(asynchronous=True)
@@ -174,11 +175,12 @@ def commit_delivered(stages: Stages, *, asynchronous: bool, count: bool) -> None
         raise
     if done:
         metrics.in_flight_batches.set(len(committer))
-        if count:
-            metrics.commits.inc()
-            elapsed = time.perf_counter() - started
-            for p in stages.pipelines.values():
-                p.metrics.commit_seconds.observe(elapsed)
+    sent = committer.commits_sent - before
+    if sent and count:
+        metrics.commits.inc(sent)
+        elapsed = time.perf_counter() - started
+        for p in stages.pipelines.values():
+            p.metrics.commit_seconds.observe(elapsed)
 
 
 class AtLeastOnce:

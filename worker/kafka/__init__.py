@@ -37,7 +37,7 @@ from worker.kafka.share_group import (
     prepare_share_group,
 )
 from worker.kafka.share_source import ShareSource, share_consumer_config
-from worker.kafka.sink import Headers, Sink, producer_config
+from worker.kafka.sink import LINGER_MS, LOW_LATENCY_LINGER_MS, Headers, Sink, producer_config
 from worker.kafka.source import (
     Source,
     consumer_config,
@@ -60,6 +60,8 @@ __all__ = [
     "COORDINATOR_WAIT_S",
     "DEFAULT_MESSAGE_MAX_BYTES",
     "KAFKA_LOG",
+    "LINGER_MS",
+    "LOW_LATENCY_LINGER_MS",
     "MAX_RESULT_HEADERS_BYTES",
     "NEEDS_A_KEY",
     "RECORD_OVERHEAD",

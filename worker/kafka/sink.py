@@ -24,21 +24,34 @@ from worker.core import RESENDS_PER_RECORD, DeliveryTracker
 from worker.kafka.client_logs import KAFKA_LOG
 from worker.kafka.limits import NEEDS_A_KEY, RecordLimits, cap_batch_size
 
-__all__ = ["Headers", "Sink", "producer_config"]
+__all__ = ["LINGER_MS", "LOW_LATENCY_LINGER_MS", "Headers", "Sink", "producer_config"]
 
 log = logging.getLogger(__name__)
 
 Headers = list[tuple[str, str | bytes | None]]
 
 
-def producer_config(settings: KafkaSettings, limits: RecordLimits | None = None) -> dict[str, Any]:
-    """Idempotent, acks=all; user options may add security settings and tuning. With
-    ``limits``, batches stay under the smallest topic limit."""
+LINGER_MS = 5
+"""The producer's default ``linger.ms``: results of consecutive batches share produce
+requests, for throughput."""
+LOW_LATENCY_LINGER_MS = 0
+"""The default for a worker with an adaptive pipeline: its batch is handed over the
+moment the model is idle, so waiting again before producing its results gains nothing
+that is worth their latency (records queued while a request is in flight still travel
+together)."""
+
+
+def producer_config(
+    settings: KafkaSettings, limits: RecordLimits | None = None, *, linger_ms: int = LINGER_MS
+) -> dict[str, Any]:
+    """Idempotent, acks=all, ``linger_ms``; user options may add security settings and
+    tuning (a ``linger.ms`` of theirs wins). With ``limits``, batches stay under the
+    smallest topic limit."""
     conf: dict[str, Any] = {
         "bootstrap.servers": settings.bootstrap_servers,
         "enable.idempotence": True,
         "acks": "all",
-        "linger.ms": 5,
+        "linger.ms": linger_ms,
         "compression.type": "lz4",
         "error_cb": _log_error,
         "logger": KAFKA_LOG,
@@ -66,8 +79,14 @@ class Sink:
         self._poll = producer.poll
 
     @classmethod
-    def from_settings(cls, settings: KafkaSettings, limits: RecordLimits | None = None) -> Sink:
-        return cls(Producer(producer_config(settings, limits)), limits)
+    def from_settings(
+        cls,
+        settings: KafkaSettings,
+        limits: RecordLimits | None = None,
+        *,
+        linger_ms: int = LINGER_MS,
+    ) -> Sink:
+        return cls(Producer(producer_config(settings, limits, linger_ms=linger_ms)), limits)
 
     def send(
         self,

@@ -5,13 +5,13 @@ builds them around the real clients, or around fakes in tests.
 
 Four threads. The loop thread owns the consumer: it consumes, routes records to each
 pipeline's batcher, hands closed batches to the processing threads, serves delivery
-reports, commits the delivered prefix of batches, and holds back (waiting, then pausing
-its partitions) while ``max_in_flight_batches`` full batches' worth of records are
-uncommitted (it keeps calling ``consume``, so slow models or an unreachable Redis never
-make it miss ``max.poll.interval.ms``). The
-processing threads (``worker.loop.threads``) decode and enrich one batch while the model runs
-on the one before and the one before that is produced, each stage one batch at a time in
-order.
+reports, commits the delivered prefix of batches (coalesced, at most once every
+``commit_interval_ms``), and holds back (waiting, then pausing its partitions) while
+``max_in_flight_batches`` full batches' worth of records are unfinished (it keeps
+calling ``consume``, so slow models or an unreachable Redis never make it miss
+``max.poll.interval.ms``). The processing threads (``worker.loop.threads``) decode and
+enrich one batch while the model runs on the one before and the one before that is
+produced, each stage one batch at a time in order.
 
 Pipelines of different ``priority`` share those threads by lane (``worker.loop.lanes``): each
 stage takes the next batch of the highest priority waiting. A pipeline with a share of
@@ -264,7 +264,9 @@ class Worker:
         )
 
     def _apply_backpressure(self) -> None:
-        """Bound the records in flight to ``max_in_flight_batches`` full batches' worth.
+        """Bound the records in flight to ``max_in_flight_batches`` full batches' worth:
+        the committer's ``records``, what is really unfinished (not yet delivered, or a
+        commit refused or stalled), never delivered records waiting for the next commit.
 
         Counting records rather than batches lets many small batches (light load, short
         windows) wait for their acknowledgements without stalling the loop, while a crash
