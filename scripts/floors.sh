@@ -24,6 +24,6 @@ echo "streamfer floors: $(tr '\n' ' ' < .venv-floors/floors.txt)"
 printf 'onnx<1.17\nskl2onnx<1.18\nscikit-learn<1.6\nprotobuf<5\nscipy<1.15\n' >> .venv-floors/floors.txt
 # The demo extra builds the tests' models; its packages may be any version that fits.
 .venv-floors/bin/python -m pip install -q -c .venv-floors/floors.txt -e '.[demo,registry]' \
-    pytest pytest-timeout hypothesis jsonschema pyarrow
+    pytest pytest-timeout hypothesis jsonschema pyarrow matplotlib
 .venv-floors/bin/python -m pip check
 exec .venv-floors/bin/python -m pytest -q tests/unit "$@"
