@@ -15,7 +15,7 @@ stage that refuses it returns why, and it becomes a dead letter.
     ├── SinkError              a result or dead letter was not acknowledged
     ├── CommitError            an offset commit failed
     ├── CallStalled            a Kafka client call outlived its own timeout; that client is
-    │                          beyond use, so the worker stops without closing it
+    │                          beyond use, so the worker starts again in place
     └── StackError             a local service (Kafka, Redis, Tansu) did not start
 
 Only ``FeatureStoreError`` and ``SchemaRegistryError`` are worth retrying in place (the
@@ -96,8 +96,8 @@ class CommitError(StreamferError):
 class CallStalled(StreamferError):
     """A blocking librdkafka call (a transactional one) did not return within its own
     timeout plus a margin. It cannot be cancelled, so its client is beyond use: the worker
-    stops at once, without closing its clients, and whoever restarts it (the supervisor,
-    Kubernetes) starts clean; a new transactional producer fences the stuck one."""
+    stops at once, without closing its clients, and ``streamfer run`` starts itself again
+    in place (``worker.ops.recovery``); its new transactional producer fences the stuck one."""
 
 
 class StackError(StreamferError):

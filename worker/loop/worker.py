@@ -34,7 +34,7 @@ Kubernetes starts a new worker, and the partitions' next owners begin at their c
 offsets (a new producer with the same transactional id, under static membership, fences
 the old one). A transactional call that outlives its timeout (``CallStalled``) stops it
 too, but the clients are left unclosed, since closing them would wait on the same stuck
-broker, and the process exits at once.
+broker, and ``streamfer run`` starts itself again in place (``worker.ops.recovery``).
 """
 
 from __future__ import annotations
@@ -351,7 +351,7 @@ class Worker:
             if not part.stop(5.0):
                 log.warning("%s did not finish", type(part).__name__)
         if self._wedged:
-            log.error("leaving the Kafka clients unclosed: a call of theirs is stuck")
+            log.info("leaving the Kafka clients unclosed: a call of theirs is stuck")
             return
         try:
             self._source.close()
