@@ -16,8 +16,11 @@ times on one stack and exits non-zero if any run was incomplete. Tests import
 The ``net-<fault>-<mode>`` scenarios (``--scenario net`` runs them all) put toxiproxy
 between the workers and Kafka and Redis, inject one network fault of
 ``benchmarks.netfaults`` mid-stream, and also report how many seconds after the fault
-every partition was served again, against the bound stated there. Their fleet restarts a
-worker that exits, as the ``--processes`` supervisor or Kubernetes would.
+every partition was served again, against the bound stated there. Their workers run as
+a plain ``streamfer run`` that nothing restarts: a worker that exits fails the run, and
+the report counts the times a worker started itself again in place
+(``worker.ops.recovery``). ``--harness-restarts`` restarts a worker that exits instead,
+as the ``--processes`` supervisor or Kubernetes would.
 """
 
 from __future__ import annotations
@@ -84,6 +87,8 @@ class Env:
     group_protocol: str = "classic"
     """The workers' ``[kafka] group_protocol``: ``consumer`` is KIP-848's, with the
     broker's session timeout set to the same ``SESSION_TIMEOUT_MS``."""
+    harness_restarts: bool = False
+    """Network-fault scenarios: restart a worker that exits (else its exit fails the run)."""
 
     @classmethod
     @contextlib.contextmanager
@@ -202,6 +207,12 @@ class Fleet:
 
         self._supervisor = threading.Thread(target=watch, daemon=True)
         self._supervisor.start()
+
+    def ended(self) -> list[int]:
+        """Exit codes of the workers that ended by themselves: those restarted
+        (``supervise``) and those still down."""
+        down = [w.process.returncode for w in self.workers if w.process and not w.alive()]
+        return [*self.exits, *down]
 
     def busy(self, rng: random.Random) -> int:
         """The index of a worker that owns partitions (one still starting would be no test)."""
@@ -453,6 +464,7 @@ class Run:
         max_poll_interval_ms: int = 300_000,
         extra_top: str = "",
         max_record_bytes: int = 65536,
+        kafka_extra: str = "",
     ) -> Fleet:
         top = 'delivery = "exactly-once"\n' if self.exactly_once else ""
         config = self.dir / "worker.toml"
@@ -470,7 +482,7 @@ class Run:
                 max_wait_ms=10,
                 session_timeout_ms=SESSION_TIMEOUT_MS,
                 top=top + "shutdown_timeout_s = 60\n" + extra_top,
-                kafka_extra=f"max_poll_interval_ms = {max_poll_interval_ms}",
+                kafka_extra=f"max_poll_interval_ms = {max_poll_interval_ms}\n{kafka_extra}",
                 max_record_bytes=max_record_bytes,
                 group_protocol=self.env.group_protocol,
             )
@@ -821,6 +833,8 @@ NET_RATE = 100.0
 NET_LEAD_S = 8.0
 """Requests flow this long before the fault, so both workers are serving when it hits."""
 NET_FAULTS = netfaults.net_faults(SESSION_TIMEOUT_MS / 1000)
+RECOVERED_LOGGED = "recovering by itself ("
+"""The one line a worker logs as it starts itself again in place."""
 
 
 @contextlib.contextmanager
@@ -855,17 +869,29 @@ def net_scenario(
     static: bool | None = None,
 ) -> dict[str, Any]:
     """Network faults (of ``NET_FAULTS``, say) one after another between 2 workers and
-    Kafka or Redis, mid-stream; the fleet restarts a worker that exits. Reports, per
-    fault, the seconds from its end until every partition was served again, and the
+    Kafka or Redis, mid-stream. Nothing restarts a worker that exits (that fails the run)
+    unless ``env.harness_restarts``. Reports, per fault, the seconds from its end until
+    every partition was served again, the workers' recoveries in place, and the
     expectations the run missed. ``static``: as ``Run.static`` (a restarted worker takes
     its slot's group.instance.id by default in exactly-once mode, as a StatefulSet pod)."""
     if env.proxy is None:
         raise StackError("the network-fault scenarios need an Env started with net=True")
     run = Run(env, name, records, exactly_once=exactly_once, static=static)
+    # A call may wedge after the fault healed too (see ``netfaults.recovery_bound_s``):
+    # partitions may sit still for as long as the bound allows before it is a stall.
+    session_s = SESSION_TIMEOUT_MS / 1000
+    run.stall_s = max(
+        STALL_S,
+        *(
+            netfaults.recovery_bound_s(f, exactly_once=exactly_once, session_timeout_s=session_s)
+            for f in faults
+        ),
+    )
     fleet = run.fleet()
     requests, good, _ = run.requests()
     run.start_workers(fleet, 2)
-    fleet.supervise()
+    if env.harness_restarts:
+        fleet.supervise()
     stream = run.stream(requests, rate=NET_RATE)
     time.sleep(NET_LEAD_S)
     recoveries = []
@@ -883,6 +909,7 @@ def net_scenario(
             took = netfaults.wait_recovered(offsets, bound + 30)
             recoveries.append({"fault": fault.name, "recovery_s": took, "bound_s": bound})
     stream.join()
+    exits = fleet.ended()  # before the report stops them all
     report = run.report(fleet, good, set())
     took_s = [r["recovery_s"] for r in recoveries]
     logs = fleet.logs_text()
@@ -890,7 +917,9 @@ def net_scenario(
         fault="; ".join(f.text for f in faults),
         recovery_s=None if None in took_s else max(took_s, default=None),
         recoveries=recoveries,
-        worker_exits=list(fleet.exits),
+        harness_restarts=env.harness_restarts,
+        worker_exits=exits,
+        recovered_in_place=logs.count(RECOVERED_LOGGED),
         stalled_calls_logged=logs.count("stalled: no answer"),
         refused_connections_logged=logs.count("Connection refused"),
     )
@@ -1006,6 +1035,12 @@ def main(argv: list[str] | None = None) -> int:
         default="classic",
         help="the workers' consumer group protocol (consumer: KIP-848)",
     )
+    parser.add_argument(
+        "--harness-restarts",
+        action="store_true",
+        help="network-fault scenarios: restart a worker that exits, as a supervisor would "
+        "(by default nothing restarts it and its exit fails the run)",
+    )
     args = parser.parse_args(argv)
     if args.list:
         for name, (_, records, text) in SCENARIOS.items():
@@ -1019,6 +1054,7 @@ def main(argv: list[str] | None = None) -> int:
     failures = 0
     with Env.start(net=any(n.startswith("net-") for n in names)) as env:
         env.group_protocol = args.group_protocol
+        env.harness_restarts = args.harness_restarts
         for name in names:
             for _ in range(args.repeat):
                 report = run_scenario(name, args.records, env)

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import time
 from collections.abc import Iterator
 
 import pytest
 
-from benchmarks import chaos
+from benchmarks import chaos, netfaults
+from streamfer_dev.stack import free_port
 from streamfer_dev.toxiproxy import toxiproxy_binary
+from tests.integration.helpers import eventually, http_get, scrape_metrics
 from worker.errors import StackError
 
 pytestmark = pytest.mark.integration
@@ -46,3 +49,73 @@ def test_latency_then_the_broker_down_lose_nothing_and_the_group_serves_again(
     assert [r["fault"] for r in report["recoveries"]] == ["latency", "broker-down"]
     # the workers reach the broker only through the proxy, so the outage refused them
     assert report["refused_connections_logged"] > 0, report
+
+
+TRANSACTION_TIMEOUT_S = 10
+
+
+def test_an_exactly_once_worker_starts_itself_again_after_an_outage_past_its_transaction_timeout(
+    env: chaos.Env,
+) -> None:
+    """One plain ``streamfer run`` (exactly-once, nothing restarts it) loses the broker for
+    longer than its transaction timeout: its transactional call wedges, ``/healthz`` says
+    so, it starts itself again in place (same PID) and counts it in ``/metrics``; a
+    read_committed reader then sees every result once."""
+    run = chaos.Run(env, "net-recover", 1500, exactly_once=True)
+    fleet = run.fleet(
+        kafka_extra=(
+            f'producer_options = {{ "transaction.timeout.ms" = {TRANSACTION_TIMEOUT_S * 1000} }}'
+        )
+    )
+    port = free_port()
+    fleet.env = {"STREAMFER_METRICS__HOST": "127.0.0.1", "STREAMFER_METRICS__PORT": str(port)}
+    requests, good, _ = run.requests()
+    run.start_workers(fleet, 1)
+    [worker] = fleet.workers
+    pid = worker.pid
+    assert recoveries(port) == 0.0
+    stream = run.stream(requests, rate=100)
+    time.sleep(4)  # results flow, transactions commit
+    down = dataclasses.replace(
+        chaos.NET_FAULTS["broker-down"], duration_s=TRANSACTION_TIMEOUT_S + 8
+    )
+    assert env.proxy is not None
+    run.fault()
+    netfaults.apply(env.proxy, down)
+    unhealthy: list[str] = []
+    try:
+        time.sleep(down.duration_s)
+    finally:
+        netfaults.heal(env.proxy, down)
+
+    def recovered() -> bool:
+        try:
+            status, body = http_get(port, "/healthz")
+        except OSError:  # the new image is starting
+            return False
+        if status == 503 and ("stalled" in body or "timeout" in body):
+            unhealthy.append(body)
+        return recoveries(port) >= 1.0
+
+    assert eventually(recovered, timeout=120), worker.log_text()[-4000:]
+    assert unhealthy, "/healthz never said the worker was stuck"
+    stream.join()
+    assert worker.alive() and worker.pid == pid  # never exited, nobody restarted it
+    report = run.report(fleet, good, set())
+    assert report["lost"] == 0, report
+    assert report["duplicates"] == 0, report
+    assert report["dead_letters"] == 0, report
+    assert report["committed_at_end"], report
+    logs = fleet.logs_text()
+    assert logs.count(chaos.RECOVERED_LOGGED) >= 1
+    assert "Traceback" not in logs
+
+
+def recoveries(port: int) -> float:
+    """The worker's ``streamfer_recoveries_total`` for a stalled call; -1 while it does
+    not answer (starting again)."""
+    try:
+        samples = scrape_metrics(port)
+    except OSError:
+        return -1.0
+    return samples.get(("streamfer_recoveries_total", (("reason", "call_stalled"),)), 0.0)
