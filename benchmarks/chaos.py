@@ -38,6 +38,7 @@ import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -895,6 +896,7 @@ def net_scenario(
     stream = run.stream(requests, rate=NET_RATE)
     time.sleep(NET_LEAD_S)
     recoveries = []
+    healed = 0.0
     with _offsets_of(env, run) as offsets:
         for fault in faults:
             bound = netfaults.recovery_bound_s(
@@ -906,6 +908,7 @@ def net_scenario(
                 time.sleep(fault.duration_s)
             finally:
                 netfaults.heal(env.proxy, fault)
+                healed = time.time()
             took = netfaults.wait_recovered(offsets, bound + 30)
             recoveries.append({"fault": fault.name, "recovery_s": took, "bound_s": bound})
     stream.join()
@@ -920,11 +923,23 @@ def net_scenario(
         harness_restarts=env.harness_restarts,
         worker_exits=exits,
         recovered_in_place=logs.count(RECOVERED_LOGGED),
+        recovered_after_heal_s=_logged_after(logs, RECOVERED_LOGGED, healed),
         stalled_calls_logged=logs.count("stalled: no answer"),
         refused_connections_logged=logs.count("Connection refused"),
     )
     report["unmet"] = netfaults.unmet(report, exactly_once=exactly_once)
     return report
+
+
+def _logged_after(logs: str, text: str, since: float) -> list[float]:
+    """Seconds from ``since`` (the last fault's heal) to each log line holding ``text``."""
+    out = []
+    for line in logs.splitlines():
+        if text in line:
+            with contextlib.suppress(ValueError):
+                at = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                out.append(round(at - since, 1))
+    return sorted(out)
 
 
 Scenario = Callable[[Env, int], dict[str, Any]]
