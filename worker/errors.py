@@ -13,6 +13,8 @@ stage that refuses it returns why, and it becomes a dead letter.
     ├── SchemaRegistryError    the Schema Registry is unreachable or refuses the worker
     ├── EngineError            the model could not be loaded or run
     ├── SinkError              a result or dead letter was not acknowledged
+    │   └── ProducerUnusable   the transactional producer cannot go on (fenced, fatal);
+    │                          the worker starts again in place with a new one
     ├── CommitError            an offset commit failed
     ├── CallStalled            a Kafka client call outlived its own timeout; that client is
     │                          beyond use, so the worker starts again in place
@@ -33,6 +35,7 @@ __all__ = [
     "FeatureStoreConfigError",
     "FeatureStoreError",
     "ModelMismatchError",
+    "ProducerUnusable",
     "SchemaRegistryError",
     "SinkError",
     "SourceError",
@@ -87,6 +90,14 @@ class EngineError(StreamferError):
 
 class SinkError(StreamferError):
     """A produced record was not acknowledged by the broker; never commit past it."""
+
+
+class ProducerUnusable(SinkError):
+    """The transactional producer cannot go on: fenced (an outage past
+    ``transaction.timeout.ms`` has the coordinator abort the transaction and bump the
+    epoch), a fatal error, or a transaction it cannot begin or abort. Nothing it held
+    was committed; ``streamfer run`` starts again in place (``worker.ops.recovery``)
+    with a new producer, from the committed offsets."""
 
 
 class CommitError(StreamferError):

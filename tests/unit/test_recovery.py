@@ -133,3 +133,16 @@ def test_a_new_image_that_cannot_start_is_logged_and_handed_back(
     assert len(execve.calls) == 1
     assert "cannot start again in place" in caplog.text
     assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == before  # SIGHUP as it was
+
+
+def test_each_reason_is_counted_apart() -> None:
+    clock, execve = _Clock(), _Exec()
+    environ = {RECOVERY_ENV: "quick=0;call_stalled=2"}
+    _recoveries(environ, clock, execve).restart(
+        "producer_unusable", "fenced after the transaction timed out", lambda: False
+    )
+    registry = CollectorRegistry()
+    _recoveries(execve.calls[0][2], _Clock(), _Exec(), registry)
+    assert _count(registry) == 2.0
+    fenced = {"reason": "producer_unusable"}
+    assert registry.get_sample_value("streamfer_recoveries_total", fenced) == 1.0

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from worker.cli.signals import install_reload_signal, install_signal_handlers
 from worker.core import __version__
-from worker.errors import CallStalled, ConfigError, StreamferError
+from worker.errors import CallStalled, ConfigError, ProducerUnusable, StreamferError
 
 if TYPE_CHECKING:
     from worker.config import WorkerConfig
@@ -102,6 +102,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         worker.run(burst_idle_s=args.burst_idle_s)
     except CallStalled as exc:
         _recover("worker stopped", exc, recoveries, stopping)
+    except ProducerUnusable as exc:
+        recoveries.restart("producer_unusable", f"worker stopped: {exc}", stopping)
+        log.error("worker stopped: %s", exc)
+        return 1
     except StreamferError as exc:
         log.error("worker stopped: %s", exc)
         return 1

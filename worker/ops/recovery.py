@@ -2,7 +2,10 @@
 
 A transactional call that outlives its timeout (``worker.kafka.call_watch``) leaves its
 producer stuck inside librdkafka: the call cannot be cancelled, and closing the client
-would wait on the same call. Rather than exit and hope for an outside restart policy,
+would wait on the same call. A broker outage longer than ``transaction.timeout.ms``
+leaves it fenced instead (the coordinator aborts the transaction and bumps the epoch:
+``ProducerUnusable``), and a fenced producer is never usable again. Rather than exit
+and hope for an outside restart policy,
 ``streamfer run`` replaces its process image with a fresh one (``os.execve`` of the same
 command line, same PID): every thread and socket of the old clients ends with the old
 image, the new worker loads its models, its transactional producer (the same
@@ -41,9 +44,11 @@ log = logging.getLogger(__name__)
 RECOVERY_ENV = "STREAMFER_RECOVERY"
 """Set by a worker for the image that replaces it: its recoveries so far."""
 
-RecoveryReason = Literal["call_stalled"]
-RECOVERY_REASONS: tuple[RecoveryReason, ...] = ("call_stalled",)
-"""``call_stalled``: a transactional call outlived its timeout plus a margin."""
+RecoveryReason = Literal["call_stalled", "producer_unusable"]
+RECOVERY_REASONS: tuple[RecoveryReason, ...] = ("call_stalled", "producer_unusable")
+"""``call_stalled``: a transactional call outlived its timeout plus a margin;
+``producer_unusable``: the transactional producer was fenced or failed for good (an
+outage past ``transaction.timeout.ms`` has the coordinator bump its epoch)."""
 
 _STEP_S = 0.1
 
@@ -111,8 +116,9 @@ class Recoveries:
             "streamfer_recoveries",
             "Times this worker started itself again in place (same PID) to get back to "
             "serving by itself, by reason (call_stalled: a transactional Kafka call "
-            "outlived its timeout, so its producer was beyond use); kept across those "
-            "restarts",
+            "outlived its timeout; producer_unusable: the transactional producer was fenced "
+            "or failed for good, as after an outage longer than transaction.timeout.ms); "
+            "kept across those restarts",
             ["reason"],
             registry=registry,
         )
