@@ -10,6 +10,7 @@ import dataclasses
 import shutil
 import time
 from collections.abc import Iterator
+from http.client import HTTPException
 
 import pytest
 
@@ -90,16 +91,20 @@ def test_an_exactly_once_worker_starts_itself_again_after_an_outage_past_its_tra
     finally:
         netfaults.heal(env.proxy, down)
 
+    seen: list[object] = []
+
     def recovered() -> bool:
         try:
             status, body = http_get(port, "/healthz")
-        except OSError:  # the new image is starting
+        except (OSError, HTTPException) as exc:  # the image is being replaced
+            seen.append(exc)
             return False
         if status == 503 and ("stalled" in body or "timeout" in body):
             unhealthy.append(body)
-        return sum(recoveries(port).values()) >= 1.0
+        seen.append(counts := recoveries(port))
+        return sum(counts.values()) >= 1.0
 
-    assert eventually(recovered, timeout=120), worker.log_text()[-4000:]
+    assert eventually(recovered, timeout=120), (seen[-3:], worker.log_text()[-4000:])
     if recoveries(port)["call_stalled"]:
         assert unhealthy, "/healthz never said the worker was stuck"
     stream.join()
@@ -119,7 +124,7 @@ def recoveries(port: int) -> dict[str, float]:
     answer (starting again)."""
     try:
         samples = scrape_metrics(port)
-    except OSError:
+    except (OSError, HTTPException):  # cut off as the image is replaced
         return {}
     return {
         dict(labels)["reason"]: value
