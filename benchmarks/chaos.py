@@ -16,8 +16,11 @@ times on one stack and exits non-zero if any run was incomplete. Tests import
 The ``net-<fault>-<mode>`` scenarios (``--scenario net`` runs them all) put toxiproxy
 between the workers and Kafka and Redis, inject one network fault of
 ``benchmarks.netfaults`` mid-stream, and also report how many seconds after the fault
-every partition was served again, against the bound stated there. Their fleet restarts a
-worker that exits, as the ``--processes`` supervisor or Kubernetes would.
+every partition was served again, against the bound stated there. Their workers run as
+a plain ``streamfer run`` that nothing restarts: a worker that exits fails the run, and
+the report counts the times a worker started itself again in place
+(``worker.ops.recovery``). ``--harness-restarts`` restarts a worker that exits instead,
+as the ``--processes`` supervisor or Kubernetes would.
 
 ``--cluster`` runs on three Kafka nodes (``streamfer_dev.kafka_cluster``: replication
 factor 3, ``min.insync.replicas = 2``) instead of one; the ``cluster-*`` scenarios need
@@ -40,6 +43,7 @@ import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +96,8 @@ class Env:
     group_protocol: str = "classic"
     """The workers' ``[kafka] group_protocol``: ``consumer`` is KIP-848's, with the
     broker's session timeout set to the same ``SESSION_TIMEOUT_MS``."""
+    harness_restarts: bool = False
+    """Network-fault scenarios: restart a worker that exits (else its exit fails the run)."""
 
     @classmethod
     @contextlib.contextmanager
@@ -236,6 +242,12 @@ class Fleet:
 
         self._supervisor = threading.Thread(target=watch, daemon=True)
         self._supervisor.start()
+
+    def ended(self) -> list[int]:
+        """Exit codes of the workers that ended by themselves: those restarted
+        (``supervise``) and those still down."""
+        down = [w.process.returncode for w in self.workers if w.process and not w.alive()]
+        return [*self.exits, *down]
 
     def busy(self, rng: random.Random) -> int:
         """The index of a worker that owns partitions (one still starting would be no test)."""
@@ -489,6 +501,7 @@ class Run:
         extra_top: str = "",
         max_record_bytes: int = 65536,
         redis_table: str | None = None,
+        kafka_extra: str = "",
     ) -> Fleet:
         top = 'delivery = "exactly-once"\n' if self.exactly_once else ""
         config = self.dir / "worker.toml"
@@ -506,7 +519,7 @@ class Run:
                 max_wait_ms=10,
                 session_timeout_ms=SESSION_TIMEOUT_MS,
                 top=top + "shutdown_timeout_s = 60\n" + extra_top,
-                kafka_extra=f"max_poll_interval_ms = {max_poll_interval_ms}",
+                kafka_extra=f"max_poll_interval_ms = {max_poll_interval_ms}\n{kafka_extra}",
                 max_record_bytes=max_record_bytes,
                 group_protocol=self.env.group_protocol,
                 redis_table=redis_table,
@@ -943,6 +956,8 @@ NET_RATE = 100.0
 NET_LEAD_S = 8.0
 """Requests flow this long before the fault, so both workers are serving when it hits."""
 NET_FAULTS = netfaults.net_faults(SESSION_TIMEOUT_MS / 1000)
+RECOVERED_LOGGED = "recovering by itself ("
+"""The one line a worker logs as it starts itself again in place."""
 
 
 @contextlib.contextmanager
@@ -977,20 +992,33 @@ def net_scenario(
     static: bool | None = None,
 ) -> dict[str, Any]:
     """Network faults (of ``NET_FAULTS``, say) one after another between 2 workers and
-    Kafka or Redis, mid-stream; the fleet restarts a worker that exits. Reports, per
-    fault, the seconds from its end until every partition was served again, and the
+    Kafka or Redis, mid-stream. Nothing restarts a worker that exits (that fails the run)
+    unless ``env.harness_restarts``. Reports, per fault, the seconds from its end until
+    every partition was served again, the workers' recoveries in place, and the
     expectations the run missed. ``static``: as ``Run.static`` (a restarted worker takes
     its slot's group.instance.id by default in exactly-once mode, as a StatefulSet pod)."""
     if env.proxy is None:
         raise StackError("the network-fault scenarios need an Env started with net=True")
     run = Run(env, name, records, exactly_once=exactly_once, static=static)
+    # A call may wedge after the fault healed too (see ``netfaults.recovery_bound_s``):
+    # partitions may sit still for as long as the bound allows before it is a stall.
+    session_s = SESSION_TIMEOUT_MS / 1000
+    run.stall_s = max(
+        STALL_S,
+        *(
+            netfaults.recovery_bound_s(f, exactly_once=exactly_once, session_timeout_s=session_s)
+            for f in faults
+        ),
+    )
     fleet = run.fleet()
     requests, good, _ = run.requests()
     run.start_workers(fleet, 2)
-    fleet.supervise()
+    if env.harness_restarts:
+        fleet.supervise()
     stream = run.stream(requests, rate=NET_RATE)
     time.sleep(NET_LEAD_S)
     recoveries = []
+    healed = 0.0
     with _offsets_of(env, run) as offsets:
         for fault in faults:
             bound = netfaults.recovery_bound_s(
@@ -1002,9 +1030,11 @@ def net_scenario(
                 time.sleep(fault.duration_s)
             finally:
                 netfaults.heal(env.proxy, fault)
+                healed = time.time()
             took = netfaults.wait_recovered(offsets, bound + 30)
             recoveries.append({"fault": fault.name, "recovery_s": took, "bound_s": bound})
     stream.join()
+    exits = fleet.ended()  # before the report stops them all
     report = run.report(fleet, good, set())
     took_s = [r["recovery_s"] for r in recoveries]
     logs = fleet.logs_text()
@@ -1012,12 +1042,26 @@ def net_scenario(
         fault="; ".join(f.text for f in faults),
         recovery_s=None if None in took_s else max(took_s, default=None),
         recoveries=recoveries,
-        worker_exits=list(fleet.exits),
+        harness_restarts=env.harness_restarts,
+        worker_exits=exits,
+        recovered_in_place=logs.count(RECOVERED_LOGGED),
+        recovered_after_heal_s=_logged_after(logs, RECOVERED_LOGGED, healed),
         stalled_calls_logged=logs.count("stalled: no answer"),
         refused_connections_logged=logs.count("Connection refused"),
     )
     report["unmet"] = netfaults.unmet(report, exactly_once=exactly_once)
     return report
+
+
+def _logged_after(logs: str, text: str, since: float) -> list[float]:
+    """Seconds from ``since`` (the last fault's heal) to each log line holding ``text``."""
+    out = []
+    for line in logs.splitlines():
+        if text in line:
+            with contextlib.suppress(ValueError):
+                at = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                out.append(round(at - since, 1))
+    return sorted(out)
 
 
 Scenario = Callable[[Env, int], dict[str, Any]]
@@ -1165,6 +1209,12 @@ def main(argv: list[str] | None = None) -> int:
         help="run on three Kafka nodes (replication factor 3, min.insync.replicas 2); "
         "the cluster-* scenarios need it",
     )
+    parser.add_argument(
+        "--harness-restarts",
+        action="store_true",
+        help="network-fault scenarios: restart a worker that exits, as a supervisor would "
+        "(by default nothing restarts it and its exit fails the run)",
+    )
     args = parser.parse_args(argv)
     if args.list:
         for name, (_, records, text) in SCENARIOS.items():
@@ -1180,6 +1230,7 @@ def main(argv: list[str] | None = None) -> int:
         names = [n for n in names if not n.startswith("cluster-")]
     with Env.start(net=any(n.startswith("net-") for n in names), cluster=args.cluster) as env:
         env.group_protocol = args.group_protocol
+        env.harness_restarts = args.harness_restarts
         for name in names:
             for _ in range(args.repeat):
                 report = run_scenario(name, args.records, env)

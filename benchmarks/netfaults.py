@@ -44,7 +44,8 @@ SETTLE_S = 6.0
 rebalance round (two with the cooperative protocol, at a 1 s heartbeat each)."""
 
 RESTART_S = 12.0
-"""A worker the CallWatch stopped, restarted: interpreter and model start-up,
+"""A worker the CallWatch stopped, started again (in place, after a 1 s backoff, or by a
+supervisor): interpreter and model start-up,
 ``init_transactions`` (which fences the stuck producer) and the rejoin, on a busy
 2-core machine."""
 
@@ -135,7 +136,7 @@ def recovery_bound_s(fault: NetFault, *, exactly_once: bool, session_timeout_s: 
     fault: a member whose session expired rejoins as the fault heals, and its first
     ``send_offsets_to_transaction`` then can wedge too (seen in every such run). The
     CallWatch stops that worker ``CALL_TIMEOUT_S + STALL_MARGIN_S`` after the call began,
-    and its restart takes ``RESTART_S``; when that worker was stopped between revoking
+    and its start in place takes ``RESTART_S``; when that worker was stopped between revoking
     and rejoining, the group coverage check takes ``COVERAGE_S`` more to have the
     partitions it revoked assigned again."""
     plain = session_timeout_s + SETTLE_S
@@ -206,8 +207,9 @@ def wait_recovered(
 
 def unmet(report: Mapping[str, Any], *, exactly_once: bool) -> list[str]:
     """The expectations a network-fault run missed: none lost, no valid request
-    dead-lettered, no duplicate for a read_committed reader in exactly-once mode, every
-    partition served again within the bound after each fault (``recoveries``: the
+    dead-lettered, no duplicate for a read_committed reader in exactly-once mode, no
+    worker exit unless the harness restarts them (``harness_restarts``), every partition
+    served again within the bound after each fault (``recoveries``: the
     fault's name, ``recovery_s`` and ``bound_s``)."""
     missed = []
     if report["lost"]:
@@ -216,6 +218,8 @@ def unmet(report: Mapping[str, Any], *, exactly_once: bool) -> list[str]:
         missed.append(f"{report['dead_letters']} valid requests dead-lettered")
     if exactly_once and report["duplicates"]:
         missed.append(f"{report['duplicates']} duplicates in exactly-once mode")
+    if report.get("worker_exits") and not report.get("harness_restarts"):
+        missed.append(f"workers exited by themselves: exit codes {report['worker_exits']}")
     for r in report["recoveries"]:
         if r["recovery_s"] is None or r["recovery_s"] > r["bound_s"]:
             took = "never" if r["recovery_s"] is None else f"after {r['recovery_s']} s"

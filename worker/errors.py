@@ -14,9 +14,11 @@ stage that refuses it returns why, and it becomes a dead letter.
     ├── EngineError            the model could not be loaded or run
     ├── InferenceServerError   the inference server is down, overloaded or not serving
     ├── SinkError              a result or dead letter was not acknowledged
+    │   └── ProducerUnusable   the transactional producer cannot go on (fenced, fatal);
+    │                          the worker starts again in place with a new one
     ├── CommitError            an offset commit failed
     ├── CallStalled            a Kafka client call outlived its own timeout; that client is
-    │                          beyond use, so the worker stops without closing it
+    │                          beyond use, so the worker starts again in place
     └── StackError             a local service (Kafka, Redis, Tansu) did not start
 
 Only ``FeatureStoreError``, ``SchemaRegistryError`` and ``InferenceServerError`` are
@@ -35,6 +37,7 @@ __all__ = [
     "FeatureStoreError",
     "InferenceServerError",
     "ModelMismatchError",
+    "ProducerUnusable",
     "SchemaRegistryError",
     "SinkError",
     "SourceError",
@@ -98,6 +101,14 @@ class SinkError(StreamferError):
     """A produced record was not acknowledged by the broker; never commit past it."""
 
 
+class ProducerUnusable(SinkError):
+    """The transactional producer cannot go on: fenced (an outage past
+    ``transaction.timeout.ms`` has the coordinator abort the transaction and bump the
+    epoch), a fatal error, or a transaction it cannot begin or abort. Nothing it held
+    was committed; ``streamfer run`` starts again in place (``worker.ops.recovery``)
+    with a new producer, from the committed offsets."""
+
+
 class CommitError(StreamferError):
     """Committing offsets failed."""
 
@@ -105,8 +116,8 @@ class CommitError(StreamferError):
 class CallStalled(StreamferError):
     """A blocking librdkafka call (a transactional one) did not return within its own
     timeout plus a margin. It cannot be cancelled, so its client is beyond use: the worker
-    stops at once, without closing its clients, and whoever restarts it (the supervisor,
-    Kubernetes) starts clean; a new transactional producer fences the stuck one."""
+    stops at once, without closing its clients, and ``streamfer run`` starts itself again
+    in place (``worker.ops.recovery``); its new transactional producer fences the stuck one."""
 
 
 class StackError(StreamferError):

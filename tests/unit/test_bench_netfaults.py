@@ -130,3 +130,10 @@ def test_unmet_names_each_missed_expectation() -> None:
     assert unmet(report(1.0, 12.5), exactly_once=False) == [
         "latency: served again after 12.5 s, bound 12 s"
     ]
+
+
+def test_a_worker_that_exited_fails_the_run_unless_the_harness_restarts_workers() -> None:
+    exited = {**report(), "worker_exits": [1], "harness_restarts": False}
+    assert unmet(exited, exactly_once=True) == ["workers exited by themselves: exit codes [1]"]
+    assert unmet({**exited, "harness_restarts": True}, exactly_once=True) == []
+    assert unmet({**report(), "worker_exits": []}, exactly_once=True) == []

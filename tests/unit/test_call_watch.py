@@ -31,10 +31,27 @@ def test_what_a_call_raises_reaches_the_caller() -> None:
 
 def test_a_late_call_is_reported_then_cleared() -> None:
     told: list[str | None] = []
-    watch = CallWatch(timeout_s=0.05, margin_s=2.0, on_stall=told.append)
-    assert watch.run("slow", lambda _t: time.sleep(0.2) or "late") == "late"
+    watch = CallWatch(timeout_s=0.05, margin_s=1.0, on_stall=told.append)
+    # past its timeout and the grace (half the margin), inside the margin
+    assert watch.run("slow", lambda _t: time.sleep(0.8) or "late") == "late"
     assert told[0] is not None and "slow has not returned within its 0.05s timeout" in told[0]
     assert told[-1] is None
+    assert watch.stalled is None
+
+
+def test_a_call_that_returns_at_its_own_deadline_is_no_stall() -> None:
+    """librdkafka answers _TIMED_OUT right at the timeout it was given: that call kept
+    it, so neither the log nor ``/healthz`` may call it stalled."""
+    told: list[str | None] = []
+    watch = CallWatch(timeout_s=0.2, margin_s=1.0, on_stall=told.append)
+
+    def honours_timeout(timeout: float) -> str:
+        time.sleep(timeout)
+        return "timed out, retriable"
+
+    for _ in range(10):
+        assert watch.run("commit_transaction", honours_timeout) == "timed out, retriable"
+    assert told == []
     assert watch.stalled is None
 
 

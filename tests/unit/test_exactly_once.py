@@ -23,7 +23,7 @@ from tests.unit import fakes
 from tests.unit.fakes import TOPIC, FakeConsumer, build_worker, turn_until
 from worker.config import BatchPolicy, PipelineConfig
 from worker.delivery.transaction_tries import FAILURES_IN_A_ROW
-from worker.errors import SinkError, SourceError
+from worker.errors import ProducerUnusable, SinkError, SourceError
 from worker.kafka.limits import RecordLimits
 from worker.loop.worker import Worker
 
@@ -153,7 +153,7 @@ def test_a_fenced_or_fatal_producer_stops_the_worker_and_is_never_reinitialised(
     consumer.assign(P0)
     consumer.produce(0, 4)
     producer.fail_commit.append(error)
-    with pytest.raises(SinkError, match="cannot go on"):
+    with pytest.raises(ProducerUnusable, match="cannot go on"):
         turn_until(worker, lambda: False)
     assert producer.init_calls == 0
     assert producer.committed == []
@@ -326,9 +326,9 @@ def test_a_refused_begin_transaction_stops_the_worker_naming_the_call(
         raise KafkaException(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
 
     producer.begin_transaction = begin
-    with pytest.raises(SinkError, match="begin_transaction"):
+    with pytest.raises(ProducerUnusable, match="begin_transaction"):
         turn_until(worker, lambda: False)
-    with pytest.raises(SinkError, match="begin_transaction"):
+    with pytest.raises(ProducerUnusable, match="begin_transaction"):
         worker._delivery.commit()  # again, in case a revoke (which logs, goes on) caught it
 
 

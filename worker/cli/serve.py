@@ -7,14 +7,16 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NoReturn
 
 from worker.cli.signals import install_reload_signal, install_signal_handlers
 from worker.core import __version__
-from worker.errors import CallStalled, ConfigError, StreamferError
+from worker.errors import CallStalled, ConfigError, ProducerUnusable, StreamferError
 
 if TYPE_CHECKING:
     from worker.config import WorkerConfig
+    from worker.ops import Recoveries
 
 __all__ = ["cmd_run"]
 
@@ -30,6 +32,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         PROCESSES_ENV,
         HealthServer,
         HealthState,
+        Recoveries,
         follow_supervisor,
         parse_processes,
         settle_heap,
@@ -63,6 +66,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Probes answer from the start: /readyz says why not ready while models load and
     # until a broker answers.
     registry = CollectorRegistry()
+    recoveries = Recoveries(os.environ, registry)
     health = HealthState(liveness_timeout_s=config.liveness_timeout_s)
     if config.metrics.port is not None:
         reload = reload_requests.set if config.metrics.reload_endpoint else None
@@ -75,10 +79,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             config.metrics.host,
             server.port,
         )
+
+    def stopping() -> bool:
+        return health.stopping
+
     try:
         worker = build_worker(config, registry, health, reload_requests)
     except CallStalled as exc:
-        _exit_stalled("cannot start", exc)
+        _recover("cannot start", exc, recoveries, stopping)
     except StreamferError as exc:
         log.error("cannot start: %s", exc)
         return 2 if isinstance(exc, ConfigError) else 1
@@ -93,7 +101,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         worker.run(burst_idle_s=args.burst_idle_s)
     except CallStalled as exc:
-        _exit_stalled("worker stopped", exc)
+        _recover("worker stopped", exc, recoveries, stopping)
+    except ProducerUnusable as exc:
+        recoveries.restart("producer_unusable", f"worker stopped: {exc}", stopping)
+        log.error("worker stopped: %s", exc)
+        return 1
     except StreamferError as exc:
         log.error("worker stopped: %s", exc)
         return 1
@@ -101,11 +113,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _recover(
+    what: str, exc: CallStalled, recoveries: Recoveries, stopping: Callable[[], bool]
+) -> NoReturn:
+    """A Kafka client is stuck inside a call: start the worker again in place
+    (``worker.ops.recovery``), or, when a signal asked it to stop meanwhile or the new
+    image cannot start, exit 1 at once, without the interpreter's clean exit, which would
+    wait on the stuck call for good. Either way nothing is lost: the stuck transaction
+    never commits, and the next worker starts from the committed offsets."""
+    recoveries.restart("call_stalled", f"{what}: {exc}", stopping)
+    _exit_stalled(what, exc)
+
+
 def _exit_stalled(what: str, exc: CallStalled) -> NoReturn:
-    """End the process now, exit code 1: a Kafka client is stuck inside a call, and the
-    interpreter's clean exit would wait on it for good (closing the client joins the
-    stuck call). Nothing is lost: the stuck transaction never commits, and the restarted
-    worker (supervisor, Kubernetes) starts from the committed offsets."""
+    """End the process now, exit code 1, leaving the stuck clients unclosed."""
     log.error("%s: %s; exiting without closing the Kafka clients", what, exc)
     logging.shutdown()
     sys.stdout.flush()

@@ -42,7 +42,7 @@ from worker.config import KafkaSettings
 from worker.core import Assignment, Deadline, DeliveryTracker, Job, PartitionKey
 from worker.delivery.mode import Stages, commit_delivered
 from worker.delivery.transaction_tries import TransactionTries
-from worker.errors import SinkError, SourceError
+from worker.errors import ProducerUnusable, SinkError, SourceError
 from worker.kafka import CallWatch
 
 __all__ = ["GroupConsumer", "RewindGate", "Transactional"]
@@ -271,7 +271,7 @@ class Transactional:
         try:
             self._sink.producer.begin_transaction()
         except KafkaException as exc:
-            self._unusable = SinkError(
+            self._unusable = ProducerUnusable(
                 f"begin_transaction failed ({exc}); stopping without a commit, the group "
                 "hands the partitions on"
             )
@@ -316,7 +316,7 @@ class Transactional:
         replacement that now owns the work."""
         err = exc.args[0] if exc.args else None
         if not isinstance(err, KafkaError) or err.fatal() or not err.txn_requires_abort():
-            raise SinkError(
+            raise ProducerUnusable(
                 f"the transactional producer cannot go on ({exc}); stopping without a "
                 "commit, the group hands the partitions on"
             ) from exc
@@ -338,7 +338,7 @@ class Transactional:
                 producer.flush(self._timeout_s)
                 self._calls.run("abort_transaction", producer.abort_transaction)
             except KafkaException as exc:
-                raise SinkError(f"cannot abort the transaction ({exc}); stopping") from exc
+                raise ProducerUnusable(f"cannot abort the transaction ({exc}); stopping") from exc
         for job in txn.jobs:
             job.tracker.fail(why)
         txn.reset()

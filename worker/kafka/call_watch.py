@@ -5,10 +5,11 @@ group coordinator goes away, ``send_offsets_to_transaction`` can wait for good
 (confluentinc/librdkafka issues 5456 and 5511), and with it every partition of the
 worker. ``CallWatch.run`` makes such a call on a helper thread of its own while the
 caller waits for it, so the caller keeps the deadline: once the call is past its own
-timeout, ``on_stall`` is told (``/healthz`` turns unhealthy); once it is past that plus
-a margin as well, ``CallStalled`` is raised. The call itself cannot be cancelled, so
-the client it belongs to is beyond use: the worker stops without closing it, and its
-replacement (the supervisor or Kubernetes restarts it) fences the stuck producer.
+timeout and a moment's grace (a call that returns at its own deadline kept it),
+``on_stall`` is told (``/healthz`` turns unhealthy); once it is past its timeout plus a
+margin, ``CallStalled`` is raised. The call itself cannot be cancelled, so the client it
+belongs to is beyond use: the worker starts again in place without closing it
+(``worker.ops.recovery``), and its new producer fences the stuck one.
 
 The caller waits while the helper runs, never two calls at once: to librdkafka the call
 is driven from one thread at a time, as before, and the loop thread is not sitting in
@@ -25,7 +26,7 @@ from typing import Any, Generic, TypeVar
 
 from worker.errors import CallStalled
 
-__all__ = ["CALL_TIMEOUT_S", "STALL_MARGIN_S", "CallStalled", "CallWatch"]
+__all__ = ["CALL_TIMEOUT_S", "ON_TIME_GRACE_S", "STALL_MARGIN_S", "CallStalled", "CallWatch"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,11 @@ CALL_TIMEOUT_S = 30.0
 STALL_MARGIN_S = 10.0
 """How long past its own timeout a call may take before the worker gives it up: enough
 for a slow broker's late answer, short against the minutes a wedged call waits."""
+
+ON_TIME_GRACE_S = 1.0
+"""A call that returns this soon after its own timeout kept it (librdkafka answers
+_TIMED_OUT at its deadline, and the hand-over between threads takes a moment): it is no
+stall. At most half the margin, so a short margin still leaves room to report one."""
 
 
 class _Call(Generic[T]):
@@ -104,11 +110,12 @@ class CallWatch:
         call = _Call(lambda: fn(given))
         self._hand_over(call)
         started = self._clock()
-        if not call.done.wait(timeout_s):
+        grace = min(ON_TIME_GRACE_S, self._margin_s / 2)
+        if not call.done.wait(timeout_s + grace):
             why = f"{what} has not returned within its {timeout_s:g}s timeout"
             log.warning("%s; giving it %gs more", why, self._margin_s)
             self._tell(why)
-            if not call.done.wait(self._margin_s):
+            if not call.done.wait(self._margin_s - grace):
                 waited = self._clock() - started
                 self.stalled = (
                     f"{what} stalled: no answer {waited:.0f}s after it was called, although "

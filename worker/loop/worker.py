@@ -27,14 +27,14 @@ With ``delivery = "exactly-once"`` (``worker.delivery.exactly_once``) a transact
 results, dead letters and offsets of batches waiting behind each other (for up to
 ``transaction_interval_ms``); an abortable error aborts it and rewinds every owned
 partition to its committed offset. Any other producer error (fenced, fatal, a refused
-``begin_transaction``) raises ``SinkError``: the worker stops without committing,
-closes its consumer (leaving the group) and ``streamfer run`` exits 1; the producer is
-never re-created or re-initialised in-process. The ``--processes`` supervisor or
-Kubernetes starts a new worker, and the partitions' next owners begin at their committed
-offsets (a new producer with the same transactional id, under static membership, fences
-the old one). A transactional call that outlives its timeout (``CallStalled``) stops it
-too, but the clients are left unclosed, since closing them would wait on the same stuck
-broker, and the process exits at once.
+``begin_transaction``) raises ``ProducerUnusable``: the worker stops without committing,
+closes its consumer (leaving the group) and ``streamfer run`` starts again in place
+(``worker.ops.recovery``); the producer is never re-created or re-initialised within one
+process image. The partitions' next owners begin at their committed offsets (a new
+producer with the same transactional id, under static membership, fences the old one).
+A transactional call that outlives its timeout (``CallStalled``) stops it too, but the
+clients are left unclosed, since closing them would wait on the same stuck broker, and
+``streamfer run`` starts itself again in place (``worker.ops.recovery``).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from confluent_kafka import Message
 from worker.config import WorkerConfig
 from worker.core import Clock, Deadline, Job, PartitionKey, monotonic_clock
 from worker.delivery import Committer, Delivery, commit_before_leaving
-from worker.errors import CallStalled, SinkError
+from worker.errors import CallStalled, SinkError, StreamferError
 from worker.kafka import Source, position
 from worker.loop.batcher import Batcher
 from worker.loop.consumer_events import ConsumerEvents
@@ -362,10 +362,12 @@ class Worker:
             if not part.stop(5.0):
                 log.warning("%s did not finish", type(part).__name__)
         if self._wedged:
-            log.error("leaving the Kafka clients unclosed: a call of theirs is stuck")
+            log.info("leaving the Kafka clients unclosed: a call of theirs is stuck")
             return
         try:
             self._source.close()
+        except StreamferError as exc:  # a revoke inside close met the same broken producer
+            log.warning("closing the consumer failed: %s", exc)
         except Exception:  # close must not hide the error that brought us here
             log.exception("closing the consumer failed")
         self._delivery.close(min(5.0, self.config.shutdown_timeout_s))

@@ -1,5 +1,5 @@
 """Running the worker in production: metrics, merged metrics, health, logs, the
-process supervisor and the process's garbage collector."""
+process supervisor, the recovery in place and the process's garbage collector."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from worker.ops.metrics import (
     ShareMetrics,
 )
 from worker.ops.metrics_merge import MergedEndpoints
+from worker.ops.recovery import RECOVERY_ENV, Recoveries
 from worker.ops.supervisor import (
     PROCESSES_ENV,
     Supervisor,
@@ -26,6 +27,7 @@ from worker.ops.supervisor import (
 
 __all__ = [
     "PROCESSES_ENV",
+    "RECOVERY_ENV",
     "THREAD_STAGES",
     "CacheMetrics",
     "HealthServer",
@@ -34,6 +36,7 @@ __all__ = [
     "MergedEndpoints",
     "Metrics",
     "PipelineMetrics",
+    "Recoveries",
     "ShadowMetrics",
     "ShareMetrics",
     "Supervisor",
