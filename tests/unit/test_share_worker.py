@@ -369,7 +369,7 @@ def test_the_lock_budget_counts_what_was_accepted_not_what_was_released(
     assert rig.worker._budget.room(1) == 1  # 2 records / 10.5 s x 8 s = 1.5
 
 
-def test_a_poll_in_flight_accepts_every_delivered_batch_and_names_a_failed_one() -> None:
+def test_a_poll_in_flight_accepts_every_delivered_batch_and_names_the_failed_ones() -> None:
     def job(offset: int, errors: list[str]) -> Job:
         tracker = DeliveryTracker("p")
         tracker.errors += errors
@@ -379,6 +379,6 @@ def test_a_poll_in_flight_accepts_every_delivered_batch_and_names_a_failed_one()
     good, bad, later = job(0, []), job(1, ["boom"]), job(2, [])
     poll = PollInFlight([good, bad, later], 0.0, 30.0)
     settled = poll.settle()
-    assert settled.accepted == [good, later] and settled.failed is bad
+    assert settled.accepted == [good, later] and settled.failed == [bad]
     assert poll.held() == [bad] and poll.open
     assert poll.release([bad]) == [bad] and not poll.open
