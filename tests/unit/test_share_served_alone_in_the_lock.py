@@ -12,14 +12,15 @@ from tests.unit.share_fakes import Clock, request, share_worker
 from worker.loop.share_poll import LockBudget, group_size
 
 
-def slow_passes(rig: Any, clock: Clock, seconds: float) -> list[list[str]]:
-    """Each pipeline pass (one Redis fetch) takes ``seconds`` of ``clock``."""
+def slow_passes(rig: Any, clock: Clock, *seconds: float) -> list[list[str]]:
+    """Each pipeline pass (one Redis fetch) takes the next of ``seconds`` of ``clock``,
+    the last one for every pass after."""
     fetched: list[list[str]] = []
     inner = rig.store.get_many
 
     def get_many(entities: Any) -> Any:
+        clock.now += seconds[min(len(fetched), len(seconds) - 1)]
         fetched.append(list(entities))
-        clock.now += seconds
         return inner(entities)
 
     rig.store.get_many = get_many
@@ -52,7 +53,7 @@ def test_healthy_records_near_the_limit_all_reach_the_model_when_they_do_not_fit
 def test_a_group_never_exceeds_the_batch_size(classifier: DemoModel) -> None:
     clock = Clock()
     rig = share_worker(classifier, limit=5, batch=2, in_flight=4, lock_s=10.0, clock=clock)
-    fetched = slow_passes(rig, clock, 3.0)
+    fetched = slow_passes(rig, clock, 3.0, 0.1)  # one slow turn: the rest must go in one
     rig.consumer.waiting += [request(i, count=4) for i in range(6)]
     rig.worker.run_once()
     assert [len(f) for f in fetched] == [1, 2, 2, 1]

@@ -33,11 +33,12 @@ from typing import Literal
 from confluent_kafka import Message
 
 from worker.core import Clock, Job
-from worker.kafka import position
+from worker.kafka import Sink, position
 
 __all__ = [
     "LOCK_SHARE",
     "LockBudget",
+    "LockGate",
     "PollInFlight",
     "Settled",
     "group_size",
@@ -227,6 +228,32 @@ def group_size(pending: int, seconds_left: float, turn_s: float | None) -> int:
     if turns < 1:
         return pending
     return math.ceil(pending / turns)
+
+
+class LockGate:
+    """The share loop's ``BatchGate``: a batch whose record lock has run out is not run
+    or produced. The broker has made its records available again, to another member
+    that may be serving them now (at the group's last delivery, as a dead letter):
+    producing them here too would give a request two outcomes. The margin covers the
+    time between the broker's acquisition and the poll's return. The publish thread
+    serves earlier batches' delivery reports, as at-least-once's ``ReportPolling``."""
+
+    def __init__(self, sink: Sink, clock: Clock, margin_s: float) -> None:
+        self._sink = sink
+        self._clock = clock
+        self._margin_s = margin_s
+        self.expires = float("inf")
+        """When the lock of the poll in flight runs out, by this worker's clock (the
+        loop thread sets it per poll; the processing threads read it)."""
+
+    def hold(self, poll: PollInFlight) -> None:
+        self.expires = poll.lock_expires - self._margin_s
+
+    def stale(self, job: Job) -> bool:
+        return self._clock() >= self.expires
+
+    def acknowledge(self) -> None:
+        self._sink.poll(0)
 
 
 def isolated_from(limit: int) -> int:

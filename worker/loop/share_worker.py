@@ -36,8 +36,11 @@ what the worker holds. The loop thread takes a poll through these steps:
    ``SinkError``: the worker stops, releasing what was not delivered.
 5. At ``LOCK_SHARE`` of the lock, the batches no stage has started are released (their
    records stay below ``isolated_from``, so a release never brings a record to its last
-   delivery); those running go on, and records finished after their lock expired count
-   as lock overruns (the broker may have delivered them to another member meanwhile).
+   delivery); those running go on while the lock lasts. A batch the processing threads
+   reach after the lock ran out (``LockGate``) is neither run nor produced, but
+   released and counted as a lock overrun: the broker may have handed its records to
+   another member meanwhile, at the group's last delivery as a dead letter, and a
+   result here too would give a request two outcomes.
 
 Threads are as in ``Worker``: the loop thread owns the share consumer (its callbacks run
 inside its poll and commits, ``ShareEvents``), the three processing threads run the
@@ -64,6 +67,7 @@ from worker.kafka import ShareGroupSettings, ShareSource, Sink, position
 from worker.loop.share_events import ShareEvents
 from worker.loop.share_poll import (
     LockBudget,
+    LockGate,
     PollInFlight,
     group_size,
     keep_within,
@@ -126,6 +130,8 @@ class ShareParts:
     group: ShareGroupSettings
     metrics: Mapping[str, ShareMetrics]
     """Each pipeline's share-group metrics, by pipeline name."""
+    gate: LockGate
+    """The processing threads' gate: what it finds past the record lock is not run."""
 
 
 class _Quiet:
@@ -168,6 +174,7 @@ class ShareWorker:
         self._pipelines = parts.pipelines
         self._events = parts.events
         self._metrics = parts.metrics
+        self._gate = parts.gate
         self._limit = parts.group.delivery_count_limit
         self._lock_s = parts.group.record_lock_s
         self._route = {t: p.name for p in config.pipelines for t in p.request_topics}
@@ -257,6 +264,7 @@ class ShareWorker:
         route, tracker = self._route, self._refused.tracker
         served = [Job.close(name, b, tracker) for name, b in split(kept, route, self._max_size)]
         poll = self._inflight = PollInFlight(jobs + served, polled_at, self._lock_s)
+        self._gate.hold(poll)
         self._alone = list(alone)
         self._sync_acks = bool(alone)
         for job in served:
@@ -404,12 +412,14 @@ class ShareWorker:
         for job in settled.failed:
             errors = job.tracker.errors
             last = self._last.get(id(job))
-            if last is None:
+            if last is None and self._gate.stale(job):
+                self._expired(poll, job)
+            elif last is None:
                 raise SinkError(
                     f"{len(errors)} deliveries of a batch failed, not acknowledging it: "
                     + "; ".join(errors)
                 )
-            if last.resend_at is None:
+            elif last.resend_at is None:
                 last.resend_at = self._clock() + _RESEND_S
                 self._warn(
                     "resend",
@@ -419,6 +429,22 @@ class ShareWorker:
                     "; ".join(errors),
                     _RESEND_S,
                 )
+
+    def _expired(self, poll: PollInFlight, job: Job) -> None:
+        """A batch the gate held back, its lock run out: its records are the broker's
+        again (it refuses this release, or counts it as the lock would)."""
+        for held in poll.release([job]):
+            self._metrics[held.pipeline].released.inc(self._source.release(held.batch))
+            self._metrics[held.pipeline].lock_overruns.inc(len(held.batch))
+        self._source.send()
+        self._warn(
+            "expired",
+            "the %gs record lock ran out before a batch of %d records was produced: not "
+            "produced here, the broker delivers it again (lower max_in_flight_batches or "
+            "max_batch_size, or raise the group's share.record.lock.duration.ms)",
+            self._lock_s,
+            len(job.batch),
+        )
 
     def _release_unstarted(self, poll: PollInFlight) -> None:
         """The poll outlived the lock budget: release the jobs no stage has started."""
