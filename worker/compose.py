@@ -57,6 +57,7 @@ from worker.loop import (
     Batcher,
     BatchSteps,
     ConsumerEvents,
+    LockGate,
     LoopParts,
     Membership,
     PausingManager,
@@ -346,19 +347,20 @@ def wire_share_worker(
     clock: Clock = monotonic_clock,
 ) -> ShareWorker:
     """The ``ShareWorker`` around ``consumer`` (made with ``events``' callbacks) and
-    ``sink``: the dead-lettering of refused records, the processing threads (with
-    at-least-once's gate), the share source and each pipeline's metrics."""
+    ``sink``: the dead-lettering of refused records, the processing threads (with the
+    record lock's gate), the share source and each pipeline's metrics."""
     by_name = {p.name: p for p in pipelines}
     refused = RefusedRecords(sink, by_name)
     rank = {p.name: p.config.rank for p in pipelines}
-    threads = lane_threads(BatchSteps(by_name, sink, ReportPolling(sink)), rank, config, metrics)
+    gate = LockGate(sink, clock, min(1.0, group.record_lock_s * 0.05))
+    threads = lane_threads(BatchSteps(by_name, sink, gate), rank, config, metrics)
     source = ShareSource(
         consumer,
         [t for p in pipelines for t in p.config.request_topics],
         on_acknowledged=events.on_acknowledged,
     )
     share_metrics = {p.name: metrics.for_share(p.name) for p in pipelines}
-    parts = ShareParts(source, sink, threads, refused, by_name, events, group, share_metrics)
+    parts = ShareParts(source, sink, threads, refused, by_name, events, group, share_metrics, gate)
     worker = ShareWorker(
         config=config,
         parts=parts,

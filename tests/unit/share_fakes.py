@@ -4,8 +4,9 @@ It behaves like confluent-kafka's ``ShareConsumer`` in explicit acknowledgement 
 where the worker can tell: a poll hands out up to ``max_poll`` records (all that wait
 with ``whole``, as a broker handing out whole producer batches does) and refuses to run
 while a record of the previous poll is unacknowledged; an acknowledgement of a record
-not held is refused; a RELEASEd record waits again with its delivery count one higher;
-acknowledgements are answered (``on_ack``) when they are sent.
+not held is refused; a RELEASEd record waits again with its delivery count one higher
+(or, with ``archive_at``, is archived at that count, as the broker does at the group's
+limit); acknowledgements are answered (``on_ack``) when they are sent.
 """
 
 from __future__ import annotations
@@ -73,6 +74,9 @@ class FakeShareConsumer:
     on_ack: Callable[[dict[TopicPartition, set[int]], KafkaException | None], None] | None = None
     refuse_acks: bool = False
     """Answer every acknowledgement sent with an error."""
+    archive_at: int | None = None
+    """A record RELEASEd at this delivery count or later is archived, never again."""
+    archived: list[int] = field(default_factory=list)
     _unsent: list[tuple[Position, str]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -109,6 +113,9 @@ class FakeShareConsumer:
             self._unsent.append((where, ack_type.name))
             if ack_type == AcknowledgeType.RELEASE:
                 count = (message.delivery_count() or 1) + 1
+                if self.archive_at is not None and count > self.archive_at:
+                    self.archived.append(where[2])
+                    return
                 self.waiting.insert(0, request(where[2], count, where[1]))
                 self.waiting.sort(key=lambda m: cast(int, m.offset()))
 

@@ -175,3 +175,44 @@ def test_a_healthy_worker_does_not_push_records_towards_their_last_delivery(
     assert len(consumer.released()) == 136
     assert sorted(consumer.accepted()) == list(range(200))
     assert rig.worker._budget.room(4) > 200, rig.worker._budget.room(4)
+
+
+@dataclass
+class LeftTheGroupConsumer(FakeShareConsumer):
+    """librdkafka after a poll held past max.poll.interval.ms: the next poll raises
+    _MAX_POLL_EXCEEDED once (the member left the group), then joins again."""
+
+    exceeded: bool = False
+
+    def poll(self, timeout: float = -1) -> list[Message]:
+        if self.exceeded:
+            self.exceeded = False
+            raise KafkaException(KafkaError(KafkaError._MAX_POLL_EXCEEDED, "exceeded by 5ms"))
+        return super().poll(timeout)
+
+
+def test_a_poll_held_past_the_poll_interval_does_not_stop_the_worker(
+    classifier: DemoModel, caplog: pytest.LogCaptureFixture
+) -> None:
+    consumer = LeftTheGroupConsumer(max_poll=8)
+    rig = share_worker(classifier, limit=5, consumer=consumer)
+    consumer.produce(4)
+    rig.worker.run_once()
+    consumer.exceeded = True
+    consumer.produce(4, start=4)
+    rig.worker.run_once()  # the member left: no records this time, no error
+    assert "max_poll_interval_ms" in caplog.text
+    rig.worker.run_once()
+    assert consumer.accepted() == list(range(8))
+    assert len(rig.sink.delivered_to("res")) == 8
+
+
+def test_other_poll_errors_still_raise(classifier: DemoModel) -> None:
+    @dataclass
+    class Broken(FakeShareConsumer):
+        def poll(self, timeout: float = -1) -> list[Message]:
+            raise KafkaException(KafkaError(KafkaError._FATAL, "fenced", fatal=True))
+
+    rig = share_worker(classifier, limit=5, consumer=Broken())
+    with pytest.raises(KafkaException):
+        rig.worker.run_once()

@@ -119,8 +119,24 @@ class ShareSource:
     def poll(self, timeout: float) -> list[Message]:
         """The records of one poll (acquired for this member); blocks at most ``timeout``.
         A message that carries an error is skipped as ``end_of_partition`` says; a fatal
-        one raises ``SourceError``."""
-        return without_errors(list(self._poll(timeout)), log)
+        one raises ``SourceError``.
+
+        A poll held longer than ``max.poll.interval.ms`` (a model fault hold, a Redis
+        wait) makes librdkafka leave the group and raise ``_MAX_POLL_EXCEEDED`` from the
+        next poll; the broker still takes that poll's acknowledgements and hands its
+        records to no one else, and this poll joins again: a warning, not a stop."""
+        try:
+            return without_errors(list(self._poll(timeout)), log)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError._MAX_POLL_EXCEEDED:
+                raise
+            log.warning(
+                "%s: the share consumer left the group while the worker served one poll; "
+                "it joins again (raise [kafka] max_poll_interval_ms above the longest a "
+                "poll may take)",
+                exc.args[0].str(),
+            )
+            return []
 
     def accept(self, messages: Iterable[Message]) -> int:
         """ACCEPT each record: its result or dead letter is delivered. Returns how many

@@ -17,6 +17,7 @@ from worker.loop.consumer_events import ConsumerEvents, RetiredBatches
 from worker.loop.membership import Membership
 from worker.loop.pausing import PausingManager, share_fetch_options
 from worker.loop.share_events import ShareEvents
+from worker.loop.share_poll import LockGate
 from worker.loop.share_worker import ShareParts, ShareWorker
 from worker.loop.threads import StageThreads
 from worker.loop.worker import Background, LoopParts, Worker
@@ -30,6 +31,7 @@ __all__ = [
     "BatchSteps",
     "Batcher",
     "ConsumerEvents",
+    "LockGate",
     "LoopParts",
     "Membership",
     "PausingManager",

@@ -15,7 +15,12 @@ record delivered ``isolated_from`` times or more is served alone, each acknowled
 before the next starts (``serving_order``), in ascending offsets on an even delivery
 count and descending on an odd one: a killer stops a member holding only what comes
 after it one time and only what came before it the next, so its batch-mates are done
-within two deliveries and it reaches the last one alone.
+within two deliveries and it reaches the last one alone. Serving alone is bounded by the
+lock: ``LockBudget`` measures how long one such turn takes, and where the rest would not
+fit before the lock budget runs out, they are served in as few groups as fit
+(``group_size``) rather than released: each release is a delivery, and a healthy record
+must never reach its last delivery (a dead letter, unprocessed) by the worker's own
+releases.
 """
 
 from __future__ import annotations
@@ -28,13 +33,15 @@ from typing import Literal
 from confluent_kafka import Message
 
 from worker.core import Clock, Job
-from worker.kafka import position
+from worker.kafka import Sink, position
 
 __all__ = [
     "LOCK_SHARE",
     "LockBudget",
+    "LockGate",
     "PollInFlight",
     "Settled",
+    "group_size",
     "isolated_from",
     "keep_within",
     "serving_order",
@@ -46,10 +53,10 @@ LOCK_SHARE = 0.8
 the rest covers the last batch's publishing and the acknowledgement's way to the broker."""
 
 _MEASURED_SHARE = 0.1
-_DECAY = 0.8
-"""How much a poll's records and seconds still weigh in the rate one poll later."""
 """A poll counts towards the rate once it took this part of the budget: shorter ones
 measure the fixed costs of a turn more than the model."""
+_DECAY = 0.8
+"""How much a poll's records and seconds still weigh in the rate one poll later."""
 
 
 def split(
@@ -85,7 +92,7 @@ class Settled:
     """What ``PollInFlight.settle`` found: jobs to accept, and one that failed."""
 
     accepted: list[Job] = field(default_factory=list)
-    failed: Job | None = None
+    failed: list[Job] = field(default_factory=list)
 
 
 class PollInFlight:
@@ -123,20 +130,33 @@ class PollInFlight:
 
     def settle(self) -> Settled:
         """Mark the held jobs whose deliveries are all done as accepted, in any order (a
-        share group acknowledges records one by one); the first done job with errors is
-        returned as failed (the caller stops the worker) and stays held."""
+        share group acknowledges records one by one); the done jobs with errors are
+        returned as failed (the caller stops the worker, or sends them again) and stay
+        held."""
         accepted: list[Job] = []
-        failed = None
+        failed: list[Job] = []
         for h in self._held:
             if h.state != "held" or not h.job.tracker.done:
                 continue
             if h.job.tracker.errors:
-                failed = failed or h.job
+                failed.append(h.job)
                 continue
             h.state = "accepted"
             accepted.append(h.job)
             self.accepted += len(h.job.batch)
         return Settled(accepted, failed)
+
+    def accepted_of(self, jobs: Sequence[Job]) -> int:
+        """Records of ``jobs`` accepted so far."""
+        wanted = {id(job) for job in jobs}
+        return sum(
+            len(h.job.batch) for h in self._held if h.state == "accepted" and id(h.job) in wanted
+        )
+
+    def add(self, job: Job) -> None:
+        """Hold one more job of this poll (records served alone, as their turn comes)."""
+        self._held.append(_Held(job))
+        self.records += len(job.batch)
 
     def release(self, jobs: Sequence[Job]) -> list[Job]:
         """Mark those of ``jobs`` still held as released; returns them."""
@@ -164,15 +184,29 @@ class LockBudget:
         self._records = 0.0
         self._elapsed = 0.0
         self._known = False
+        self._turn_s: float | None = None
 
-    def observe(self, finished: int, started: float) -> None:
-        """A poll begun at ``started`` ended with ``finished`` records accepted (those it
-        released are not finished: counting them would overstate the rate)."""
-        elapsed = max(0.0, self._clock() - started)
+    def observe(self, finished: int, started: float, ended: float | None = None) -> None:
+        """Batches begun at ``started`` and done at ``ended`` (now unless given) finished
+        ``finished`` records (those released are not finished: counting them would
+        overstate the rate)."""
+        elapsed = max(0.0, (self._clock() if ended is None else ended) - started)
         self._records = _DECAY * self._records + finished
         self._elapsed = _DECAY * self._elapsed + elapsed
         if self._elapsed >= _MEASURED_SHARE * self.seconds:
             self._known = True
+
+    def observe_turn(self, started: float) -> None:
+        """A turn of serving alone (its records' pass and the acknowledgements before it)
+        begun at ``started`` is done: the longest recent one is what the next may take."""
+        took = max(0.0, self._clock() - started)
+        last = self._turn_s
+        self._turn_s = took if last is None else max(took, _DECAY * last)
+
+    @property
+    def turn_s(self) -> float | None:
+        """How long a turn of serving alone takes, or None before the first."""
+        return self._turn_s
 
     def room(self, at_least: int) -> int | None:
         """Records a poll can finish in time (never below ``at_least``), or None while
@@ -180,6 +214,46 @@ class LockBudget:
         if not self._known or self._elapsed <= 0.0:
             return None
         return max(at_least, int(self._records / self._elapsed * self.seconds))
+
+
+def group_size(pending: int, seconds_left: float, turn_s: float | None) -> int:
+    """How many of ``pending`` records to serve together in the next turn, so that all
+    of them are served within ``seconds_left`` at ``turn_s`` a turn: one while they fit
+    (or the time of a turn is unknown), all the rest once no turn fits."""
+    if turn_s is None or turn_s <= 0.0 or pending <= 1:
+        return 1
+    turns = int(seconds_left / turn_s)
+    if turns >= pending:
+        return 1
+    if turns < 1:
+        return pending
+    return math.ceil(pending / turns)
+
+
+class LockGate:
+    """The share loop's ``BatchGate``: a batch whose record lock has run out is not run
+    or produced. The broker has made its records available again, to another member
+    that may be serving them now (at the group's last delivery, as a dead letter):
+    producing them here too would give a request two outcomes. The margin covers the
+    time between the broker's acquisition and the poll's return. The publish thread
+    serves earlier batches' delivery reports, as at-least-once's ``ReportPolling``."""
+
+    def __init__(self, sink: Sink, clock: Clock, margin_s: float) -> None:
+        self._sink = sink
+        self._clock = clock
+        self._margin_s = margin_s
+        self.expires = float("inf")
+        """When the lock of the poll in flight runs out, by this worker's clock (the
+        loop thread sets it per poll; the processing threads read it)."""
+
+    def hold(self, poll: PollInFlight) -> None:
+        self.expires = poll.lock_expires - self._margin_s
+
+    def stale(self, job: Job) -> bool:
+        return self._clock() >= self.expires
+
+    def acknowledge(self) -> None:
+        self._sink.poll(0)
 
 
 def isolated_from(limit: int) -> int:

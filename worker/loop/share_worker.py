@@ -15,7 +15,11 @@ what the worker holds. The loop thread takes a poll through these steps:
 
 1. A record on the group's last allowed delivery (``share.delivery.count.limit``)
    becomes a ``redelivered`` dead letter (stage ``consume``) before anything runs it:
-   it may be what stopped the members it went to, and the broker would archive it.
+   it may be what stopped the members it went to. The broker archives it whatever
+   becomes of it now (released, its lock expired, its member gone), so it is never
+   released: a dead letter that fails for a reason not about the record (the topic not
+   authorised, a delivery timeout) is sent again every ``_RESEND_S``, as an outage,
+   until it is delivered or the worker stops.
 2. What the worker could not finish within ``LOCK_SHARE`` of the record lock, at the
    rate it finished earlier polls (``LockBudget``), is released at once, for others.
 3. The rest is split into batches (``worker.loop.share_poll.split``), each a ``Job``
@@ -23,14 +27,20 @@ what the worker holds. The loop thread takes a poll through these steps:
    delivered nearly as often as the group allows (``isolated_from``) is served alone
    after them, each acknowledged to the broker before the next starts, so that a record
    that kills its members reaches its last delivery without its batch-mates
-   (``worker.loop.share_poll`` says how).
+   (``worker.loop.share_poll`` says how); where they would not all fit in the lock
+   budget one by one, they are served in as few groups as fit (``group_size``), never
+   released.
 4. The loop serves delivery reports (and dead-letters records the broker refuses for
    themselves, through ``RefusedRecords``) and ACCEPTs each job whose deliveries all
    succeeded, sending the acknowledgements at once. A failed delivery raises
    ``SinkError``: the worker stops, releasing what was not delivered.
-5. At ``LOCK_SHARE`` of the lock, the jobs no stage has started are released; those
-   running go on, and records finished after their lock expired count as lock overruns
-   (the broker may have delivered them to another member meanwhile).
+5. At ``LOCK_SHARE`` of the lock, the batches no stage has started are released (their
+   records stay below ``isolated_from``, so a release never brings a record to its last
+   delivery); those running go on while the lock lasts. A batch the processing threads
+   reach after the lock ran out (``LockGate``) is neither run nor produced, but
+   released and counted as a lock overrun: the broker may have handed its records to
+   another member meanwhile, at the group's last delivery as a dead letter, and a
+   result here too would give a request two outcomes.
 
 Threads are as in ``Worker``: the loop thread owns the share consumer (its callbacks run
 inside its poll and commits, ``ShareEvents``), the three processing threads run the
@@ -55,7 +65,15 @@ from worker.delivery import RefusedRecords
 from worker.errors import SinkError
 from worker.kafka import ShareGroupSettings, ShareSource, Sink, position
 from worker.loop.share_events import ShareEvents
-from worker.loop.share_poll import LockBudget, PollInFlight, keep_within, serving_order, split
+from worker.loop.share_poll import (
+    LockBudget,
+    LockGate,
+    PollInFlight,
+    group_size,
+    keep_within,
+    serving_order,
+    split,
+)
 from worker.loop.threads import StageThreads
 from worker.loop.worker import Background
 from worker.ops import HealthState, ShareMetrics
@@ -69,6 +87,18 @@ _SERVE_S = 0.005
 """How long one turn of waiting for a poll's jobs waits for delivery reports."""
 _QUIET_S = 60.0
 """A repeated warning (released surplus, lock overruns) is logged at most this often."""
+_RESEND_S = 1.0
+"""How long a failed last-delivery dead letter waits before it is sent again."""
+
+
+@dataclass(slots=True)
+class _LastDelivery:
+    """A record on its last delivery, its dead letter's job, and when to send it again."""
+
+    pipeline: str
+    msg: Message
+    count: int
+    resend_at: float | None = None
 
 
 class UnservedLetters(Protocol):
@@ -100,6 +130,8 @@ class ShareParts:
     group: ShareGroupSettings
     metrics: Mapping[str, ShareMetrics]
     """Each pipeline's share-group metrics, by pipeline name."""
+    gate: LockGate
+    """The processing threads' gate: what it finds past the record lock is not run."""
 
 
 class _Quiet:
@@ -142,6 +174,7 @@ class ShareWorker:
         self._pipelines = parts.pipelines
         self._events = parts.events
         self._metrics = parts.metrics
+        self._gate = parts.gate
         self._limit = parts.group.delivery_count_limit
         self._lock_s = parts.group.record_lock_s
         self._route = {t: p.name for p in config.pipelines for t in p.request_topics}
@@ -151,8 +184,10 @@ class ShareWorker:
         self._poll_s = config.poll_timeout_ms / 1000.0
         self._stop = threading.Event()
         self._inflight: PollInFlight | None = None
-        self._unsubmitted: list[Job] = []
+        self._alone: list[Message] = []
         """Records of the poll in flight to serve alone, not handed to the stages yet."""
+        self._last: dict[int, _LastDelivery] = {}
+        """The poll's last-delivery dead letters, by ``id`` of their job."""
         self._sync_acks = False
         """The poll in flight has records to serve alone: its acceptances go out only by
         ``_acknowledged``'s synchronous commit, so that each single starts only once the
@@ -174,7 +209,10 @@ class ShareWorker:
     def records_of(self, pipeline: str) -> int:
         """Records of ``pipeline`` this member holds (acquired, not acknowledged)."""
         poll = self._inflight
-        return 0 if poll is None else poll.records_of(pipeline)
+        if poll is None:
+            return 0
+        waiting = sum(1 for m in self._alone if self._route[position(m)[0]] == pipeline)
+        return poll.records_of(pipeline) + waiting
 
     def run(self, *, burst_idle_s: float | None = None) -> None:
         """Serve until ``stop()``; with ``burst_idle_s`` also stop after that long idle.
@@ -225,27 +263,45 @@ class ShareWorker:
             self._give_back_surplus(surplus)
         route, tracker = self._route, self._refused.tracker
         served = [Job.close(name, b, tracker) for name, b in split(kept, route, self._max_size)]
-        singles = [Job.close(route[position(m)[0]], [m], tracker) for m in alone]
-        poll = self._inflight = PollInFlight(jobs + served + singles, polled_at, self._lock_s)
-        self._unsubmitted = list(singles)
-        self._sync_acks = bool(singles)
+        poll = self._inflight = PollInFlight(jobs + served, polled_at, self._lock_s)
+        self._gate.hold(poll)
+        self._alone = list(alone)
+        self._sync_acks = bool(alone)
         for job in served:
             self._threads.submit(job)
-        finished = self._wait(poll, jobs + served)
-        for job in singles:
-            if not finished:
-                break
-            if poll.holds([job]):  # not released at the lock budget
-                self._acknowledged()
-                self._unsubmitted.remove(job)
-                self._threads.submit(job)
-                finished = self._wait(poll, [job])
-        if singles and finished:
+        finished = self._wait(poll, served)
+        if finished and served:
+            self._budget.observe(poll.accepted_of(served), polled_at)
+        while finished and self._alone:
+            started = self._clock()
             self._acknowledged()
-        if not poll.open:
+            job = self._next_alone(poll)
+            self._threads.submit(job)
+            finished = self._wait(poll, [job], release=False)
+            self._budget.observe_turn(started)
+        if finished:  # the last deliveries' dead letters
+            finished = self._wait(poll, poll.held(), release=False)
+        if alone and finished:
+            self._acknowledged()
+        if not poll.open and not self._alone:
             self._inflight = None
-            dead_lettered = sum(len(job.batch) for job in jobs)  # not processed: no measure
-            self._budget.observe(poll.accepted - dead_lettered, polled_at)
+            self._last = {}
+
+    def _next_alone(self, poll: PollInFlight) -> Job:
+        """The next turn of serving alone: one record while the rest fit in the lock
+        budget, else as many (of one pipeline) as leave each later turn its time."""
+        left = poll.polled_at + self._budget.seconds - self._clock()
+        name = self._route[position(self._alone[0])[0]]
+        size = min(self._max_size[name], group_size(len(self._alone), left, self._budget.turn_s))
+        group = []
+        for msg in self._alone[:size]:
+            if self._route[position(msg)[0]] != name:
+                break
+            group.append(msg)
+        del self._alone[: len(group)]
+        job = Job.close(name, group, self._refused.tracker)
+        poll.add(job)
+        return job
 
     def _acknowledged(self) -> None:
         """Wait until the broker has every acknowledgement made so far: a record served
@@ -268,20 +324,14 @@ class ShareWorker:
                     last.setdefault(name, []).append(msg)
         jobs = []
         for name, batch in last.items():
-            job = Job.close(name, batch, self._refused.tracker)
-            job.tracker.context = Unserved(batch)  # a refused dead letter goes again, bare
-            for msg in batch:
-                count = msg.delivery_count() or limit
-                self._pipelines[name].dead_letter_unserved(
-                    self._sink,
-                    job.tracker,
-                    msg,
-                    "redelivered",
-                    _last_delivery(count, limit),
-                    delivery_count=count,
-                )
-            job.tracker.seal()
-            jobs.append(job)
+            for msg in batch:  # one job each: a failed dead letter is sent again alone
+                job = Job.close(name, [msg], self._refused.tracker)
+                job.tracker.context = Unserved([msg])  # refused for itself: again, bare
+                last_delivery = _LastDelivery(name, msg, msg.delivery_count() or limit)
+                self._last[id(job)] = last_delivery
+                self._dead_letter_last(job, last_delivery)
+                job.tracker.seal()
+                jobs.append(job)
             log.warning(
                 "pipeline %s: %d records on their last allowed delivery (%d): dead-lettered "
                 "unprocessed (code redelivered)",
@@ -291,16 +341,38 @@ class ShareWorker:
             )
         return jobs
 
-    def _wait(self, poll: PollInFlight, jobs: Sequence[Job]) -> bool:
+    def _dead_letter_last(self, job: Job, last: _LastDelivery) -> None:
+        self._pipelines[last.pipeline].dead_letter_unserved(
+            self._sink,
+            job.tracker,
+            last.msg,
+            "redelivered",
+            _last_delivery(last.count, self._limit),
+            delivery_count=last.count,
+        )
+
+    def _resend_last(self, poll: PollInFlight) -> None:
+        """Send again the last-delivery dead letters whose wait is over."""
+        now = self._clock()
+        for job in poll.held():
+            last = self._last.get(id(job))
+            if last is not None and last.resend_at is not None and now >= last.resend_at:
+                last.resend_at = None
+                job.tracker.errors.clear()
+                self._dead_letter_last(job, last)
+
+    def _wait(self, poll: PollInFlight, jobs: Sequence[Job], *, release: bool = True) -> bool:
         """Serve ``poll`` until each of ``jobs`` is acknowledged, releasing at the lock
-        budget what has not started; after ``stop()``, for up to the shutdown timeout.
-        False: the shutdown timeout passed first."""
+        budget what has not started (unless ``release`` is False: records served alone
+        are never released); after ``stop()``, for up to the shutdown timeout. False: the
+        shutdown timeout passed first."""
         lock_deadline = poll.polled_at + self._budget.seconds
         while poll.holds(jobs):
             self._check_health()
             self._refused.serve(_SERVE_S)
             self._settle(poll)
-            if not poll.over_budget and self._clock() >= lock_deadline:
+            self._resend_last(poll)
+            if release and not poll.over_budget and self._clock() >= lock_deadline:
                 poll.over_budget = True
                 self._release_unstarted(poll)
             if self._stop.is_set():
@@ -337,17 +409,46 @@ class ShareWorker:
                     "or max_batch_size, or raise the group's share.record.lock.duration.ms)",
                     self._lock_s,
                 )
-        if settled.failed is not None:
-            errors = settled.failed.tracker.errors
-            raise SinkError(
-                f"{len(errors)} deliveries of a batch failed, not acknowledging it: "
-                + "; ".join(errors)
-            )
+        for job in settled.failed:
+            errors = job.tracker.errors
+            last = self._last.get(id(job))
+            if last is None and self._gate.stale(job):
+                self._expired(poll, job)
+            elif last is None:
+                raise SinkError(
+                    f"{len(errors)} deliveries of a batch failed, not acknowledging it: "
+                    + "; ".join(errors)
+                )
+            elif last.resend_at is None:
+                last.resend_at = self._clock() + _RESEND_S
+                self._warn(
+                    "resend",
+                    "the dead letter of a record on its last delivery failed (%s); it is "
+                    "sent again every %gs and the record held until it is delivered (the "
+                    "broker would archive it)",
+                    "; ".join(errors),
+                    _RESEND_S,
+                )
+
+    def _expired(self, poll: PollInFlight, job: Job) -> None:
+        """A batch the gate held back, its lock run out: its records are the broker's
+        again (it refuses this release, or counts it as the lock would)."""
+        for held in poll.release([job]):
+            self._metrics[held.pipeline].released.inc(self._source.release(held.batch))
+            self._metrics[held.pipeline].lock_overruns.inc(len(held.batch))
+        self._source.send()
+        self._warn(
+            "expired",
+            "the %gs record lock ran out before a batch of %d records was produced: not "
+            "produced here, the broker delivers it again (lower max_in_flight_batches or "
+            "max_batch_size, or raise the group's share.record.lock.duration.ms)",
+            self._lock_s,
+            len(job.batch),
+        )
 
     def _release_unstarted(self, poll: PollInFlight) -> None:
         """The poll outlived the lock budget: release the jobs no stage has started."""
-        jobs = poll.release(self._threads.discard_queued() + self._unsubmitted)
-        self._unsubmitted = []
+        jobs = poll.release(self._threads.discard_queued())
         for job in jobs:
             self._metrics[job.pipeline].released.inc(self._source.release(job.batch))
         if jobs:
@@ -355,7 +456,7 @@ class ShareWorker:
         self._warn(
             "lock",
             "a poll of %d records is not finished after %.0fs of its %gs record lock: "
-            "released the %d records no stage had started, for other members (lower "
+            "released the %d batched records no stage had started, for other members (lower "
             "max_in_flight_batches or max_batch_size, or raise the group's "
             "share.record.lock.duration.ms)",
             poll.records,
@@ -396,6 +497,11 @@ class ShareWorker:
         if poll is not None:  # nothing of a queued job was produced: release it now
             for job in poll.release(self._threads.discard_queued()):
                 self._metrics[job.pipeline].released.inc(self._source.release(job.batch))
+            for msg in self._alone:
+                self._metrics[self._route[position(msg)[0]]].released.inc(
+                    self._source.release([msg])
+                )
+            self._alone = []
         if not self._threads.close(5.0):
             log.warning("the processing thread did not finish")
         for part in self._background:
@@ -409,9 +515,9 @@ class ShareWorker:
                     self._metrics[job.pipeline].accepted.inc(self._source.accept(job.batch))
             except Exception:  # the records stay unaccepted: released below
                 log.exception("finishing the last deliveries failed")
-            for job in poll.release(poll.held()):
-                self._metrics[job.pipeline].released.inc(self._source.release(job.batch))
+            self._give_up(poll)
         self._inflight = None
+        self._last = {}
         try:
             refused = self._source.commit(timeout)
             if refused:
@@ -420,6 +526,22 @@ class ShareWorker:
         except Exception:  # close must not hide the error that brought us here
             log.exception("closing the share consumer failed")
         self._sink.flush(timeout)
+
+    def _give_up(self, poll: PollInFlight) -> None:
+        """Release what the stopping worker holds; a last delivery whose dead letter is
+        still undelivered is archived by the broker whatever is done now: say which."""
+        lost = [self._last[id(job)] for job in poll.held() if id(job) in self._last]
+        for last in lost:
+            log.error(
+                "stopping before the dead letter of %s[%d]@%d (delivery %d, the share "
+                "group's last) was delivered: the broker archives it with no result and "
+                "no dead letter",
+                *position(last.msg),
+                last.count,
+            )
+        for job in poll.release(poll.held()):
+            if id(job) not in self._last:
+                self._metrics[job.pipeline].released.inc(self._source.release(job.batch))
 
 
 def _last_delivery(count: int, limit: int) -> str:

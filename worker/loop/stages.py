@@ -1,9 +1,10 @@
 """The processing stages of one batch, as ``StageThreads`` runs them.
 
 Decode and enrich on the first thread, infer on the second, publish on the third, each
-a step that returns the next. A batch a rewind made stale (exactly-once) is skipped at
-the first and at the last step: nothing of it is produced, and its tracker fails so it
-is never committed. The delivery mode's ``BatchGate`` says which batches are stale.
+a step that returns the next. A batch a rewind made stale (exactly-once), or whose
+record lock ran out (a share group), is skipped at the first and at the last step:
+nothing of it is produced, and its tracker fails so it is never committed or accepted.
+The delivery mode's ``BatchGate`` says which batches are stale.
 """
 
 from __future__ import annotations
@@ -50,5 +51,5 @@ class BatchSteps:
 
 
 def _skip(job: Job) -> None:
-    job.tracker.fail("skipped: a rewind is pending")
+    job.tracker.fail("skipped: stale (a rewind is pending, or its record lock ran out)")
     job.tracker.seal()
