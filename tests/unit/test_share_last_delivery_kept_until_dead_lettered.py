@@ -17,21 +17,27 @@ from tests.unit.fakes import FakeSink
 from tests.unit.share_fakes import Clock, FakeShareConsumer, request, share_worker
 
 LIMIT = 5
+LOCK_S = 1000.0
 
 
 @dataclass
 class DlqDownSink(FakeSink):
     """Results are delivered; the dead-letter topic refuses the first ``failures``
     dead letters (not a record error: the batch fails), calling ``on_failure``; the
-    clock moves 0.25 s with each poll of the producer."""
+    clock moves 0.25 s with each poll of the producer that serves a report, and with
+    every poll once ``results`` results were delivered: before that, the loop's idle
+    polls do not move it, so however slowly the stage threads run here, the batched
+    records are never given up on for the time the loop spun meanwhile."""
 
     clock: Clock = field(default_factory=Clock)
     failures: int = 1_000_000
     on_failure: Callable[[], None] = lambda: None
+    results: int = 2
 
     def poll(self, timeout: float = 0.0) -> int:
-        self.clock.now += 0.25
         acked, self.unacked = self.unacked, []
+        if acked or len(self.delivered_to("res")) >= self.results:
+            self.clock.now += 0.25
         for tracker, msg in acked:
             if msg.topic() == "dlq" and self.failures > 0:
                 self.failures -= 1
@@ -51,7 +57,7 @@ def test_a_failed_last_delivery_dead_letter_is_sent_again_until_delivered(
     consumer = FakeShareConsumer(max_poll=8, archive_at=LIMIT)
     sink = DlqDownSink(clock=clock, failures=4)
     rig = share_worker(
-        classifier, limit=LIMIT, lock_s=1000.0, consumer=consumer, sink=sink, clock=clock
+        classifier, limit=LIMIT, lock_s=LOCK_S, consumer=consumer, sink=sink, clock=clock
     )
     consumer.waiting += [request(0), request(1, count=LIMIT, rid="last"), request(2)]
     rig.worker.run_once()
@@ -73,7 +79,7 @@ def test_a_stop_while_the_dead_letter_fails_names_the_record_the_broker_archives
     consumer = FakeShareConsumer(max_poll=8, archive_at=LIMIT)
     sink = DlqDownSink(clock=clock)
     rig = share_worker(
-        classifier, limit=LIMIT, lock_s=1000.0, consumer=consumer, sink=sink, clock=clock
+        classifier, limit=LIMIT, lock_s=LOCK_S, consumer=consumer, sink=sink, clock=clock
     )
     sink.on_failure = rig.worker.stop
     consumer.waiting += [request(0), request(1, count=LIMIT, rid="last"), request(2)]
