@@ -1,11 +1,16 @@
-"""MkDocs hook: the reference pages are written from the code at every build.
+"""MkDocs hook: the reference pages are written from the code at every build, and the
+benchmarks' charts and JSON join the site.
 
 ``mkdocs build`` and ``mkdocs serve`` call ``on_files``; the pages come from
-``streamfer_dev.reference`` and exist only in the built site, never under ``docs/``.
+``streamfer_dev.reference`` and exist only in the built site, never under ``docs/``. The
+results log (``benchmarks/RESULTS.md``, included as ``docs/benchmarks/RESULTS.md``) links
+its artefacts as ``results/...``, so ``benchmarks/results/`` is served at
+``benchmarks/results/`` beside it, without a copy under ``docs/``.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from mkdocs.structure.files import File, Files
@@ -19,4 +24,9 @@ def on_files(files: Files, config: Any) -> Files:
         if old is not None:
             files.remove(old)
         files.append(File.generated(config, path, content=write()))
+    results = Path(config["config_file_path"]).parent / "benchmarks" / "results"
+    for artefact in sorted(results.glob("*")):
+        if artefact.suffix in (".png", ".json"):
+            uri = f"benchmarks/results/{artefact.name}"
+            files.append(File.generated(config, uri, abs_src_path=str(artefact)))
     return files
