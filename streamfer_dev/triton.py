@@ -22,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -189,25 +191,31 @@ def start_triton(
     return server
 
 
-def _wait_ready(server: TritonServer, timeout: float) -> None:
-    import tritonclient.grpc as grpcclient
-
-    client = grpcclient.InferenceServerClient(server.url)
-    deadline = time.monotonic() + timeout
-    names = [m.split(":", 2)[:2] for m in server.models]
+def _answers_ready(url: str) -> bool:
     try:
-        while time.monotonic() < deadline:
-            assert server.process is not None
-            if server.process.poll() is not None:
-                raise StackError(f"tritonserver exited:\n{server.log_tail()}")
-            try:
-                if all(client.is_model_ready(n, v, client_timeout=2) for n, v in names):
-                    return
-            except Exception:  # not listening yet
-                pass
-            time.sleep(0.3)
-    finally:
-        client.close()
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return bool(answer.status == 200)
+    except (OSError, urllib.error.URLError):  # not listening yet, or 400: not ready
+        return False
+
+
+def _wait_ready(server: TritonServer, timeout: float) -> None:
+    """Until every model answers ready on the server's HTTP endpoint (KServe v2's
+    ``/v2/models/NAME/versions/V/ready``): plain HTTP, so the dev package needs no
+    Triton client of its own."""
+    http = server.ports[0]
+    urls = [
+        f"http://127.0.0.1:{http}/v2/models/{name}/versions/{version}/ready"
+        for name, version in (m.split(":", 2)[:2] for m in server.models)
+    ]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert server.process is not None
+        if server.process.poll() is not None:
+            raise StackError(f"tritonserver exited:\n{server.log_tail()}")
+        if all(_answers_ready(url) for url in urls):
+            return
+        time.sleep(0.3)
     raise StackError(
         f"Triton did not serve {server.models} in {timeout:.0f}s:\n{server.log_tail()}"
     )
