@@ -851,9 +851,9 @@ def broker_failover_scenario(
     logs = fleet.logs_text().splitlines()
     report = run.report(fleet, good, set(), hurt=hurt)
     lost = ("Connection refused", "Disconnected", "onnection reset", "closed by peer")
-    report["connection_errors_logged"] = sum(
-        1 for line in logs if " ERROR " in line and any(w in line for w in lost)
-    )
+    errors = [line for line in logs if " ERROR " in line and any(w in line for w in lost)]
+    report["connection_errors_logged"] = len(errors)
+    report["connection_error_lines"] = errors[:5]
     report["outage_warnings"] = sum(1 for line in logs if "is unreachable (" in line)
     report["back_lines"] = sum(1 for line in logs if "is up again after" in line)
     return report
