@@ -86,8 +86,17 @@ def test_a_broker_restart_is_one_warning_and_one_line_when_it_is_back(
             "Connection refused (after 0ms in state CONNECT)"
         ),
         _record("producer error: 127.0.0.1:9093/2: Disconnected (after 12ms in state UP)"),
+        # the coordinator's connection before librdkafka knows which broker it is
+        _librdkafka(
+            "[thrd:GroupCoordinator]: GroupCoordinator: Connect to ipv4#127.0.0.1:9093 "
+            "failed: Connection refused (after 0ms in state CONNECT)"
+        ),
+        _record(
+            "kafka: GroupCoordinator: Connect to ipv4#127.0.0.1:9093 failed: Connection "
+            "refused (after 0ms in state CONNECT)"
+        ),
     ]
-    for i in range(200):  # 10 s of a restart, a line every 50 ms: 34 INFO, 166 errors
+    for i in range(200):  # 10 s of a restart, a line every 50 ms: 25 INFO, 175 errors
         clock.now = i * 0.05
         record = lines[i % len(lines)]
         if outages.filter(record):
@@ -104,7 +113,7 @@ def test_a_broker_restart_is_one_warning_and_one_line_when_it_is_back(
         outages.seen({"127.0.0.1:9093/2": {"state": "UP"}, "GroupCoordinator": {"state": "UP"}})
         outages.seen({"127.0.0.1:9093/2": {"state": "UP"}})  # said once
     assert caplog.messages == [
-        "Kafka broker 127.0.0.1:9093 is up again after 14s (165 connection errors held back)"
+        "Kafka broker 127.0.0.1:9093 is up again after 14s (174 connection errors held back)"
     ]
     again = _librdkafka(REFUSED.format(port=9093, id=2))
     assert outages.filter(again) and again.levelname == "WARNING"  # a new outage

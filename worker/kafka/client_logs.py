@@ -30,6 +30,11 @@ _BROKER = re.compile(r"(?:^|\s)(\S+?:\d+)(?:/\w+)?: ")
 id; ``GroupCoordinator: host:port`` for the coordinator's connection), where a message
 about one connection starts."""
 
+_ADDRESS = re.compile(r"ipv4#([\d.]+:\d+)|ipv6#(\[[0-9a-fA-F:.]+\]:\d+)")
+"""The address librdkafka connects to (``Connect to ipv4#host:port failed``): the only
+broker name in a line about the coordinator's connection before it knows the broker
+(``GroupCoordinator: Connect to ...``)."""
+
 _CONNECTION_LOST = (
     "Connection refused",
     "Disconnected",
@@ -101,10 +106,12 @@ class BrokerOutages(logging.Filter):
         if record.levelno < logging.WARNING:
             return True
         message = record.getMessage()
-        found = _BROKER.search(message)
-        if found is None or not any(words in message for words in _CONNECTION_LOST):
+        if not any(words in message for words in _CONNECTION_LOST):
             return True
-        broker, now = found.group(1), self._clock()
+        broker = _broker_of(message)
+        if broker is None:
+            return True
+        now = self._clock()
         down = self._down.get(broker)
         if down is None or now - down[3] >= self.quiet_s:
             self._down[broker] = [now, now, 0, now]
@@ -141,6 +148,15 @@ class BrokerOutages(logging.Filter):
                     self._clock() - down[0],
                     int(down[2]),
                 )
+
+
+def _broker_of(message: str) -> str | None:
+    """``host:port`` of the broker a connection error is about, or None."""
+    named = _BROKER.search(message)
+    if named is not None:
+        return named.group(1)
+    address = _ADDRESS.search(message)
+    return None if address is None else address.group(1) or address.group(2)
 
 
 KAFKA_LOG = logging.getLogger("streamfer.kafka")
