@@ -99,10 +99,10 @@ def test_a_spec_valid_schema_fastavro_refuses_is_read_by_the_prepare_stage(
     plain = parse_schema(request_schema("bytes"))  # the spec's reading: plain bytes
     value = framed(sid, plain, {"id": "r0", "entity": "e1", "amount": b"\x01\x02"})
     prepared = pipeline.prepare([Message(topic=TOPIC, partition=0, offset=0, value=value)])
-    assert prepared.decoded.rejections == []
-    assert prepared.decoded.ids == ["r0"]
-    assert prepared.decoded.docs[0]["amount"] == b"\x01\x02"
-    assert list(prepared.good) == [0]
+    assert prepared.rows.decoded.rejections == []
+    assert prepared.rows.decoded.ids == ["r0"]
+    assert prepared.rows.decoded.docs[0]["amount"] == b"\x01\x02"
+    assert list(prepared.rows.good) == [0]
 
 
 @pytest.mark.parametrize(

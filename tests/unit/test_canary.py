@@ -169,7 +169,7 @@ def test_a_batch_with_no_canary_key_makes_one_call(
     pipeline, primary, candidate, _ = _pipeline(versions, make_store, 0.01)
     batch = [m for m in _messages(200) if _expected_bucket(m.key()) >= 1][:50]
     prepared = pipeline.infer(pipeline.prepare(batch))
-    assert prepared.canary is None and prepared.candidate is None
+    assert prepared.rows.canary is None and prepared.candidate is None
     assert (primary.calls, candidate.calls) == ([50], [])
 
 

@@ -664,8 +664,8 @@ def test_config_refusal_waits_with_a_reason_and_never_dead_letters(
     with caplog.at_level(logging.INFO, logger="worker.features.store_wait"):
         prepared = pipeline.prepare(BATCH)  # type: ignore[arg-type]
     assert store.calls == 4
-    assert prepared.feature_rejects == []
-    assert prepared.good.tolist() == [0, 1]
+    assert prepared.rows.rejected == []
+    assert prepared.rows.good.tolist() == [0, 1]
     assert heard == [(False, REFUSED), (True, None)]
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1  # the same refusal three times is logged once

@@ -155,15 +155,15 @@ def test_a_replaced_engine_lives_until_its_last_batch_is_published(
 ) -> None:
     sink = FakeSink()
     old = weakref.ref(pipeline.slot.for_batch().engine)
-    in_flight = pipeline.infer(pipeline.prepare(_batch("e0", "e1")))
+    in_flight = [pipeline.infer(pipeline.prepare(_batch("e0", "e1")))]  # held as a stage holds it
     pipeline.slot.swap(_live(config, versions["2"], "2"))
     newer = pipeline.infer(pipeline.prepare(_batch("e2", start=5)))
     assert old() is not None, "a batch that ran on it is not published yet"
     tracker = DeliveryTracker()
-    pipeline.publish(in_flight, sink, tracker)
+    pipeline.publish(in_flight.pop(), sink, tracker)
     assert old() is None, "released by reference counting as its last batch published"
-    assert tracker.context is in_flight  # still there to dead-letter refused results
-    assert in_flight.model is not None and in_flight.model.version == "1"
+    assert tracker.published is not None  # still there to dead-letter refused results
+    assert tracker.published.model == "m:1"
     pipeline.publish(newer, sink, DeliveryTracker())
     assert pipeline.slot.for_batch().identity.version == "2"
 

@@ -277,13 +277,13 @@ def test_a_model_changed_between_look_up_and_inference_gets_new_keys(
     h = Harness(classifier, store, engine)
     h.run([req("a", "e0")])
     prepared = h.cached.prepare(h.batch([req("b", "e0")]))  # type: ignore[arg-type]
-    assert prepared.cached is not None and prepared.cached.found  # a hit, for now
+    assert prepared.rows.cached is not None and prepared.rows.cached.found  # a hit, for now
     engine.swapped = True
-    h.cached.infer(prepared)
+    scored = h.cached.infer(prepared)
     sink = FakeSink()
     from worker.core.tracker import DeliveryTracker
 
-    h.cached.publish(prepared, sink, DeliveryTracker())  # type: ignore[arg-type]
+    h.cached.publish(scored, sink, DeliveryTracker())  # type: ignore[arg-type]
     assert flags(sink.sent) == [None]  # computed by the "new" model
     assert engine.calls[-1] == 1
 

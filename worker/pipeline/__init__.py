@@ -7,7 +7,6 @@ from __future__ import annotations
 from worker.pipeline.canary import Canary
 from worker.pipeline.feeds import FeedPlan, InputFeed
 from worker.pipeline.hooks import BatchHooks, load_hooks
-from worker.pipeline.publish import Unserved
 from worker.pipeline.result_format import result_encoder
 from worker.pipeline.shadow import ShadowRunner
 from worker.pipeline.steps import Pipeline
@@ -19,7 +18,6 @@ __all__ = [
     "InputFeed",
     "Pipeline",
     "ShadowRunner",
-    "Unserved",
     "load_hooks",
     "result_encoder",
 ]

@@ -14,7 +14,9 @@ refuses the pair).
 ``Pipeline`` is what the other layers see: it checks that its parts go together and
 builds the three steps from them, each in a module of its own (``worker.pipeline.prepare``,
 ``worker.pipeline.infer``, ``worker.pipeline.publish``), which the loop's stage threads
-then call one after another.
+then call one after another. Each step hands the next a value of its own type
+(``worker.pipeline.values``): ``Enriched`` (decoded and enriched), ``Scored`` (what the
+model answered); publish leaves ``worker.core.Published`` on the batch's tracker.
 """
 
 from __future__ import annotations
@@ -40,17 +42,20 @@ from worker.pipeline.feeds import BatchFetcher, FeedPlan
 from worker.pipeline.hooks import BatchHooks
 from worker.pipeline.infer import InferStep
 from worker.pipeline.model_faults import ModelFaults, ModelFaultWait
-from worker.pipeline.prepare import Prepared, PrepareStep
+from worker.pipeline.prepare import PrepareStep
 from worker.pipeline.publish import PublishStep
 from worker.pipeline.request_shape import RequestShape
 from worker.pipeline.shadow import ShadowRunner
+from worker.pipeline.values import Enriched, Scored
 from worker.registry import AvroResults, FramedRequests
 
-__all__ = ["Pipeline", "Prepared"]
+__all__ = ["Pipeline"]
 
 
 class Pipeline:
-    """Processes batches for one pipeline config. Called from the worker's loop thread.
+    """Processes batches for one pipeline config. Each step is called from its own stage
+    thread (``worker.loop.threads``), one batch at a time, and hands the next an immutable
+    value (``worker.pipeline.values``); ``handle`` runs all three on the calling thread.
 
     ``slot`` holds the model it serves, ``engine`` named as the config's model at first;
     ``worker.models.reloader`` may swap it between two batches. ``plan`` is how the config's
@@ -166,7 +171,6 @@ class Pipeline:
         )
         self._publish = PublishStep(
             config,
-            slot=slot,
             dead_letters=self.dead_letters,
             metrics=metrics,
             cache=cache,
@@ -180,17 +184,17 @@ class Pipeline:
         """``prepare``, ``infer`` and ``publish`` one batch on the calling thread, which
         waits while the model is at fault (raising ModelFault once ``abort`` is set)."""
         tracker = tracker if tracker is not None else DeliveryTracker()
-        prepared = self.prepare(batch)
+        enriched = self.prepare(batch)
         while True:
             try:
-                self.infer(prepared)
+                scored = self.infer(enriched)
                 break
             except Parked as parked:  # nothing else runs on this thread: wait here
                 self._abort.wait(parked.after_s)
-        self.publish(prepared, sink, tracker)
+        self.publish(scored, sink, tracker)
         return tracker, next_offsets(batch)
 
-    def prepare(self, batch: Sequence[Message]) -> Prepared:
+    def prepare(self, batch: Sequence[Message]) -> Enriched:
         """Decode and enrich one batch; nothing is produced yet.
 
         Blocks while the feature store is unreachable, retrying with backoff until it
@@ -199,7 +203,7 @@ class Pipeline:
         """
         return self._prepare(batch)
 
-    def infer(self, prepared: Prepared) -> Prepared:
+    def infer(self, enriched: Enriched) -> Scored:
         """Run the model on the rows that reached it; a failing row is isolated by
         bisection and becomes a dead letter, the others still publish. The slot is read
         here, once: the whole batch runs on (and names) one model version.
@@ -208,12 +212,13 @@ class Pipeline:
         nothing of the batch is refused; call ``infer`` with it again after the wait the
         ``Parked`` names, before any other batch of this pipeline. Raises ModelFault on
         that call once ``abort`` is set."""
-        return self._infer(prepared)
+        return self._infer(enriched)
 
-    def publish(self, prepared: Prepared, sink: Sink, tracker: DeliveryTracker) -> None:
-        """Send a result or dead letter for every message of the batch, then seal the
-        tracker. Deliveries complete asynchronously on ``sink``; the tracker says when."""
-        self._publish(prepared, sink, tracker)
+    def publish(self, scored: Scored, sink: Sink, tracker: DeliveryTracker) -> None:
+        """Send a result or dead letter for every message of the batch, keep what was
+        published on the tracker (``tracker.published``) and seal it. Deliveries complete
+        asynchronously on ``sink``; the tracker says when."""
+        self._publish(scored, sink, tracker)
 
     def dead_letter_unserved(
         self,
