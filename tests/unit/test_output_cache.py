@@ -432,9 +432,9 @@ def test_an_entry_costs_its_bytes_not_an_encoder_buffer(
     try:
         before = tracemalloc.get_traced_memory()[0]
         rows = h.cache.look_up(feeds, onnx_engine)
-        h.cache.to_run(rows, feeds, onnx_engine)
-        h.cache.settle(rows, outputs, {})
-        rows = None  # only the cache's entries are left
+        plan = h.cache.to_run(rows, feeds, onnx_engine)
+        h.cache.settle(plan, outputs, {})
+        rows = plan = None  # only the cache's entries are left
         held = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()

@@ -92,12 +92,13 @@ class InferStep:
         docs = rows.decoded.docs
         requests = [docs[g] for g in rows.good.tolist()] if wants else []
         split = rows.canary
-        candidate = None
+        candidate = settled = None
         outputs: Outputs = {}
         try:
             if rows.cached is not None:
                 assert self._cache is not None
-                failed = self._calls.uncached(self._cache, rows.cached, feeds, live.engine)
+                settled = self._calls.uncached(self._cache, rows.cached, feeds, live.engine)
+                failed = settled.failed
             elif split is None or self._canary is None:
                 outputs, failed = self._calls.run(live.engine, feeds, requests, watched=True)
             else:
@@ -108,5 +109,7 @@ class InferStep:
         except ModelFault as fault:
             raise self._wait.held(fault, live.identity) from None
         if shadow is None:  # the feeds are let go here: nothing after the model reads them
-            return Scored(rows, enriched.timings, live, outputs, failed, candidate)
-        return Scored(rows, enriched.timings, live, outputs, failed, candidate, feeds, requests)
+            return Scored(rows, enriched.timings, live, outputs, failed, candidate, settled)
+        return Scored(
+            rows, enriched.timings, live, outputs, failed, candidate, settled, feeds, requests
+        )

@@ -110,8 +110,8 @@ class PublishStep:
         m.batches.inc()
         m.batch_size.observe(len(batch))
         tracker.seal()
-        if self._cache is not None and rows.cached is not None:
-            self._cache.share(rows.cached)  # while the deliveries are on their way
+        if self._cache is not None and scored.settled is not None:
+            self._cache.share(scored.settled)  # while the deliveries are on their way
 
     def _offer_shadow(self, shadow: ShadowRunner, scored: Scored, model: ModelIdentity) -> None:
         """Hand the shadow its copy of the batch (after this batch's results are sent)."""
@@ -140,7 +140,7 @@ class PublishStep:
         batch, good, failed = at.batch, at.good, scored.failed
         rows, ids = at.decoded.rows, at.decoded.ids
         n = len(good)
-        cached = at.cached
+        cached = scored.settled
         outs: Iterable[object]
         if cached is None:
             finite = finite_rows(scored.outputs, n)

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 from confluent_kafka import Message
 
-from worker.cache import CachedRows
+from worker.cache import CachedRows, SettledRows
 from worker.core import DecodedRequests, StageTimings
 from worker.inference import LiveModel, Outputs
 from worker.pipeline.feeds import Feeds
@@ -36,8 +36,8 @@ class BatchRows:
     ``good`` indexes ``decoded.rows`` (the requests that reach the model); every array a
     later step adds about rows (feeds, outputs, ``canary``) is aligned with it.
     ``rejected``: (row of ``decoded.rows``, code, reason) of the requests whose features
-    were refused. With an output cache, ``cached`` holds each row's key (and, once the
-    model ran, its encoded outputs); with a canary, ``canary`` marks the rows of ``good``
+    were refused. With an output cache, ``cached`` holds each row's key and what the
+    cache held for it; with a canary, ``canary`` marks the rows of ``good``
     it scores (None: none).
     """
 
@@ -67,7 +67,8 @@ class Scored:
     its engine is held here until the batch is published, so a replaced engine lives
     until its last batch is out. ``outputs`` and ``failed`` (row of ``good`` -> why the
     model refused it) are aligned with ``rows.good``; with a canary, ``candidate`` is
-    the canary's model that scored its rows.
+    the canary's model that scored its rows. With an output cache, ``settled`` holds
+    every row's encoded outputs (and ``outputs`` is empty).
     """
 
     rows: BatchRows
@@ -76,6 +77,7 @@ class Scored:
     outputs: Outputs
     failed: Mapping[int, str]
     candidate: LiveModel | None = None
+    settled: SettledRows | None = None
     feeds: Feeds | None = None
     """The model's inputs, kept only for a shadow (None without one)."""
     requests: Sequence[dict[str, Any]] = ()
