@@ -28,11 +28,11 @@ from tests.unit.fakes import TOPIC
 from worker.config import BatchPolicy, FeatureSpec, ModelSpec, PipelineConfig
 from worker.core.types import DecodedRequests
 from worker.inference.engine import OnnxEngine
+from worker.models import build_pipeline
 from worker.ops.metrics import Metrics
 from worker.pipeline.codec import decode_requests
 from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.request_shape import RequestShape
-from worker.pipeline.steps import Pipeline
 from worker.registry import FramedRequests
 
 
@@ -88,7 +88,7 @@ def test_a_spec_valid_schema_fastavro_refuses_is_read_by_the_prepare_stage(
     row = classifier.features[0].tolist()
     data = {"e1": {f: repr(float(v)).encode() for f, v in zip(classifier.fields, row, strict=True)}}
     engine = OnnxEngine(p.model)
-    pipeline = Pipeline(
+    pipeline = build_pipeline(
         p,
         store=MemoryStore(data, classifier.fields),
         engine=engine,

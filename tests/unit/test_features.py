@@ -33,6 +33,7 @@ from worker.features.stores import (
     pack_vector,
 )
 from worker.inference.engine import TensorInput
+from worker.models import build_pipeline
 from worker.ops.health import HealthState
 from worker.ops.metrics import Metrics
 from worker.pipeline.codec import ENTITY_PATTERN
@@ -639,7 +640,7 @@ def make_pipeline(store: RowStore, **kw: Any) -> Pipeline:
     )
     metrics = Metrics(CollectorRegistry()).for_pipeline("p")
     plan = FeedPlan.build(config, _Engine.inputs)
-    return Pipeline(config, store=store, engine=_Engine(), plan=plan, metrics=metrics, **kw)
+    return build_pipeline(config, store=store, engine=_Engine(), plan=plan, metrics=metrics, **kw)
 
 
 BATCH = [_Msg(b'{"id": "r1", "entity": "e1"}'), _Msg(b'{"id": "r2", "entity": "e2"}')]

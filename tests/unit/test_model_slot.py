@@ -19,6 +19,7 @@ from worker.config import ModelSpec, PipelineConfig
 from worker.core.tracker import DeliveryTracker
 from worker.inference.engine import OnnxEngine
 from worker.inference.slot import LiveModel, ModelIdentity, ModelSlot
+from worker.models import build_pipeline
 from worker.ops.metrics import Metrics
 from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.steps import Pipeline
@@ -48,7 +49,7 @@ def pipeline(config: PipelineConfig, make_store: StoreFactory) -> Pipeline:
         for e, row in ROWS.items()
     }
     engine = OnnxEngine(config.model)
-    return Pipeline(
+    return build_pipeline(
         config,
         store=make_store(data, FIELDS),
         engine=engine,

@@ -32,10 +32,10 @@ from worker.cli import main
 from worker.config import CacheSpec, FeatureSpec, ModelSpec, PipelineConfig, parse_config
 from worker.errors import ConfigError
 from worker.inference.engine import InferenceEngine, OnnxEngine
+from worker.models import build_pipeline
 from worker.ops.metrics import Metrics
 from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.hooks import BatchHooks
-from worker.pipeline.steps import Pipeline
 
 if TYPE_CHECKING:
     from conftest import MemoryStore, StoreFactory
@@ -86,7 +86,7 @@ class Harness:
         self.cache: OutputCache = built
         self.engine = engine
         plan = FeedPlan.build(config, engine.inputs)
-        self.cached = Pipeline(
+        self.cached = build_pipeline(
             config,
             store=store,
             engine=engine,
@@ -94,7 +94,7 @@ class Harness:
             metrics=self.metrics.for_pipeline("p"),
             cache=self.cache,
         )
-        self.plain = Pipeline(
+        self.plain = build_pipeline(
             config.model_copy(update={"cache": CacheSpec()}),
             store=store,
             engine=engine,
@@ -295,7 +295,7 @@ def test_hooks_and_a_cache_do_not_go_together(
     config = pipeline_config(classifier)
     cache = open_cache(config, _unused_redis(), metrics, onnx_engine)
     with pytest.raises(ConfigError, match="hooks"):
-        Pipeline(
+        build_pipeline(
             config,
             store=store,
             engine=onnx_engine,
