@@ -71,7 +71,15 @@ from worker.loop import (
     pipeline_shares,
     share_fetch_options,
 )
-from worker.models import LoadedModel, ModelWatch, Reloader, load_candidates, open_parts, show_model
+from worker.models import (
+    LoadedModel,
+    ModelWatch,
+    Reloader,
+    build_pipeline,
+    load_candidates,
+    open_parts,
+    show_model,
+)
 from worker.ops import HealthState, Metrics
 from worker.pipeline import BatchHooks, Canary, FeedPlan, Pipeline, ShadowRunner, result_encoder
 from worker.registry import framed_decoders, needs_registry, open_registry
@@ -121,7 +129,7 @@ def build_worker(
             )
             background.append(shadow)
         cache = open_cache(p, config.redis, metrics, parts.engine)
-        pipeline = Pipeline(
+        pipeline = build_pipeline(
             p,
             store=parts.store,
             engine=parts.engine,

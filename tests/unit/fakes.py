@@ -40,6 +40,7 @@ from worker.kafka.limits import RecordLimits
 from worker.kafka.sink import Headers, Sink
 from worker.loop.consumer_events import ConsumerEvents
 from worker.loop.worker import Worker
+from worker.models import build_pipeline
 from worker.ops.health import HealthState
 from worker.ops.metrics import Metrics
 from worker.pipeline.feeds import FeedPlan
@@ -436,7 +437,7 @@ def build_worker(
     metrics = Metrics(CollectorRegistry())
     store = GatedStore(data, classifier.fields)
     engine = OnnxEngine(pipeline_config.model)
-    pipeline = Pipeline(
+    pipeline = build_pipeline(
         config.pipelines[0],
         store=store,
         engine=engine,

@@ -37,10 +37,10 @@ from worker.kafka.share_group import ShareGroupSettings
 from worker.kafka.sink import Sink
 from worker.loop.share_events import ShareEvents
 from worker.loop.share_worker import ShareWorker
+from worker.models import build_pipeline
 from worker.ops.health import HealthState
 from worker.ops.metrics import Metrics
 from worker.pipeline.feeds import FeedPlan
-from worker.pipeline.steps import Pipeline
 
 Position = tuple[str, int, int]
 
@@ -220,7 +220,7 @@ def share_worker(
     store = GatedStore(data, classifier.fields)
     engine = OnnxEngine(configs[0].model)
     built = [
-        Pipeline(
+        build_pipeline(
             p,
             store=store,
             engine=engine,

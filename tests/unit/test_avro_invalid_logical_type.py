@@ -28,11 +28,11 @@ from tests.unit.fakes import TOPIC
 from worker.config import BatchPolicy, FeatureSpec, ModelSpec, PipelineConfig
 from worker.core.types import DecodedRequests
 from worker.inference.engine import OnnxEngine
+from worker.models import build_pipeline
 from worker.ops.metrics import Metrics
 from worker.pipeline.codec import decode_requests
 from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.request_shape import RequestShape
-from worker.pipeline.steps import Pipeline
 from worker.registry import FramedRequests
 
 
@@ -88,7 +88,7 @@ def test_a_spec_valid_schema_fastavro_refuses_is_read_by_the_prepare_stage(
     row = classifier.features[0].tolist()
     data = {"e1": {f: repr(float(v)).encode() for f, v in zip(classifier.fields, row, strict=True)}}
     engine = OnnxEngine(p.model)
-    pipeline = Pipeline(
+    pipeline = build_pipeline(
         p,
         store=MemoryStore(data, classifier.fields),
         engine=engine,
@@ -99,10 +99,10 @@ def test_a_spec_valid_schema_fastavro_refuses_is_read_by_the_prepare_stage(
     plain = parse_schema(request_schema("bytes"))  # the spec's reading: plain bytes
     value = framed(sid, plain, {"id": "r0", "entity": "e1", "amount": b"\x01\x02"})
     prepared = pipeline.prepare([Message(topic=TOPIC, partition=0, offset=0, value=value)])
-    assert prepared.decoded.rejections == []
-    assert prepared.decoded.ids == ["r0"]
-    assert prepared.decoded.docs[0]["amount"] == b"\x01\x02"
-    assert list(prepared.good) == [0]
+    assert prepared.rows.decoded.rejections == []
+    assert prepared.rows.decoded.ids == ["r0"]
+    assert prepared.rows.decoded.docs[0]["amount"] == b"\x01\x02"
+    assert list(prepared.rows.good) == [0]
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from worker.core.tracker import DeliveryTracker
 from worker.errors import EngineError
 from worker.inference.engine import Feeds, OnnxEngine, Outputs
 from worker.inference.slot import LiveModel, ModelSlot
+from worker.models import build_pipeline
 from worker.ops.metrics import Metrics
 from worker.pipeline.canary import BUCKETS, Canary, canary_bucket, canary_mask
 from worker.pipeline.feeds import FeedPlan
@@ -114,7 +115,7 @@ def _pipeline(
     spec = config.model.model_copy(update={"path": versions["2"], "version": "2"})
     candidate = Counting(OnnxEngine(spec))
     metrics = Metrics(CollectorRegistry())
-    pipeline = Pipeline(
+    pipeline = build_pipeline(
         config,
         store=make_store(data, FIELDS),
         engine=primary,
@@ -169,7 +170,7 @@ def test_a_batch_with_no_canary_key_makes_one_call(
     pipeline, primary, candidate, _ = _pipeline(versions, make_store, 0.01)
     batch = [m for m in _messages(200) if _expected_bucket(m.key()) >= 1][:50]
     prepared = pipeline.infer(pipeline.prepare(batch))
-    assert prepared.canary is None and prepared.candidate is None
+    assert prepared.rows.canary is None and prepared.candidate is None
     assert (primary.calls, candidate.calls) == ([50], [])
 
 

@@ -33,6 +33,7 @@ from worker.features.stores import (
     pack_vector,
 )
 from worker.inference.engine import TensorInput
+from worker.models import build_pipeline
 from worker.ops.health import HealthState
 from worker.ops.metrics import Metrics
 from worker.pipeline.codec import ENTITY_PATTERN
@@ -639,7 +640,7 @@ def make_pipeline(store: RowStore, **kw: Any) -> Pipeline:
     )
     metrics = Metrics(CollectorRegistry()).for_pipeline("p")
     plan = FeedPlan.build(config, _Engine.inputs)
-    return Pipeline(config, store=store, engine=_Engine(), plan=plan, metrics=metrics, **kw)
+    return build_pipeline(config, store=store, engine=_Engine(), plan=plan, metrics=metrics, **kw)
 
 
 BATCH = [_Msg(b'{"id": "r1", "entity": "e1"}'), _Msg(b'{"id": "r2", "entity": "e2"}')]
@@ -664,8 +665,8 @@ def test_config_refusal_waits_with_a_reason_and_never_dead_letters(
     with caplog.at_level(logging.INFO, logger="worker.features.store_wait"):
         prepared = pipeline.prepare(BATCH)  # type: ignore[arg-type]
     assert store.calls == 4
-    assert prepared.feature_rejects == []
-    assert prepared.good.tolist() == [0, 1]
+    assert prepared.rows.rejected == []
+    assert prepared.rows.good.tolist() == [0, 1]
     assert heard == [(False, REFUSED), (True, None)]
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1  # the same refusal three times is logged once

@@ -26,6 +26,7 @@ from worker.errors import EngineError
 from worker.inference import LiveModel
 from worker.inference.engine import Feeds, OnnxEngine, Outputs
 from worker.loop.worker import Worker
+from worker.models import build_pipeline
 from worker.ops.health import HealthState
 from worker.ops.metrics import Metrics
 from worker.pipeline.feeds import FeedPlan
@@ -108,7 +109,7 @@ def two_pipelines(
     health = HealthState()
     engines = {p.name: Switchable(OnnxEngine(p.model)) for p in config.pipelines}
     pipelines = [
-        Pipeline(
+        build_pipeline(
             p,
             store=GatedStore(data, classifier.fields),
             engine=engines[p.name],

@@ -19,6 +19,7 @@ from worker.config import ModelSpec, PipelineConfig
 from worker.core.tracker import DeliveryTracker
 from worker.inference.engine import OnnxEngine
 from worker.inference.slot import LiveModel, ModelIdentity, ModelSlot
+from worker.models import build_pipeline
 from worker.ops.metrics import Metrics
 from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.steps import Pipeline
@@ -48,7 +49,7 @@ def pipeline(config: PipelineConfig, make_store: StoreFactory) -> Pipeline:
         for e, row in ROWS.items()
     }
     engine = OnnxEngine(config.model)
-    return Pipeline(
+    return build_pipeline(
         config,
         store=make_store(data, FIELDS),
         engine=engine,
@@ -155,15 +156,15 @@ def test_a_replaced_engine_lives_until_its_last_batch_is_published(
 ) -> None:
     sink = FakeSink()
     old = weakref.ref(pipeline.slot.for_batch().engine)
-    in_flight = pipeline.infer(pipeline.prepare(_batch("e0", "e1")))
+    in_flight = [pipeline.infer(pipeline.prepare(_batch("e0", "e1")))]  # held as a stage holds it
     pipeline.slot.swap(_live(config, versions["2"], "2"))
     newer = pipeline.infer(pipeline.prepare(_batch("e2", start=5)))
     assert old() is not None, "a batch that ran on it is not published yet"
     tracker = DeliveryTracker()
-    pipeline.publish(in_flight, sink, tracker)
+    pipeline.publish(in_flight.pop(), sink, tracker)
     assert old() is None, "released by reference counting as its last batch published"
-    assert tracker.context is in_flight  # still there to dead-letter refused results
-    assert in_flight.model is not None and in_flight.model.version == "1"
+    assert tracker.published is not None  # still there to dead-letter refused results
+    assert tracker.published.model == "m:1"
     pipeline.publish(newer, sink, DeliveryTracker())
     assert pipeline.slot.for_batch().identity.version == "2"
 

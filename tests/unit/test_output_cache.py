@@ -32,10 +32,10 @@ from worker.cli import main
 from worker.config import CacheSpec, FeatureSpec, ModelSpec, PipelineConfig, parse_config
 from worker.errors import ConfigError
 from worker.inference.engine import InferenceEngine, OnnxEngine
+from worker.models import build_pipeline
 from worker.ops.metrics import Metrics
 from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.hooks import BatchHooks
-from worker.pipeline.steps import Pipeline
 
 if TYPE_CHECKING:
     from conftest import MemoryStore, StoreFactory
@@ -86,7 +86,7 @@ class Harness:
         self.cache: OutputCache = built
         self.engine = engine
         plan = FeedPlan.build(config, engine.inputs)
-        self.cached = Pipeline(
+        self.cached = build_pipeline(
             config,
             store=store,
             engine=engine,
@@ -94,7 +94,7 @@ class Harness:
             metrics=self.metrics.for_pipeline("p"),
             cache=self.cache,
         )
-        self.plain = Pipeline(
+        self.plain = build_pipeline(
             config.model_copy(update={"cache": CacheSpec()}),
             store=store,
             engine=engine,
@@ -277,13 +277,13 @@ def test_a_model_changed_between_look_up_and_inference_gets_new_keys(
     h = Harness(classifier, store, engine)
     h.run([req("a", "e0")])
     prepared = h.cached.prepare(h.batch([req("b", "e0")]))  # type: ignore[arg-type]
-    assert prepared.cached is not None and prepared.cached.found  # a hit, for now
+    assert prepared.rows.cached is not None and prepared.rows.cached.found  # a hit, for now
     engine.swapped = True
-    h.cached.infer(prepared)
+    scored = h.cached.infer(prepared)
     sink = FakeSink()
     from worker.core.tracker import DeliveryTracker
 
-    h.cached.publish(prepared, sink, DeliveryTracker())  # type: ignore[arg-type]
+    h.cached.publish(scored, sink, DeliveryTracker())  # type: ignore[arg-type]
     assert flags(sink.sent) == [None]  # computed by the "new" model
     assert engine.calls[-1] == 1
 
@@ -295,7 +295,7 @@ def test_hooks_and_a_cache_do_not_go_together(
     config = pipeline_config(classifier)
     cache = open_cache(config, _unused_redis(), metrics, onnx_engine)
     with pytest.raises(ConfigError, match="hooks"):
-        Pipeline(
+        build_pipeline(
             config,
             store=store,
             engine=onnx_engine,
@@ -432,9 +432,9 @@ def test_an_entry_costs_its_bytes_not_an_encoder_buffer(
     try:
         before = tracemalloc.get_traced_memory()[0]
         rows = h.cache.look_up(feeds, onnx_engine)
-        h.cache.to_run(rows, feeds, onnx_engine)
-        h.cache.settle(rows, outputs, {})
-        rows = None  # only the cache's entries are left
+        plan = h.cache.to_run(rows, feeds, onnx_engine)
+        h.cache.settle(plan, outputs, {})
+        rows = plan = None  # only the cache's entries are left
         held = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()

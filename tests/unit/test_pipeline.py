@@ -22,6 +22,7 @@ from worker.features.stores import RowStore
 from worker.inference.engine import Feeds, InferenceEngine, OnnxEngine, Outputs, TensorInput
 from worker.kafka.limits import RecordLimits, record_size
 from worker.kafka.sink import Headers
+from worker.models import build_pipeline
 from worker.ops.metrics import Metrics
 from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.hooks import BatchHooks, load_hooks
@@ -228,7 +229,7 @@ def make_pipeline(
         """A pipeline on ``config`` (or ``config=``) and ``onnx_engine`` (or ``engine``)."""
         cfg: PipelineConfig = kw.pop("config", config)
         engine = engine if engine is not None else onnx_engine
-        return Pipeline(
+        return build_pipeline(
             cfg,
             store=kw.pop("store", store),
             engine=engine,

@@ -18,6 +18,7 @@ from streamfer_dev.modelgen import DemoModel
 from worker.config import BatchPolicy, FeatureSpec, ModelSpec, PipelineConfig
 from worker.errors import ConfigError, SinkError
 from worker.inference.engine import OnnxEngine
+from worker.models import build_pipeline
 from worker.ops.metrics import Metrics
 from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.steps import Pipeline
@@ -308,7 +309,7 @@ def pipeline(classifier: DemoModel, make_store: StoreFactory) -> Pipeline:
         model=ModelSpec(path=classifier.path, name="m", version="1"),
     )
     engine = OnnxEngine(config.model)
-    return Pipeline(
+    return build_pipeline(
         config,
         store=store,
         engine=engine,

@@ -26,6 +26,7 @@ from worker.inference.engine import Feeds, OnnxEngine, Outputs
 from worker.inference.slot import LiveModel, ModelSlot
 from worker.kafka.limits import RecordLimits
 from worker.kafka.sink import Headers, Sink
+from worker.models import build_pipeline
 from worker.ops.metrics import Metrics
 from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.shadow import Agreement, ShadowRunner
@@ -130,7 +131,7 @@ def _serve(
         metrics.for_shadow("p"),
     )
     live = OnnxEngine(config.model)
-    pipeline = Pipeline(
+    pipeline = build_pipeline(
         config,
         store=make_store(data, FIELDS),
         engine=live,

@@ -23,9 +23,9 @@ from tests.unit.fakes import (
 from worker.config import WorkerConfig
 from worker.inference.engine import OnnxEngine
 from worker.loop.worker import Worker
+from worker.models import build_pipeline
 from worker.ops.metrics import Metrics
 from worker.pipeline.feeds import FeedPlan
-from worker.pipeline.steps import Pipeline
 
 LIVE, BULK = "live-req", "bulk-req"
 
@@ -81,7 +81,7 @@ def two_pipeline_worker(
     stores = {p.name: GatedStore(data, classifier.fields) for p in config.pipelines}
     engines = {p.name: OnnxEngine(p.model) for p in config.pipelines}
     pipelines = [
-        Pipeline(
+        build_pipeline(
             p,
             store=stores[p.name],
             engine=engines[p.name],

@@ -3,6 +3,6 @@ its in-process and Redis tiers."""
 
 from __future__ import annotations
 
-from worker.cache.output_cache import CachedRows, OutputCache, open_cache
+from worker.cache.output_cache import CachedRows, OutputCache, SettledRows, open_cache
 
-__all__ = ["CachedRows", "OutputCache", "open_cache"]
+__all__ = ["CachedRows", "OutputCache", "SettledRows", "open_cache"]

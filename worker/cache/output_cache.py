@@ -3,7 +3,8 @@
 ``[pipelines.cache]`` turns it on. A row's key (``worker.cache.keys``) covers the bytes
 the model would see, after stored features and inline values are merged, under the
 model's SHA-256, result fields, class names and provider. A batch goes through it in
-three steps, each on the stage thread that already does that kind of work:
+three steps, each on the stage thread that already does that kind of work, each
+handing the next a frozen value (``CachedRows``, ``CachePlan``, ``SettledRows``):
 
 - ``look_up`` (enrich thread): keys for every row; the in-process tier
   (``worker.cache.memory``), then one Redis read for the rest (``worker.cache.redis_tier``,
@@ -33,7 +34,7 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -48,7 +49,7 @@ from worker.features import redis_client
 from worker.inference import InferenceEngine, Outputs, finite_rows, row_outputs
 from worker.ops import CacheMetrics, Metrics
 
-__all__ = ["CachedRows", "OutputCache", "open_cache"]
+__all__ = ["CachePlan", "CachedRows", "OutputCache", "SettledRows", "open_cache"]
 
 log = logging.getLogger(__name__)
 
@@ -56,28 +57,43 @@ RATIO_WINDOW = 100
 """Batches the hit ratio gauge looks back over."""
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class CachedRows:
-    """One batch as the cache sees it; rows are positions in ``Prepared.good``."""
+    """One batch as the cache found it (``look_up``); rows are positions in the batch's
+    rows that reach the model."""
 
     namespace: bytes
     keys: list[bytes]
-    found: dict[int, bytes]
+    found: Mapping[int, bytes]
     """Row -> its encoded outputs, from either tier."""
     redis_hits: int = 0
     memory_hits: int = 0
-    run: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class CachePlan:
+    """What the model computes of a batch (``to_run``): ``rows`` as found at the model
+    (keyed anew if the model changed since ``look_up``)."""
+
+    rows: CachedRows
+    run: list[int]
     """Rows the model computes, one per distinct missing key."""
-    repeats: dict[int, int] = field(default_factory=dict)
+    repeats: Mapping[int, int]
     """Row -> the earlier row of the batch with the same key, which the model computes."""
-    encoded: list[bytes | None] = field(default_factory=list)
-    """After ``settle``: each row's encoded outputs; None for a row that is refused."""
-    reused: list[bool] = field(default_factory=list)
-    """After ``settle``: whether a row's outputs came from the cache."""
-    failed: dict[int, str] = field(default_factory=dict)
-    """After ``settle``: row -> why the model refused it."""
-    fresh: list[tuple[bytes, bytes]] = field(default_factory=list)
-    """After ``settle``: (key, encoded outputs) the model computed, for Redis."""
+
+
+@dataclass(frozen=True, slots=True)
+class SettledRows:
+    """A batch once the model ran (``settle``): every row's encoded outputs."""
+
+    encoded: list[bytes | None]
+    """Each row's encoded outputs; None for a row that is refused."""
+    reused: list[bool]
+    """Whether a row's outputs came from the cache."""
+    failed: Mapping[int, str]
+    """Row -> why the model refused it."""
+    fresh: list[tuple[bytes, bytes]]
+    """(key, encoded outputs) the model computed, for Redis."""
 
 
 class OutputCache:
@@ -139,54 +155,56 @@ class OutputCache:
         for Redis: a failed read is all misses."""
         namespace = self.namespace_of(engine)
         keys = row_keys(namespace, feeds)
-        rows = CachedRows(namespace, keys, self.memory.get_many(keys, range(len(keys))))
-        rows.memory_hits = len(rows.found)
-        if self.redis is not None and len(rows.found) < len(keys):
-            missing = [r for r in range(len(keys)) if r not in rows.found]
+        found = self.memory.get_many(keys, range(len(keys)))
+        memory_hits, redis_hits = len(found), 0
+        if self.redis is not None and len(found) < len(keys):
+            missing = [r for r in range(len(keys)) if r not in found]
             fetch = self.redis.get_many(keys, missing)
             if fetch.found:
-                rows.found.update(fetch.found)
-                rows.redis_hits = len(fetch.found)
+                found.update(fetch.found)
+                redis_hits = len(fetch.found)
                 promoted = {keys[r]: v for r, v in fetch.found.items()}.items()
                 self._evicted(self.memory.put_many(promoted, namespace))
-        return rows
+        return CachedRows(namespace, keys, found, redis_hits, memory_hits)
 
     def to_run(
         self, rows: CachedRows, feeds: Mapping[str, npt.NDArray[Any]], engine: InferenceEngine
-    ) -> npt.NDArray[np.intp]:
+    ) -> CachePlan:
         """The rows the model must compute, in order: one per distinct key that neither
-        tier holds."""
+        tier holds. A batch held for its model is asked again from its ``look_up``."""
         namespace = self.namespace_of(engine)
         if namespace != rows.namespace:  # the model changed since look_up
-            rows.namespace, rows.keys = namespace, row_keys(namespace, feeds)
-            rows.found, rows.redis_hits, rows.memory_hits = {}, 0, 0
+            rows = CachedRows(namespace, row_keys(namespace, feeds), {})
         keys, found = rows.keys, rows.found
         missing = [r for r in range(len(keys)) if r not in found]
         if missing:
             late = self.memory.get_many(keys, missing)
             if late:
-                found.update(late)
-                rows.memory_hits += len(late)
+                found = {**found, **late}
+                hits = rows.memory_hits + len(late)
+                rows = CachedRows(namespace, keys, found, rows.redis_hits, hits)
                 missing = [r for r in missing if r not in late]
         first: dict[bytes, int] = {}
-        run, repeats = rows.run, rows.repeats
-        run.clear()  # a batch held for its model is asked again
-        repeats.clear()
+        run: list[int] = []
+        repeats: dict[int, int] = {}
         for r in missing:
             earlier = first.setdefault(keys[r], r)
             if earlier == r:
                 run.append(r)
             else:
                 repeats[r] = earlier
-        return np.asarray(run, dtype=np.intp)
+        return CachePlan(rows, run, repeats)
 
-    def settle(self, rows: CachedRows, outputs: Outputs, failed: Mapping[int, str]) -> None:
-        """Take the model's outputs for ``rows.run`` (``failed`` by position in it):
-        encode each row's result fields, keep the good ones in process, and fill
-        ``encoded``, ``reused`` and ``failed`` for every row of the batch."""
-        n, run, keys = len(rows.keys), rows.run, rows.keys
+    def settle(self, plan: CachePlan, outputs: Outputs, failed: Mapping[int, str]) -> SettledRows:
+        """Take the model's outputs for ``plan.run`` (``failed`` by position in it):
+        encode each row's result fields, keep the good ones in process, and return every
+        row's encoded outputs."""
+        rows, run = plan.rows, plan.run
+        n, keys = len(rows.keys), rows.keys
         encoded: list[bytes | None] = [None] * n
         reused = [False] * n
+        refused: dict[int, str] = {}
+        fresh: list[tuple[bytes, bytes]] = []
         for r, value in rows.found.items():
             encoded[r] = value
             reused[r] = True
@@ -195,7 +213,6 @@ class OutputCache:
             for j in failed:
                 ok[j] = False
             dumps = orjson.dumps
-            fresh = rows.fresh
             for j, (r, out, good) in enumerate(
                 zip(run, row_outputs(outputs, len(run)), ok.tolist(), strict=True)
             ):
@@ -206,29 +223,30 @@ class OutputCache:
                     encoded[r] = value
                     fresh.append((keys[r], value))
                 elif j in failed:
-                    rows.failed[r] = failed[j]
-            for r, earlier in rows.repeats.items():
+                    refused[r] = failed[j]
+            for r, earlier in plan.repeats.items():
                 encoded[r] = encoded[earlier]
                 reused[r] = encoded[earlier] is not None
-                if earlier in rows.failed:
-                    rows.failed[r] = rows.failed[earlier]
-            self._evicted(self.memory.put_many(rows.fresh, rows.namespace))
-        rows.encoded, rows.reused = encoded, reused
-        self._count(rows, n)
+                if earlier in refused:
+                    refused[r] = refused[earlier]
+            self._evicted(self.memory.put_many(fresh, rows.namespace))
+        self._count(plan, reused)
+        return SettledRows(encoded, reused, refused, fresh)
 
-    def share(self, rows: CachedRows) -> None:
+    def share(self, settled: SettledRows) -> None:
         """Write what the model computed to Redis (publish thread); never raises."""
-        if self.redis is not None and rows.fresh:
-            self.redis.put_many(rows.fresh)
+        if self.redis is not None and settled.fresh:
+            self.redis.put_many(settled.fresh)
 
     def _evicted(self, count: int) -> None:
         if count:
             self._m.evictions.inc(count)
 
-    def _count(self, rows: CachedRows, n: int) -> None:
+    def _count(self, plan: CachePlan, reused: list[bool]) -> None:
         m = self._m
-        batch_hits = sum(1 for r in rows.repeats if rows.reused[r])
-        memory, redis_hits = rows.memory_hits, rows.redis_hits
+        n = len(reused)
+        batch_hits = sum(1 for r in plan.repeats if reused[r])
+        memory, redis_hits = plan.rows.memory_hits, plan.rows.redis_hits
         if memory:
             m.memory_hits.inc(memory)
         if redis_hits:

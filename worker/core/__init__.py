@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from worker.core.job import Job, next_offsets
     from worker.core.parked import Parked
     from worker.core.text import safe_text
-    from worker.core.tracker import NO_REFUSALS, RESENDS_PER_RECORD, DeliveryTracker
+    from worker.core.tracker import NO_REFUSALS, RESENDS_PER_RECORD, DeliveryTracker, Published
     from worker.core.types import (
         DecodedRequests,
         PartitionKey,
@@ -42,6 +42,7 @@ __all__ = [
     "Job",
     "Parked",
     "PartitionKey",
+    "Published",
     "Refusal",
     "Rejection",
     "Source",
@@ -71,6 +72,7 @@ __getattr__ = lazy_names(
         "DeliveryTracker": "tracker",
         "NO_REFUSALS": "tracker",
         "RESENDS_PER_RECORD": "tracker",
+        "Published": "tracker",
         "DecodedRequests": "types",
         "PartitionKey": "types",
         "Refusal": "types",

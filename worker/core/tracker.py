@@ -10,14 +10,22 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
 
 from confluent_kafka import KafkaError, Message
 
 from worker.core.types import Refusal, Source
 
-__all__ = ["INNOCENT", "NO_REFUSALS", "RECORD_ERRORS", "RESENDS_PER_RECORD", "DeliveryTracker"]
+__all__ = [
+    "INNOCENT",
+    "NO_REFUSALS",
+    "RECORD_ERRORS",
+    "RESENDS_PER_RECORD",
+    "DeliveryTracker",
+    "Published",
+]
 
 RECORD_ERRORS = frozenset(
     {
@@ -40,6 +48,24 @@ RESENDS_PER_RECORD = 3
 NO_REFUSALS: Mapping[Source, Refusal] = MappingProxyType({})
 
 
+@dataclass(frozen=True, slots=True)
+class Published:
+    """What a batch's tracker keeps of it once published: where a record the broker
+    refuses for itself finds the request it was produced for.
+
+    ``rows[i]`` is the position in ``batch`` of the request whose id is ``ids[i]`` (the
+    decoded requests); both are empty for a batch whose requests were never decoded (a
+    share group's record dead-lettered on its last delivery), whose refused dead letters
+    are found by their source. ``model`` (``name:version``) names the model the batch ran
+    on, for those dead letters; None: the config's.
+    """
+
+    batch: Sequence[Message]
+    ids: Sequence[str] = ()
+    rows: Sequence[int] = ()
+    model: str | None = None
+
+
 class DeliveryTracker:
     """Counts the deliveries of one batch and keeps the first errors.
 
@@ -56,10 +82,10 @@ class DeliveryTracker:
         "_lock",
         "_notify",
         "acked",
-        "context",
         "errors",
         "oldest_ts_ms",
         "pipeline",
+        "published",
         "refusals",
         "refused",
         "resend",
@@ -103,8 +129,9 @@ class DeliveryTracker:
         self.resend: list[Message] = []
         """With ``reroute``: records refused only for a batch-mate (``INNOCENT``)."""
         self.resent = 0
-        self.context: object = None
-        """What the publisher needs to dead-letter an undeliverable record (its batch)."""
+        self.published: Published | None = None
+        """Set by the publisher before it seals the tracker: what dead-lettering an
+        undeliverable record needs of its batch."""
 
     @property
     def done(self) -> bool:

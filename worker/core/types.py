@@ -63,9 +63,10 @@ class DecodedRequests:
     """The parsed requests, for batch hooks."""
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class StageTimings:
-    """Milliseconds spent per stage for one batch; copied into every result."""
+    """Milliseconds spent per stage for one batch; copied into every result. Each stage
+    that adds its own hands on a new value (``dataclasses.replace``)."""
 
     wait_ms: float = 0.0
     decode_ms: float = 0.0

@@ -60,7 +60,7 @@ from typing import Protocol
 from confluent_kafka import Message
 
 from worker.config import WorkerConfig
-from worker.core import Clock, Deadline, DeliveryTracker, Job, monotonic_clock
+from worker.core import Clock, Deadline, DeliveryTracker, Job, Published, monotonic_clock
 from worker.delivery import RefusedRecords
 from worker.errors import SinkError
 from worker.kafka import ShareGroupSettings, ShareSource, Sink, position
@@ -77,7 +77,6 @@ from worker.loop.share_poll import (
 from worker.loop.threads import StageThreads
 from worker.loop.worker import Background
 from worker.ops import HealthState, ShareMetrics
-from worker.pipeline import Unserved
 
 __all__ = ["ShareParts", "ShareWorker", "UnservedLetters"]
 
@@ -326,7 +325,7 @@ class ShareWorker:
         for name, batch in last.items():
             for msg in batch:  # one job each: a failed dead letter is sent again alone
                 job = Job.close(name, [msg], self._refused.tracker)
-                job.tracker.context = Unserved([msg])  # refused for itself: again, bare
+                job.tracker.published = Published([msg])  # refused for itself: again, bare
                 last_delivery = _LastDelivery(name, msg, msg.delivery_count() or limit)
                 self._last[id(job)] = last_delivery
                 self._dead_letter_last(job, last_delivery)

@@ -1,7 +1,8 @@
 """The processing stages of one batch, as ``StageThreads`` runs them.
 
 Decode and enrich on the first thread, infer on the second, publish on the third, each
-a step that returns the next. A batch a rewind made stale (exactly-once), or whose
+a step that returns the next, holding the value its stage handed on (``Enriched``, then
+``Scored``; see ``worker.pipeline.values``). A batch a rewind made stale (exactly-once), or whose
 record lock ran out (a share group), is skipped at the first and at the last step:
 nothing of it is produced, and its tracker fails so it is never committed or accepted.
 The delivery mode's ``BatchGate`` says which batches are stale.
@@ -34,18 +35,19 @@ class BatchSteps:
             _skip(job)
             return None
         pipeline = self._pipelines[job.pipeline]
-        prepared = pipeline.prepare(job.batch)
+        enriched = pipeline.prepare(job.batch)
 
         def infer() -> Step | None:
-            pipeline.infer(prepared)
-            return publish
+            scored = pipeline.infer(enriched)
 
-        def publish() -> None:
-            if gate.stale(job):
-                _skip(job)
-            else:
-                pipeline.publish(prepared, sink, job.tracker)
-                gate.acknowledge()  # earlier batches' reports, off the loop thread
+            def publish() -> None:
+                if gate.stale(job):
+                    _skip(job)
+                else:
+                    pipeline.publish(scored, sink, job.tracker)
+                    gate.acknowledge()  # earlier batches' reports, off the loop thread
+
+            return publish
 
         return infer
 

@@ -237,6 +237,9 @@ class StageThreads:
                         return
                     outbox.append(taken.lane, (job, following), clock())
                 cond.notify_all()
+            # the values the step held go now, not at the next take: a published batch
+            # lets go of the engine it ran on
+            del taken, step, following
 
     def _due(self, here: dict[str, _Aside], now: float) -> Taken[tuple[Job, Step | None]] | None:
         """The parked job whose wait is over (first parked first), taken back; its

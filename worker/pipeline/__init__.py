@@ -1,25 +1,37 @@
 """One batch's steps: decode (codec, request shape), enrich and assemble feeds, hooks,
 model calls, the canary and shadow, results and dead letters. ``Pipeline`` (steps) runs
-them as three steps, one module each: prepare, infer and publish."""
+them as three steps, one module each: prepare, infer and publish; the composition root
+builds those steps and what they wait with from a pipeline's parts."""
 
 from __future__ import annotations
 
 from worker.pipeline.canary import Canary
-from worker.pipeline.feeds import FeedPlan, InputFeed
+from worker.pipeline.dead_letters import DeadLetters
+from worker.pipeline.feeds import BatchFetcher, FeedPlan, InputFeed
 from worker.pipeline.hooks import BatchHooks, load_hooks
-from worker.pipeline.publish import Unserved
+from worker.pipeline.infer import InferStep
+from worker.pipeline.model_faults import ModelFaults, ModelFaultWait
+from worker.pipeline.prepare import PrepareStep
+from worker.pipeline.publish import PublishStep
 from worker.pipeline.result_format import result_encoder
 from worker.pipeline.shadow import ShadowRunner
-from worker.pipeline.steps import Pipeline
+from worker.pipeline.steps import Pipeline, Steps
 
 __all__ = [
+    "BatchFetcher",
     "BatchHooks",
     "Canary",
+    "DeadLetters",
     "FeedPlan",
+    "InferStep",
     "InputFeed",
+    "ModelFaultWait",
+    "ModelFaults",
     "Pipeline",
+    "PrepareStep",
+    "PublishStep",
     "ShadowRunner",
-    "Unserved",
+    "Steps",
     "load_hooks",
     "result_encoder",
 ]

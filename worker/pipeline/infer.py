@@ -1,5 +1,5 @@
-"""A batch's second step, the model: which engines score which rows of one ``Prepared``
-batch.
+"""A batch's second step, the model: which engines score which rows of one ``Enriched``
+batch, answered as a ``Scored`` value (``worker.pipeline.values``).
 
 It is a module of its own because it is where the model version is fixed: the step reads
 the ``ModelSlot`` once, so the whole batch runs on (and names) one model version even
@@ -16,19 +16,19 @@ on the second stage thread and produces nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Callable
 
 from worker.cache import OutputCache
 from worker.features import StoreWait
-from worker.inference import ModelSlot
+from worker.inference import ModelSlot, Outputs
 from worker.ops import PipelineMetrics
 from worker.pipeline.canary import Canary
 from worker.pipeline.hooks import BatchHooks
 from worker.pipeline.model_calls import ModelCalls
 from worker.pipeline.model_faults import ModelFault, ModelFaults, ModelFaultWait
-from worker.pipeline.prepare import Prepared
 from worker.pipeline.shadow import ShadowRunner
+from worker.pipeline.values import Enriched, Scored
 
 __all__ = ["InferStep"]
 
@@ -60,62 +60,56 @@ class InferStep:
         self._canary = canary
         self._shadow = shadow
 
-    def __call__(self, prepared: Prepared) -> Prepared:
-        """Score ``prepared``'s rows; see ``Pipeline.infer``. Raises ``Parked`` while the
+    def __call__(self, enriched: Enriched) -> Scored:
+        """Score ``enriched``'s rows; see ``Pipeline.infer``. Raises ``Parked`` while the
         model is at fault: call again with the same batch (and no other of this pipeline)
         once its wait is over."""
-        if not len(prepared.good):
-            live = self._slot.for_batch()
-            prepared.model, prepared.engine = live.identity, live.engine
-            return prepared
+        if not len(enriched.rows.good):
+            return Scored(enriched.rows, enriched.timings, self._slot.for_batch(), {}, {})
         wait = self._wait
         if wait.holding and not wait.try_now():
             raise wait.parked()
         started = _perf()
-        try:
-            self._scorer(prepared)()
-        except ModelFault as fault:
-            assert prepared.model is not None
-            raise wait.held(fault, prepared.model) from None
-        wait.released()
-        prepared.timings.infer_ms = (_perf() - started) * 1000.0
-        self._metrics.infer_seconds.observe(prepared.timings.infer_ms / 1000.0)
-        if self._shadow is None:
-            prepared.feeds = {}
-        return prepared
-
-    def _scorer(self, prepared: Prepared) -> Callable[[], None]:
-        """One try of the batch, waiting out an inference server that cannot answer."""
         server_wait = self._server_wait
         if server_wait is None:
-            return lambda: self._score(prepared)
-        return lambda: server_wait.call(lambda: self._score(prepared))
+            scored = self._score(enriched)
+        else:
+            scored = server_wait.call(lambda: self._score(enriched))
+        wait.released()
+        infer_ms = (_perf() - started) * 1000.0
+        self._metrics.infer_seconds.observe(infer_ms / 1000.0)
+        return dataclasses.replace(
+            scored, timings=dataclasses.replace(enriched.timings, infer_ms=infer_ms)
+        )
 
-    def _score(self, prepared: Prepared) -> None:
-        """One try of the batch on the model the slot holds now."""
+    def _score(self, enriched: Enriched) -> Scored:
+        """One try of the batch on the model the slot holds now; a fault of the model
+        holds the batch (raises ``Parked``)."""
         live = self._slot.for_batch()
-        prepared.model, prepared.engine = live.identity, live.engine
-        docs = prepared.decoded.docs
+        rows, feeds = enriched.rows, enriched.feeds
         shadow = self._shadow
         wants = self._hooks.active or (shadow is not None and shadow.wants_requests)
-        requests = [docs[g] for g in prepared.good.tolist()] if wants else []
-        split = prepared.canary
-        if prepared.cached is not None:
-            assert self._cache is not None
-            prepared.failed = self._calls.uncached(
-                self._cache, prepared.cached, prepared.feeds, live.engine
-            )
-        elif split is None or self._canary is None:
-            prepared.outputs, prepared.failed = self._calls.run(
-                live.engine, prepared.feeds, requests, watched=True
-            )
-        else:
-            candidate = self._canary.slot.for_batch()
-            prepared.candidate = candidate.identity
-            prepared.candidate_engine = candidate.engine
-            prepared.outputs, prepared.failed = self._calls.split(
-                (live.engine, candidate.engine), prepared.feeds, requests, split
-            )
-            self._metrics.canary_records.inc(int(split.sum()))
-        if shadow is not None and wants:
-            prepared.requests = requests
+        docs = rows.decoded.docs
+        requests = [docs[g] for g in rows.good.tolist()] if wants else []
+        split = rows.canary
+        candidate = settled = None
+        outputs: Outputs = {}
+        try:
+            if rows.cached is not None:
+                assert self._cache is not None
+                settled = self._calls.uncached(self._cache, rows.cached, feeds, live.engine)
+                failed = settled.failed
+            elif split is None or self._canary is None:
+                outputs, failed = self._calls.run(live.engine, feeds, requests, watched=True)
+            else:
+                candidate = self._canary.slot.for_batch()
+                engines = (live.engine, candidate.engine)
+                outputs, failed = self._calls.split(engines, feeds, requests, split)
+                self._metrics.canary_records.inc(int(split.sum()))
+        except ModelFault as fault:
+            raise self._wait.held(fault, live.identity) from None
+        if shadow is None:  # the feeds are let go here: nothing after the model reads them
+            return Scored(rows, enriched.timings, live, outputs, failed, candidate, settled)
+        return Scored(
+            rows, enriched.timings, live, outputs, failed, candidate, settled, feeds, requests
+        )

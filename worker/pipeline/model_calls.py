@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from worker.cache import CachedRows, OutputCache
+from worker.cache import CachedRows, OutputCache, SettledRows
 from worker.errors import EngineError
 from worker.inference import InferenceEngine, Outputs
 from worker.pipeline.feeds import Feeds
@@ -119,22 +119,22 @@ class ModelCalls:
 
     def uncached(
         self, cache: OutputCache, rows: CachedRows, feeds: Feeds, engine: InferenceEngine
-    ) -> Failed:
+    ) -> SettledRows:
         """Run the model on the rows the cache does not hold, in one call (bisected on
         failure like any batch); the cache encodes and keeps what it computes."""
-        run = cache.to_run(rows, feeds, engine)
+        plan = cache.to_run(rows, feeds, engine)
         outputs: Outputs = {}
         failed: Failed = {}
-        if len(run):
-            whole = len(run) == len(rows.keys)
+        if plan.run:
+            whole = len(plan.run) == len(rows.keys)
+            run = np.asarray(plan.run, dtype=np.intp)
             outputs, failed = self.run(
                 engine,
                 feeds if whole else {k: v[run] for k, v in feeds.items()},
                 [],
                 watched=True,
             )
-        cache.settle(rows, outputs, failed)
-        return rows.failed
+        return cache.settle(plan, outputs, failed)
 
     def split(
         self,

@@ -1,6 +1,5 @@
-"""A batch's first step, decode and enrich, and ``Prepared``, the record the batch then
-travels in through the infer step (``worker.pipeline.infer``) and the publish step
-(``worker.pipeline.publish``).
+"""A batch's first step, decode and enrich, which hands the infer step
+(``worker.pipeline.infer``) an ``Enriched`` value (``worker.pipeline.values``).
 
 It is a module of its own because it is the one step that waits on I/O: it decodes the
 requests (``worker.pipeline.codec``; a bad record becomes a ``Rejection``), assembles
@@ -15,26 +14,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 from confluent_kafka import Message
 
-from worker.cache import CachedRows, OutputCache
+from worker.cache import OutputCache
 from worker.config import PipelineConfig
-from worker.core import DecodedRequests, StageTimings
+from worker.core import StageTimings
 from worker.features import StoreWait
-from worker.inference import InferenceEngine, ModelIdentity, ModelSlot, Outputs
+from worker.inference import ModelSlot
 from worker.ops import PipelineMetrics
 from worker.pipeline.canary import Canary
 from worker.pipeline.codec import decode_requests
-from worker.pipeline.feeds import BatchFetcher, FeedPlan, Feeds, assemble
+from worker.pipeline.feeds import BatchFetcher, FeedPlan, assemble
 from worker.pipeline.request_shape import RequestShape
+from worker.pipeline.values import BatchRows, Enriched
 from worker.registry import FramedRequests
 
-__all__ = ["PrepareStep", "Prepared"]
+__all__ = ["PrepareStep"]
 
 _perf = time.perf_counter
 
@@ -65,37 +63,6 @@ def _tracer() -> Any:
 _TRACER = _tracer()
 
 
-@dataclass(slots=True)
-class Prepared:
-    """A batch on its way through decode and enrich, the model, and publish.
-
-    ``good`` indexes ``decoded.rows`` (the requests that reach the model); ``feeds``
-    (their model inputs, until the model has run), ``outputs`` and ``failed`` (row of
-    ``good`` -> why the model refused it) are aligned with it. ``model`` names the model
-    the infer step read from the slot, and ``engine`` holds its engine until the batch
-    is published (so a replaced engine lives until its last batch is out); with a
-    canary, ``canary`` marks the rows of ``good`` its ``candidate`` scored.
-    """
-
-    batch: Sequence[Message]
-    decoded: DecodedRequests
-    timings: StageTimings
-    feature_rejects: list[tuple[int, str, str]] = field(default_factory=list)
-    good: npt.NDArray[np.intp] = field(default_factory=lambda: np.zeros(0, dtype=np.intp))
-    feeds: Feeds = field(default_factory=dict)
-    outputs: Outputs = field(default_factory=dict)
-    failed: dict[int, str] = field(default_factory=dict)
-    cached: CachedRows | None = None
-    """With an output cache: each row's key and, after the model, its encoded outputs."""
-    model: ModelIdentity | None = None
-    engine: InferenceEngine | None = None
-    canary: npt.NDArray[np.bool_] | None = None
-    candidate: ModelIdentity | None = None
-    candidate_engine: InferenceEngine | None = None
-    requests: list[dict[str, Any]] = field(default_factory=list)
-    """The rows' decoded requests, kept for a shadow's hooks."""
-
-
 class PrepareStep:
     """Decodes and enriches one pipeline's batches; the pipeline's first stage thread."""
 
@@ -124,7 +91,7 @@ class PrepareStep:
         self._cache = cache
         self._canary = canary
 
-    def __call__(self, batch: Sequence[Message]) -> Prepared:
+    def __call__(self, batch: Sequence[Message]) -> Enriched:
         """Decode and enrich ``batch``; see ``Pipeline.prepare``."""
         with _TRACER.start_as_current_span(
             "streamfer.batch",
@@ -132,14 +99,14 @@ class PrepareStep:
         ):
             return self._prepare(batch)
 
-    def _prepare(self, batch: Sequence[Message]) -> Prepared:
+    def _prepare(self, batch: Sequence[Message]) -> Enriched:
         m = self._metrics
-        timings = StageTimings()
         started = _perf()
         first_ts = batch[0].timestamp()[1]
+        wait_ms = 0.0
         if first_ts > 0:
-            timings.wait_ms = max(0.0, time.time() * 1000.0 - first_ts)
-            m.queue_seconds.observe(timings.wait_ms / 1000.0)
+            wait_ms = max(0.0, time.time() * 1000.0 - first_ts)
+            m.queue_seconds.observe(wait_ms / 1000.0)
 
         values = [msg.value() for msg in batch]
         if self._framed is None:
@@ -152,33 +119,34 @@ class PrepareStep:
                 )
             )
         t_decoded = _perf()
-        timings.decode_ms = (t_decoded - started) * 1000.0
-        m.decode_seconds.observe(timings.decode_ms / 1000.0)
-        prepared = Prepared(batch, decoded, timings)
+        decode_ms = (t_decoded - started) * 1000.0
+        m.decode_seconds.observe(decode_ms / 1000.0)
         if not decoded.rows:
-            return prepared
+            return Enriched(BatchRows(batch, decoded), {}, StageTimings(wait_ms, decode_ms))
         assembled = self._store_wait.call(lambda: assemble(self._plan, decoded, self._store))
         if assembled.lookups:
             m.feature_hits.inc(assembled.lookups - assembled.misses)
             if assembled.misses:
                 m.feature_misses.inc(assembled.misses)
-        timings.enrich_ms = (_perf() - t_decoded) * 1000.0
-        m.enrich_seconds.observe(timings.enrich_ms / 1000.0)
-        prepared.feature_rejects = assembled.rejected
+        enrich_ms = (_perf() - t_decoded) * 1000.0
+        m.enrich_seconds.observe(enrich_ms / 1000.0)
+        timings = StageTimings(wait_ms, decode_ms, enrich_ms)
         if assembled.rejected:
             keep = np.ones(len(decoded.rows), dtype=np.bool_)
             keep[[r for r, _code, _reason in assembled.rejected]] = False
-            prepared.good = np.flatnonzero(keep)
-            prepared.feeds = {k: v[prepared.good] for k, v in assembled.feeds.items()}
+            good = np.flatnonzero(keep)
+            feeds = {k: v[good] for k, v in assembled.feeds.items()}
         else:
-            prepared.good = np.arange(len(decoded.rows))
-            prepared.feeds = assembled.feeds
-        if self._cache is not None and len(prepared.good):
+            good = np.arange(len(decoded.rows))
+            feeds = assembled.feeds
+        cached = canary = None
+        if self._cache is not None and len(good):
             # keyed by the live model; a swap before the infer step is noticed there
-            engine = self._slot.for_batch().engine
-            prepared.cached = self._cache.look_up(prepared.feeds, engine)
-        if self._canary is not None and len(prepared.good):
-            good, rows, ids = prepared.good.tolist(), decoded.rows, decoded.ids
-            split = self._canary.mask([batch[rows[g]].key() for g in good], [ids[g] for g in good])
-            prepared.canary = split if split.any() else None
-        return prepared
+            cached = self._cache.look_up(feeds, self._slot.for_batch().engine)
+        if self._canary is not None and len(good):
+            picked, at, ids = good.tolist(), decoded.rows, decoded.ids
+            keys = [batch[at[g]].key() for g in picked]
+            split = self._canary.mask(keys, [ids[g] for g in picked])
+            canary = split if split.any() else None
+        rows = BatchRows(batch, decoded, assembled.rejected, good, cached, canary)
+        return Enriched(rows, feeds, timings)

@@ -1,22 +1,23 @@
 """A batch's last step, publish, and the dead letters of what the broker refuses after it.
 
 It is a module of its own because it is the one step that writes: every message of a
-``Prepared`` batch leaves as a result or a dead letter (``worker.pipeline.dead_letters``)
-through ``Sink.send``, with the batch tracker's ``on_delivery`` as its callback. The
-results of a batch share one encoded tail (pipeline, timings, model; a canary's rows
-name the canary), a row the model refused or could not score becomes an ``infer`` dead
-letter, and a result its topic cannot take (too large, or keyless for a compacted topic)
-a ``publish`` one. The batch is then offered to the shadow, the tracker sealed, and the
-batch kept on it, so a record the broker refuses later is found again and dead-lettered
-(``refusal_of``, ``dead_letter_undelivered``). Runs on the third stage thread, and the
-refusal side on the loop thread once the batch is sealed.
+``Scored`` batch (``worker.pipeline.values``) leaves as a result or a dead letter
+(``worker.pipeline.dead_letters``) through ``Sink.send``, with the batch tracker's
+``on_delivery`` as its callback. The results of a batch share one encoded tail
+(pipeline, timings, model; a canary's rows name the canary), a row the model refused or
+could not score becomes an ``infer`` dead letter, and a result its topic cannot take
+(too large, or keyless for a compacted topic) a ``publish`` one. The batch is then
+offered to the shadow, and what was published (``worker.core.Published``: the records,
+the requests' ids and rows, the model) kept on the tracker before it is sealed, so a
+record the broker refuses later is found again and dead-lettered (``refusal_of``,
+``dead_letter_undelivered``). Runs on the third stage thread, and the refusal side on
+the loop thread once the batch is sealed.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
 
 import numpy as np
 import orjson
@@ -24,8 +25,8 @@ from confluent_kafka import Message
 
 from worker.cache import OutputCache
 from worker.config import PipelineConfig
-from worker.core import DeliveryTracker, Refusal
-from worker.inference import ModelIdentity, ModelSlot, finite_rows, row_outputs
+from worker.core import DeliveryTracker, Published, Refusal
+from worker.inference import ModelIdentity, finite_rows, row_outputs
 from worker.kafka import (
     MAX_RESULT_HEADERS_BYTES,
     NEEDS_A_KEY,
@@ -38,23 +39,14 @@ from worker.kafka import (
 from worker.ops import PipelineMetrics
 from worker.pipeline.codec import open_objects, result_tail
 from worker.pipeline.dead_letters import DeadLetters
-from worker.pipeline.prepare import Prepared
 from worker.pipeline.shadow import ShadowBatch, ShadowRunner
+from worker.pipeline.values import Scored
 from worker.registry import AvroResults
 
-__all__ = ["PublishStep", "Unserved"]
+__all__ = ["PublishStep"]
 
 _CACHED = b',"cached":true'
 """Spliced into a result whose outputs came from the output cache."""
-
-
-@dataclass(frozen=True, slots=True)
-class Unserved:
-    """The context of a tracker whose records are dead letters of requests never decoded
-    (a share group's record on its last delivery): where a dead letter the broker refuses
-    for itself finds its request, to be sent again without the original key and value."""
-
-    batch: Sequence[Message]
 
 
 class PublishStep:
@@ -64,7 +56,6 @@ class PublishStep:
         self,
         config: PipelineConfig,
         *,
-        slot: ModelSlot,
         dead_letters: DeadLetters,
         metrics: PipelineMetrics,
         cache: OutputCache | None = None,
@@ -73,19 +64,18 @@ class PublishStep:
     ) -> None:
         self._config = config
         self._avro = avro
-        self._slot = slot
         self._dead_letters = dead_letters
         self._metrics = metrics
         self._cache = cache
         self._shadow = shadow
 
-    def __call__(self, prepared: Prepared, sink: Sink, tracker: DeliveryTracker) -> None:
-        """Send ``prepared``'s results and dead letters, then seal ``tracker``; see
+    def __call__(self, scored: Scored, sink: Sink, tracker: DeliveryTracker) -> None:
+        """Send ``scored``'s results and dead letters, then seal ``tracker``; see
         ``Pipeline.publish``."""
-        batch, decoded = prepared.batch, prepared.decoded
-        if prepared.model is None:  # published without the infer step: nothing ran
-            prepared.model = self._slot.for_batch().identity
-        tag = prepared.model.tag
+        rows = scored.rows
+        batch, decoded = rows.batch, rows.decoded
+        model = scored.model.identity
+        tag = model.tag
         for rej in decoded.rejections:
             self._dead_letters.send(
                 sink,
@@ -97,7 +87,7 @@ class PublishStep:
                 rej.request_id,
                 model=tag,
             )
-        for r, code, reason in prepared.feature_rejects:
+        for r, code, reason in rows.rejected:
             self._dead_letters.send(
                 sink,
                 tracker,
@@ -108,55 +98,56 @@ class PublishStep:
                 decoded.ids[r],
                 model=tag,
             )
-        if len(prepared.good):
-            self._results(sink, tracker, prepared, prepared.model)
+        if len(rows.good):
+            self._results(sink, tracker, scored, model)
             if self._shadow is not None:
-                self._offer_shadow(self._shadow, prepared, prepared.model)
-        prepared.engine = prepared.candidate_engine = None  # released after their last batch
-        tracker.context = prepared  # to dead-letter what the broker refuses after this
+                self._offer_shadow(self._shadow, scored, model)
+        # to dead-letter what the broker refuses after this; the engines are let go with
+        # ``scored`` once the stage is done with it
+        tracker.published = Published(batch, decoded.ids, decoded.rows, tag)
         m = self._metrics
         m.records.inc(len(batch))
         m.batches.inc()
         m.batch_size.observe(len(batch))
         tracker.seal()
-        if self._cache is not None and prepared.cached is not None:
-            self._cache.share(prepared.cached)  # while the deliveries are on their way
+        if self._cache is not None and scored.settled is not None:
+            self._cache.share(scored.settled)  # while the deliveries are on their way
 
-    def _offer_shadow(self, shadow: ShadowRunner, prepared: Prepared, model: ModelIdentity) -> None:
-        """Hand the shadow its copy of the batch (after this batch's results are sent);
-        the feeds are let go here either way."""
-        batch, rows, ids = prepared.batch, prepared.decoded.rows, prepared.decoded.ids
-        good = prepared.good.tolist()
+    def _offer_shadow(self, shadow: ShadowRunner, scored: Scored, model: ModelIdentity) -> None:
+        """Hand the shadow its copy of the batch (after this batch's results are sent)."""
+        rows = scored.rows
+        batch, at, ids = rows.batch, rows.decoded.rows, rows.decoded.ids
+        good = rows.good.tolist()
         shadow.offer(
             ShadowBatch(
-                messages=[batch[rows[g]] for g in good],
+                messages=[batch[at[g]] for g in good],
                 ids=[ids[g] for g in good],
-                feeds=prepared.feeds,
-                requests=prepared.requests,
-                published=prepared.outputs,
-                failed=prepared.failed,
+                feeds=scored.feeds or {},
+                requests=scored.requests,
+                published=scored.outputs,
+                failed=scored.failed,
                 shadows=model,
-                timings_ms=prepared.timings.as_dict(),
+                timings_ms=scored.timings.as_dict(),
             )
         )
-        prepared.feeds, prepared.requests = {}, []
 
     def _results(
-        self, sink: Sink, tracker: DeliveryTracker, prepared: Prepared, model: ModelIdentity
+        self, sink: Sink, tracker: DeliveryTracker, scored: Scored, model: ModelIdentity
     ) -> None:
         """A result for every row that reached the model, or the dead letter sent in its
         place."""
-        batch, good, failed = prepared.batch, prepared.good, prepared.failed
-        rows, ids = prepared.decoded.rows, prepared.decoded.ids
+        at = scored.rows
+        batch, good, failed = at.batch, at.good, scored.failed
+        rows, ids = at.decoded.rows, at.decoded.ids
         n = len(good)
-        cached = prepared.cached
+        cached = scored.settled
         outs: Iterable[object]
         if cached is None:
-            finite = finite_rows(prepared.outputs, n)
+            finite = finite_rows(scored.outputs, n)
             for i in failed:
                 finite[i] = False
             refused = set(np.flatnonzero(~finite).tolist())
-            outs = row_outputs(prepared.outputs, n)
+            outs = row_outputs(scored.outputs, n)
             marks: Iterable[bytes] = itertools.repeat(b"", n)
         else:
             refused = {i for i, value in enumerate(cached.encoded) if value is None}
@@ -165,12 +156,12 @@ class PublishStep:
         # What every result of the batch shares is encoded once: the body is the
         # per-record part with this tail spliced in before its closing brace.
         # A canary's rows name it: a second shared tail, picked per row by the split.
-        shared = {"pipeline": self._config.name, "timings_ms": prepared.timings.as_dict()}
+        shared = {"pipeline": self._config.name, "timings_ms": scored.timings.as_dict()}
         models = [model]
         split: Iterable[bool] = itertools.repeat(False, len(good))
-        if prepared.canary is not None and prepared.candidate is not None:
-            models.append(prepared.candidate)
-            split = prepared.canary.tolist()
+        if at.canary is not None and scored.candidate is not None:
+            models.append(scored.candidate.identity)
+            split = at.canary.tolist()
         tails = [result_tail({"model": m.meta, **shared}) for m in models]
         tags = [m.tag for m in models]
         topic = self._config.result_topic
@@ -251,34 +242,29 @@ class PublishStep:
     ) -> tuple[Message, Refusal] | str:
         """The request behind a record the broker refused for itself and its dead letter
         (see ``DeadLetters.locate``), or why there is none. Once the batch is sealed."""
-        prepared = tracker.context
-        if isinstance(prepared, Unserved):
-            return self._dead_letters.locate(produced, why, prepared.batch, (), ())
-        if not isinstance(prepared, Prepared):
+        published = tracker.published
+        if published is None:
             return f"{produced.topic()}: refused ({why}) and its batch is unknown"
-        decoded = prepared.decoded
-        return self._dead_letters.locate(produced, why, prepared.batch, decoded.ids, decoded.rows)
+        return self._dead_letters.locate(
+            produced, why, published.batch, published.ids, published.rows
+        )
 
     def dead_letter_undelivered(
         self, sink: Sink, tracker: DeliveryTracker, produced: Message, why: str
     ) -> None:
         """Dead-letter the request behind a record the broker refused for itself (see
         ``DeadLetters.undelivered``). Loop thread, once the batch is sealed."""
-        prepared = tracker.context
-        if isinstance(prepared, Unserved):
-            self._dead_letters.undelivered(sink, tracker, produced, why, prepared.batch, (), ())
-            return
-        if not isinstance(prepared, Prepared):
+        published = tracker.published
+        if published is None:
             tracker.fail(f"{produced.topic()}: refused ({why}) and its batch is unknown")
             return
-        decoded = prepared.decoded
         self._dead_letters.undelivered(
             sink,
             tracker,
             produced,
             why,
-            prepared.batch,
-            decoded.ids,
-            decoded.rows,
-            model=prepared.model.tag if prepared.model is not None else None,
+            published.batch,
+            published.ids,
+            published.rows,
+            model=published.model,
         )

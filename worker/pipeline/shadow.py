@@ -29,7 +29,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,7 +68,7 @@ class ShadowBatch:
     """The rows' decoded requests, for the hooks (empty without hooks)."""
     published: Outputs
     """What the pipeline's model (or its canary) gave for the rows."""
-    failed: dict[int, str]
+    failed: Mapping[int, str]
     """Rows the pipeline's model refused: not compared."""
     shadows: ModelIdentity
     timings_ms: dict[str, float]

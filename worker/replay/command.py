@@ -27,9 +27,9 @@ from worker.config import KafkaSettings, PipelineConfig, WorkerConfig
 from worker.core import PartitionKey
 from worker.errors import ConfigError, SourceError, StreamferError
 from worker.kafka import admin_client, create_missing, producer_config
-from worker.models import open_parts
+from worker.models import build_pipeline, open_parts
 from worker.ops import Metrics
-from worker.pipeline import Pipeline, result_encoder
+from worker.pipeline import result_encoder
 from worker.registry import framed_decoders, needs_registry, open_registry
 from worker.replay.pace import Progress, RateLimiter
 from worker.replay.plan import (
@@ -287,7 +287,7 @@ def _run_locked(
     only = config.model_copy(update={"pipelines": [replayed]})
     schema_registry = open_registry(config.schema_registry) if needs_registry(only) else None
     framed = framed_decoders(only, schema_registry)
-    pipeline = Pipeline(
+    pipeline = build_pipeline(
         replayed,
         store=features,
         engine=engine,

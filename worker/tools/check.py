@@ -30,9 +30,8 @@ from worker.errors import EngineError
 from worker.features import PROBE_ENTITY
 from worker.inference import TritonEngine
 from worker.kafka import Headers, RecordLimits
-from worker.models import LoadedModel, load_candidates, open_parts
+from worker.models import LoadedModel, build_pipeline, load_candidates, open_parts
 from worker.ops import Metrics
-from worker.pipeline import Pipeline
 
 __all__ = ["CheckedPipeline", "check_pipeline"]
 
@@ -81,7 +80,7 @@ def check_pipeline(cfg: PipelineConfig, redis: RedisSettings) -> CheckedPipeline
     try:
         abort = threading.Event()
         abort.set()  # no waiting: the first refusal is the answer
-        pipeline = Pipeline(
+        pipeline = build_pipeline(
             cfg,
             store=store,
             engine=engine,
