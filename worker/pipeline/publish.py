@@ -39,6 +39,7 @@ from worker.ops import PipelineMetrics
 from worker.pipeline.codec import open_objects, result_tail
 from worker.pipeline.dead_letters import DeadLetters
 from worker.pipeline.prepare import Prepared
+from worker.pipeline.result_format import ResultFields
 from worker.pipeline.shadow import ShadowBatch, ShadowRunner
 from worker.registry import AvroResults
 
@@ -78,6 +79,7 @@ class PublishStep:
         self._metrics = metrics
         self._cache = cache
         self._shadow = shadow
+        self._fields = ResultFields(config)
 
     def __call__(self, prepared: Prepared, sink: Sink, tracker: DeliveryTracker) -> None:
         """Send ``prepared``'s results and dead letters, then seal ``tracker``; see
@@ -165,13 +167,15 @@ class PublishStep:
         # What every result of the batch shares is encoded once: the body is the
         # per-record part with this tail spliced in before its closing brace.
         # A canary's rows name it: a second shared tail, picked per row by the split.
-        shared = {"pipeline": self._config.name, "timings_ms": prepared.timings.as_dict()}
+        fields_of = self._fields
+        shared = fields_of.shared(prepared.timings)
         models = [model]
         split: Iterable[bool] = itertools.repeat(False, len(good))
         if prepared.canary is not None and prepared.candidate is not None:
             models.append(prepared.candidate)
             split = prepared.canary.tolist()
-        tails = [result_tail({"model": m.meta, **shared}) for m in models]
+        metas = [fields_of.model(m) for m in models]
+        tails = [result_tail({"model": meta, **shared}) for meta in metas]
         tags = [m.tag for m in models]
         topic = self._config.result_topic
         send = sink.send
@@ -181,7 +185,6 @@ class PublishStep:
         roomy = room - MAX_RESULT_HEADERS_BYTES
         keyed_only = sink.limit.needs_key(topic)
         avro = self._avro
-        metas = [m.meta for m in models]
         instead = 0  # dead letters sent in place of results
         known = tracker.refusals  # results the broker refused on an earlier try
         picked = good.tolist()
