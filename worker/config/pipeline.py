@@ -64,7 +64,7 @@ class BatchPolicy(Frozen):
         default=256, ge=1, le=100_000, description="A batch is handed over at this many records."
     )
     max_wait_ms: float = Field(
-        default=20.0,
+        default=10.0,
         ge=0,
         le=60_000,
         description="... or this long after its first record, whichever comes first.",
