@@ -45,7 +45,7 @@ from benchmarks.report import format_table, latency_targets, ratios
 from streamfer_dev.modelgen import DemoModel, seed_entities
 from streamfer_dev.stack import KAFKA_VERSION, local_kafka, local_redis
 from streamfer_dev.triton import start_triton
-from worker.config import FeatureSpec
+from worker.config import BatchPolicy, FeatureSpec
 from worker.kafka.topics import ensure_topics
 
 __all__ = [
@@ -103,7 +103,7 @@ class Options:
     contenders: tuple[str, ...] = DEFAULT_CONTENDERS
     partitions: int = 4
     max_batch_size: int = 256
-    max_wait_ms: float = 20.0
+    max_wait_ms: float = BatchPolicy().max_wait_ms
     py_spy: Path | None = None
     layout: Layout = "hash"
     batch_mode: Literal["fixed", "adaptive"] = "fixed"
@@ -524,7 +524,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--max-batch-size", type=int, default=256)
-    parser.add_argument("--max-wait-ms", type=float, default=20.0)
+    parser.add_argument("--max-wait-ms", type=float, default=BatchPolicy().max_wait_ms)
     parser.add_argument(
         "--layout",
         choices=["hash", "packed"],

@@ -87,7 +87,8 @@ def config_text(
     model_lines: str = "",
     pipeline_extra: str = "",
 ) -> str:
-    """A config serving the MLP from the stored features (``store_features``);
+    """A config serving the MLP from the stored features (``store_features``), its
+    results naming the model's digest (``result_details``) so models tell apart;
     ``model_lines`` go into ``[pipelines.model]``, ``pipeline_extra`` after it (tables
     such as ``[pipelines.canary]``, or ``[pipelines.model.triton]`` with no
     ``model_path``)."""
@@ -102,6 +103,7 @@ name = "fraud"
 request_topics = ["{topics.requests}"]
 result_topic = "{topics.results}"
 dead_letter_topic = "{topics.dead_letters}"
+result_details = true
 
 [pipelines.batch]
 max_batch_size = 64

@@ -77,7 +77,8 @@ def test_two_workers_serve_every_request_and_dead_letter_every_bad_one(
     result_schema, dead_schema = validator("result"), validator("dead-letter")
     for doc in outcomes.result_docs[::7]:
         assert_valid(result_schema, doc)
-        assert doc["model"]["name"] == "breast-cancer-rf"
+        assert doc["model"] == {"name": "breast-cancer-rf", "version": "1"}  # no details asked
+        assert "timings_ms" not in doc and doc["pipeline"] == "demo" and doc["request_ts_ms"] > 0
         assert doc["outputs"]["label"] in (0, 1)
         assert abs(sum(doc["outputs"]["scores"]) - 1.0) < 1e-4
     for doc in outcomes.dead_letter_docs:

@@ -136,7 +136,7 @@ def test_defaults(make_raw: Callable[..., Raw]) -> None:
     assert cfg.metrics.port is None
     p = cfg.pipelines[0]
     assert p.batch.max_batch_size == 256
-    assert p.batch.max_wait_ms == 20.0
+    assert p.batch.max_wait_ms == 10.0
     assert p.max_record_bytes == 1_048_576
     assert p.features.key_template == "features:{entity}"
     assert p.features.on_missing_entity == "dead_letter"

@@ -126,7 +126,6 @@ def test_each_batch_runs_on_and_names_the_model_it_read_at_its_infer_step(
     for prepared in (after, before):  # publish order does not matter either
         pipeline.publish(prepared, sink, DeliveryTracker())
     by_id = {s.body["id"]: s.body for s in sink.to("res")}
-    sha = {v: OnnxEngine(ModelSpec(path=p, name="x")).model_hash for v, p in versions.items()}
     for ids, version, entities in (
         (["r0", "r1"], "1", ["e0", "e1"]),
         (["r10", "r11"], "2", ["e2", "e0"]),
@@ -134,8 +133,7 @@ def test_each_batch_runs_on_and_names_the_model_it_read_at_its_infer_step(
         scores = np.array([by_id[i]["outputs"]["probabilities"] for i in ids])
         np.testing.assert_allclose(scores, _expected(versions[version], entities), rtol=1e-6)
         for i in ids:
-            assert by_id[i]["model"] == {"name": "m", "version": version, "sha256": sha[version]}
-    assert sha["1"] != sha["2"]
+            assert by_id[i]["model"] == {"name": "m", "version": version}
 
 
 def test_dead_letters_name_the_version_of_their_batch(

@@ -360,12 +360,24 @@ def test_result_record_shape(
     assert body["key"] == "user-1"
     assert body["pipeline"] == "p"
     assert body["request_ts_ms"] == 1234
-    assert body["model"] == {"name": "demo", "version": "3", "sha256": onnx_engine.model_hash}
-    assert set(body["timings_ms"]) == {"wait_ms", "decode_ms", "enrich_ms", "infer_ms"}
+    assert body["model"] == {"name": "demo", "version": "3"}
+    assert set(body) == {"id", "key", "outputs", "model", "pipeline", "request_ts_ms"}
     assert out.header("streamfer.request_id") == b"abc"
     assert out.header("streamfer.source_topic") == b"req"
     assert out.header("streamfer.source_partition") == b"3"
     assert out.header("streamfer.source_offset") == b"42"
+
+
+def test_result_details_add_the_model_digest_and_the_batch_timings(
+    make_pipeline: PipelineFactory, sink: FakeSink, onnx_engine: OnnxEngine, config: PipelineConfig
+) -> None:
+    batch = [FakeMessage(req("abc", "e1"), 42, key=b"user-1", partition=3, ts_ms=1234)]
+    handle(make_pipeline(config=config.model_copy(update={"result_details": True})), batch, sink)
+    (out,) = sink.sent
+    body = out.body
+    assert body["model"] == {"name": "demo", "version": "3", "sha256": onnx_engine.model_hash}
+    assert set(body["timings_ms"]) == {"wait_ms", "decode_ms", "enrich_ms", "infer_ms"}
+    assert (body["id"], body["pipeline"], body["request_ts_ms"]) == ("abc", "p", 1234)
 
 
 def test_dead_letter_record_shape(make_pipeline: PipelineFactory, sink: FakeSink) -> None:

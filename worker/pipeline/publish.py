@@ -39,6 +39,7 @@ from worker.kafka import (
 from worker.ops import PipelineMetrics
 from worker.pipeline.codec import open_objects, result_tail
 from worker.pipeline.dead_letters import DeadLetters
+from worker.pipeline.result_format import ResultFields
 from worker.pipeline.shadow import ShadowBatch, ShadowRunner
 from worker.pipeline.values import Scored
 from worker.registry import AvroResults
@@ -68,6 +69,7 @@ class PublishStep:
         self._metrics = metrics
         self._cache = cache
         self._shadow = shadow
+        self._fields = ResultFields(config)
 
     def __call__(self, scored: Scored, sink: Sink, tracker: DeliveryTracker) -> None:
         """Send ``scored``'s results and dead letters, then seal ``tracker``; see
@@ -156,13 +158,14 @@ class PublishStep:
         # What every result of the batch shares is encoded once: the body is the
         # per-record part with this tail spliced in before its closing brace.
         # A canary's rows name it: a second shared tail, picked per row by the split.
-        shared = {"pipeline": self._config.name, "timings_ms": scored.timings.as_dict()}
+        fields_of = self._fields
+        shared = fields_of.shared(scored.timings)
         models = [model]
         split: Iterable[bool] = itertools.repeat(False, len(good))
         if at.canary is not None and scored.candidate is not None:
             models.append(scored.candidate.identity)
             split = at.canary.tolist()
-        tails = [result_tail({"model": m.meta, **shared}) for m in models]
+        tails = [result_tail({"model": fields_of.model(m), **shared}) for m in models]
         tags = [m.tag for m in models]
         topic = self._config.result_topic
         send = sink.send
@@ -172,7 +175,6 @@ class PublishStep:
         roomy = room - MAX_RESULT_HEADERS_BYTES
         keyed_only = sink.limit.needs_key(topic)
         avro = self._avro
-        metas = [m.meta for m in models]
         instead = 0  # dead letters sent in place of results
         known = tracker.refusals  # results the broker refused on an earlier try
         picked = good.tolist()
