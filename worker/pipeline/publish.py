@@ -165,7 +165,8 @@ class PublishStep:
         if at.canary is not None and scored.candidate is not None:
             models.append(scored.candidate.identity)
             split = at.canary.tolist()
-        tails = [result_tail({"model": fields_of.model(m), **shared}) for m in models]
+        metas = [fields_of.model(m) for m in models]
+        tails = [result_tail({"model": meta, **shared}) for meta in metas]
         tags = [m.tag for m in models]
         topic = self._config.result_topic
         send = sink.send
