@@ -19,13 +19,14 @@ from typing import NamedTuple
 from confluent_kafka import Consumer, Message, ShareConsumer
 from prometheus_client import CollectorRegistry
 
-from worker.cache import open_cache
+from worker.cache import CacheFamilies, open_cache
 from worker.config import PipelineConfig, WorkerConfig
 from worker.core import Clock, monotonic_clock
 from worker.delivery import (
     AtLeastOnce,
     Committer,
     Delivery,
+    DeliveryFamilies,
     RefusedRecords,
     ReportPolling,
     RewindGate,
@@ -58,6 +59,7 @@ from worker.loop import (
     BatchSteps,
     ConsumerEvents,
     LockGate,
+    LoopFamilies,
     LoopParts,
     Membership,
     PausingManager,
@@ -71,14 +73,38 @@ from worker.loop import (
     pipeline_shares,
     share_fetch_options,
 )
-from worker.models import LoadedModel, ModelWatch, Reloader, load_candidates, open_parts, show_model
-from worker.ops import HealthState, Metrics
-from worker.pipeline import BatchHooks, Canary, FeedPlan, Pipeline, ShadowRunner, result_encoder
+from worker.models import (
+    LoadedModel,
+    ModelFamilies,
+    ModelWatch,
+    Reloader,
+    load_candidates,
+    open_parts,
+    show_model,
+)
+from worker.ops import HealthState, OpsFamilies
+from worker.pipeline import (
+    BatchHooks,
+    Canary,
+    FeedPlan,
+    Pipeline,
+    PipelineFamilies,
+    ShadowRunner,
+    result_encoder,
+)
 from worker.registry import framed_decoders, needs_registry, open_registry
 
-__all__ = ["build_worker", "producer_linger_ms", "wire_share_worker", "wire_worker"]
+__all__ = ["Metrics", "build_worker", "producer_linger_ms", "wire_share_worker", "wire_worker"]
 
 log = logging.getLogger(__name__)
+
+
+class Metrics(
+    OpsFamilies, CacheFamilies, PipelineFamilies, ModelFamilies, DeliveryFamilies, LoopFamilies
+):
+    """Everything a worker exports: every unit's families (each declared in that unit's
+    ``metrics`` module), built on one registry. It is each of them, so a part is handed
+    this and sees only its own unit's families."""
 
 
 def build_worker(

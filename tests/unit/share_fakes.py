@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry
 
 from streamfer_dev.modelgen import DemoModel
 from tests.unit.fakes import TOPIC, FakeSink, GatedStore
-from worker.compose import wire_share_worker
+from worker.compose import Metrics, wire_share_worker
 from worker.config import BatchPolicy, FeatureSpec, ModelSpec, PipelineConfig, WorkerConfig
 from worker.inference.engine import OnnxEngine
 from worker.kafka.share_group import ShareGroupSettings
@@ -38,7 +38,6 @@ from worker.kafka.sink import Sink
 from worker.loop.share_events import ShareEvents
 from worker.loop.share_worker import ShareWorker
 from worker.ops.health import HealthState
-from worker.ops.metrics import Metrics
 from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.steps import Pipeline
 

@@ -20,10 +20,10 @@ from tests.unit.fakes import (
     requests,
     turn_until,
 )
+from worker.compose import Metrics
 from worker.config import WorkerConfig
 from worker.inference.engine import OnnxEngine
 from worker.loop.worker import Worker
-from worker.ops.metrics import Metrics
 from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.steps import Pipeline
 

@@ -15,7 +15,9 @@ from confluent_kafka import KafkaError
 from worker.core import Assignment, DeliveryTracker
 from worker.delivery import CommitAnswers
 from worker.kafka import KAFKA_LOG, LagStats, fatal_error, is_fatal
-from worker.ops import HealthState, Metrics, PipelineMetrics
+from worker.loop.metrics import LoopFamilies
+from worker.ops import HealthState
+from worker.pipeline import PipelineMetrics
 
 __all__ = ["ConsumerEvents", "RetiredBatches"]
 
@@ -28,7 +30,7 @@ _BROKERS_UNUSABLE = frozenset(
 class ConsumerEvents:
     """The consumer's ``on_commit``, ``error_cb`` and ``stats_cb``, and what they write."""
 
-    def __init__(self, health: HealthState, metrics: Metrics) -> None:
+    def __init__(self, health: HealthState, metrics: LoopFamilies) -> None:
         self.owned = Assignment()
         self.lag = LagStats(metrics.consumer_lag, metrics.seconds_to_drain)
         self.on_commit = CommitAnswers()

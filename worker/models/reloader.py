@@ -55,8 +55,8 @@ from worker.inference import (
     file_sha256,
 )
 from worker.models.fit import ModelFit
+from worker.models.metrics import ModelFamilies
 from worker.models.parts import LoadedModel, load_model
-from worker.ops import Metrics
 
 __all__ = ["SETTLE_S", "Fingerprint", "Look", "ModelWatch", "Reloader", "show_model"]
 
@@ -106,7 +106,12 @@ def fingerprint(version: str, path: Path) -> Fingerprint | None:
 
 
 def show_model(
-    metrics: Metrics, pipeline: str, model: ModelIdentity, provider: str, *, hide: Labels | None
+    metrics: ModelFamilies,
+    pipeline: str,
+    model: ModelIdentity,
+    provider: str,
+    *,
+    hide: Labels | None,
 ) -> Labels:
     """Set ``streamfer_model_info`` for ``model`` (taking ``hide``'s series away)."""
     labels: Labels = (pipeline, model.name, model.version, model.sha256, provider)
@@ -128,7 +133,7 @@ class ModelWatch:
         config: PipelineConfig,
         slot: ModelSlot,
         serving: LoadedModel,
-        metrics: Metrics,
+        metrics: ModelFamilies,
         *,
         shown: Labels,
         load: Load | None = None,

@@ -27,10 +27,10 @@ from worker.config import PipelineConfig
 from worker.core import DecodedRequests, StageTimings
 from worker.features import StoreWait
 from worker.inference import InferenceEngine, ModelIdentity, ModelSlot, Outputs
-from worker.ops import PipelineMetrics
 from worker.pipeline.canary import Canary
 from worker.pipeline.codec import decode_requests
 from worker.pipeline.feeds import BatchFetcher, FeedPlan, Feeds, assemble
+from worker.pipeline.metrics import PipelineMetrics
 from worker.pipeline.request_shape import RequestShape
 from worker.registry import FramedRequests
 

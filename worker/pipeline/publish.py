@@ -35,9 +35,9 @@ from worker.kafka import (
     record_size,
     trace_headers,
 )
-from worker.ops import PipelineMetrics
 from worker.pipeline.codec import open_objects, result_tail
 from worker.pipeline.dead_letters import DeadLetters
+from worker.pipeline.metrics import PipelineMetrics
 from worker.pipeline.prepare import Prepared
 from worker.pipeline.shadow import ShadowBatch, ShadowRunner
 from worker.registry import AvroResults

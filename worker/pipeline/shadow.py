@@ -42,10 +42,10 @@ from worker.config import PipelineConfig
 from worker.core import DeliveryTracker
 from worker.inference import ModelIdentity, ModelSlot, Outputs
 from worker.kafka import Sink, SourceHeaders, trace_headers
-from worker.ops import ShadowMetrics
 from worker.pipeline.codec import result_tail
 from worker.pipeline.feeds import Feeds
 from worker.pipeline.hooks import BatchHooks
+from worker.pipeline.metrics import ShadowMetrics
 
 __all__ = ["Agreement", "ShadowBatch", "ShadowRunner"]
 

@@ -32,13 +32,13 @@ from worker.errors import ConfigError, InferenceServerError, SchemaRegistryError
 from worker.features import FeatureStore, OneStore, StoreWait
 from worker.inference import InferenceEngine, LiveModel, ModelSlot
 from worker.kafka import Sink
-from worker.ops import PipelineMetrics
 from worker.pipeline.canary import Canary
 from worker.pipeline.codec import request_id_of
 from worker.pipeline.dead_letters import DeadLetters
 from worker.pipeline.feeds import BatchFetcher, FeedPlan
 from worker.pipeline.hooks import BatchHooks
 from worker.pipeline.infer import InferStep
+from worker.pipeline.metrics import PipelineMetrics
 from worker.pipeline.model_faults import ModelFaults, ModelFaultWait
 from worker.pipeline.prepare import Prepared, PrepareStep
 from worker.pipeline.publish import PublishStep

@@ -25,11 +25,17 @@ from prometheus_client import CollectorRegistry
 
 from worker.config import BatchPolicy
 from worker.core import Clock, Deadline, DeliveryTracker, Job, PartitionKey, monotonic_clock
-from worker.delivery import AtLeastOnce, Committer, OffsetConsumer, ReportPolling, Stages
+from worker.delivery import (
+    AtLeastOnce,
+    Committer,
+    DeliveryFamilies,
+    OffsetConsumer,
+    ReportPolling,
+    Stages,
+)
 from worker.errors import SinkError, StreamferError
 from worker.kafka import Headers, Sink, end_of_partition
 from worker.loop import Batcher, BatchSteps, StageThreads
-from worker.ops import Metrics
 from worker.pipeline import Pipeline
 from worker.replay.pace import Progress, RateLimiter
 from worker.replay.plan import ReplayPlan
@@ -107,7 +113,7 @@ class Replay:
         limiter: RateLimiter | None = None,
         progress: Progress | None = None,
         abort: threading.Event | None = None,
-        metrics: Metrics | None = None,
+        metrics: DeliveryFamilies | None = None,
         clock: Clock = monotonic_clock,
     ) -> None:
         """``abort`` is the pipeline's: set when the replay fails, so a batch waiting for
@@ -135,7 +141,7 @@ class Replay:
             self._threads,
             self._committer,
             {pipeline.name: pipeline},
-            metrics or Metrics(CollectorRegistry()),
+            metrics or DeliveryFamilies(CollectorRegistry()),
         )
         self._delivery = AtLeastOnce(stages)
         self._open: dict[int, int] = {}

@@ -31,8 +31,7 @@ from worker.features import PROBE_ENTITY
 from worker.inference import TritonEngine
 from worker.kafka import Headers, RecordLimits
 from worker.models import LoadedModel, load_candidates, open_parts
-from worker.ops import Metrics
-from worker.pipeline import Pipeline
+from worker.pipeline import Pipeline, PipelineFamilies
 
 __all__ = ["CheckedPipeline", "check_pipeline"]
 
@@ -86,7 +85,7 @@ def check_pipeline(cfg: PipelineConfig, redis: RedisSettings) -> CheckedPipeline
             store=store,
             engine=engine,
             plan=plan,
-            metrics=Metrics(CollectorRegistry()).for_pipeline(cfg.name),
+            metrics=PipelineFamilies(CollectorRegistry()).for_pipeline(cfg.name),
             retry_feature_store_s=None,
             abort=abort,
             hooks=hooks,
