@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from worker.cache import CacheFamilies, open_cache
 from worker.config import PipelineConfig, WorkerConfig
-from worker.core import Clock, monotonic_clock
+from worker.core import Clock, monotonic_clock, wall_clock
 from worker.delivery import (
     AtLeastOnce,
     Committer,
@@ -231,11 +231,13 @@ def wire_worker(
     calls: CallWatch | None = None,
     rejoin: threading.Event | None = None,
     clock: Clock = monotonic_clock,
+    wall: Clock = wall_clock,
 ) -> Worker:
     """The ``Worker`` around ``consumer`` (made with ``events``' callbacks) and ``sink``:
     its batchers, committer, source, processing threads, pausing, delivery mode and
     membership, in that order, each handed what it needs. ``calls`` runs exactly-once's
-    transactional calls (a ``CallWatch`` reporting stalls to ``health`` by default)."""
+    transactional calls (a ``CallWatch`` reporting stalls to ``health`` by default).
+    ``clock`` times every wait and window; ``wall`` ages records by their timestamps."""
     by_name = {p.name: p for p in pipelines}
     batchers: dict[str, Batcher[Message]] = {
         p.name: Batcher(p.config.batch, clock) for p in pipelines
@@ -245,7 +247,7 @@ def wire_worker(
         consumer,
         answers=events.on_commit,
         transactional=exactly_once,
-        on_done=RetiredBatches({p.name: p.metrics for p in pipelines}),
+        on_done=RetiredBatches({p.name: p.metrics for p in pipelines}, wall=wall),
         on_rejected=metrics.commit_failures.inc,
         clock=clock,
         interval=config.commit_interval_ms / 1000.0,
@@ -307,6 +309,7 @@ def wire_worker(
         abort=abort or threading.Event(),
         background=background,
         clock=clock,
+        wall=wall,
     )
 
 

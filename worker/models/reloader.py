@@ -45,6 +45,7 @@ from enum import Enum
 from pathlib import Path
 
 from worker.config import ModelSpec, PipelineConfig, list_versions
+from worker.core import Clock, monotonic_clock, wall_clock
 from worker.errors import EngineError, InferenceServerError
 from worker.inference import (
     InferenceEngine,
@@ -138,8 +139,8 @@ class ModelWatch:
         shown: Labels,
         load: Load | None = None,
         settle_s: float = SETTLE_S,
-        clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
+        clock: Clock = monotonic_clock,
+        wall: Clock = wall_clock,
         on_swap: Callable[[InferenceEngine], None] | None = None,
     ) -> None:
         self._config = config
