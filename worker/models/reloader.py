@@ -358,8 +358,11 @@ class Reloader:
         *,
         requests: threading.Event | None = None,
         settle_s: float = SETTLE_S,
+        clock: Clock = monotonic_clock,
     ) -> None:
+        """``clock`` times each watch's polls."""
         self._watches = list(watches)
+        self._clock = clock
         self._requests = requests or threading.Event()
         self._settle_s = settle_s
         self._stop = threading.Event()
@@ -394,9 +397,10 @@ class Reloader:
 
     def _run(self) -> None:
         polling = [w for w in self._watches if w.polls]
-        due = {w.name: time.monotonic() + w.poll_s for w in polling}
+        clock = self._clock
+        due = {w.name: clock() + w.poll_s for w in polling}
         while not self._stop.is_set():
-            now = time.monotonic()
+            now = clock()
             wait = max(0.0, min(due.values()) - now) if due else None
             asked = self._requests.wait(wait)
             if self._stop.is_set():
@@ -407,10 +411,10 @@ class Reloader:
                     log.info("reload requested: looking at every pipeline's model")
                     self.check_now()
                 else:
-                    now = time.monotonic()
+                    now = clock()
                     for w in polling:
                         if due[w.name] <= now:
                             w.look()
-                            due[w.name] = time.monotonic() + w.poll_s
+                            due[w.name] = clock() + w.poll_s
             except Exception:  # a fault here must never stop the serving
                 log.exception("model reload check failed; the live models keep serving")
