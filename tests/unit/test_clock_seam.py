@@ -13,6 +13,7 @@ from worker.core import DeliveryTracker
 from worker.errors import FeatureStoreError
 from worker.features import StoreWait
 from worker.loop import RetiredBatches
+from worker.ops import HealthState
 
 
 class ManualClock:
@@ -70,3 +71,14 @@ def test_the_end_to_end_age_is_read_from_the_wall_clock_handed_in() -> None:
     registry = metrics.registry
     labels = {"pipeline": "p"}
     assert registry.get_sample_value("streamfer_end_to_end_seconds_sum", labels) == 1.5
+
+
+def test_liveness_is_judged_on_the_clock_handed_in() -> None:
+    clock = ManualClock()
+    health = HealthState(liveness_timeout_s=60.0, clock=clock)
+    clock.now += 59.0
+    assert health.live()
+    clock.now += 1.0
+    assert not health.live(), "the loop has not turned for the whole timeout"
+    health.turned()
+    assert health.live()
