@@ -22,8 +22,8 @@ from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
 from worker.cli import build_parser
+from worker.compose import Metrics
 from worker.config import WorkerConfig
-from worker.ops import Metrics
 
 __all__ = [
     "PAGES",
@@ -256,8 +256,9 @@ def metrics_page() -> str:
     lines = [
         "# Metrics reference",
         "",
-        "Generated from the worker's metrics registry (`worker/ops/metrics.py`) when the "
-        "documentation is built. Served on `/metrics` when `[metrics] port` is set; no "
+        "Generated when the documentation is built from the families each unit declares "
+        "(`worker/<unit>/metrics.py`), which `worker.compose.Metrics` builds on one "
+        "registry. Served on `/metrics` when `[metrics] port` is set; no "
         "label carries a record key or id. Under `streamfer run --processes N` every "
         "sample also carries `process`, and the supervisor adds "
         "`streamfer_supervisor_processes`, `streamfer_supervisor_restarts_total{process}` "

@@ -19,13 +19,14 @@ from typing import NamedTuple
 from confluent_kafka import Consumer, Message, ShareConsumer
 from prometheus_client import CollectorRegistry
 
-from worker.cache import open_cache
+from worker.cache import CacheFamilies, open_cache
 from worker.config import PipelineConfig, WorkerConfig
-from worker.core import Clock, monotonic_clock
+from worker.core import Clock, monotonic_clock, wall_clock
 from worker.delivery import (
     AtLeastOnce,
     Committer,
     Delivery,
+    DeliveryFamilies,
     RefusedRecords,
     ReportPolling,
     RewindGate,
@@ -58,6 +59,7 @@ from worker.loop import (
     BatchSteps,
     ConsumerEvents,
     LockGate,
+    LoopFamilies,
     LoopParts,
     Membership,
     PausingManager,
@@ -73,6 +75,7 @@ from worker.loop import (
 )
 from worker.models import (
     LoadedModel,
+    ModelFamilies,
     ModelWatch,
     Reloader,
     build_pipeline,
@@ -80,13 +83,29 @@ from worker.models import (
     open_parts,
     show_model,
 )
-from worker.ops import HealthState, Metrics
-from worker.pipeline import BatchHooks, Canary, FeedPlan, Pipeline, ShadowRunner, result_encoder
+from worker.ops import HealthState, OpsFamilies
+from worker.pipeline import (
+    BatchHooks,
+    Canary,
+    FeedPlan,
+    Pipeline,
+    PipelineFamilies,
+    ShadowRunner,
+    result_encoder,
+)
 from worker.registry import framed_decoders, needs_registry, open_registry
 
-__all__ = ["build_worker", "producer_linger_ms", "wire_share_worker", "wire_worker"]
+__all__ = ["Metrics", "build_worker", "producer_linger_ms", "wire_share_worker", "wire_worker"]
 
 log = logging.getLogger(__name__)
+
+
+class Metrics(
+    OpsFamilies, CacheFamilies, PipelineFamilies, ModelFamilies, DeliveryFamilies, LoopFamilies
+):
+    """Everything a worker exports: every unit's families (each declared in that unit's
+    ``metrics`` module), built on one registry. It is each of them, so a part is handed
+    this and sees only its own unit's families."""
 
 
 def build_worker(
@@ -213,11 +232,13 @@ def wire_worker(
     calls: CallWatch | None = None,
     rejoin: threading.Event | None = None,
     clock: Clock = monotonic_clock,
+    wall: Clock = wall_clock,
 ) -> Worker:
     """The ``Worker`` around ``consumer`` (made with ``events``' callbacks) and ``sink``:
     its batchers, committer, source, processing threads, pausing, delivery mode and
     membership, in that order, each handed what it needs. ``calls`` runs exactly-once's
-    transactional calls (a ``CallWatch`` reporting stalls to ``health`` by default)."""
+    transactional calls (a ``CallWatch`` reporting stalls to ``health`` by default).
+    ``clock`` times every wait and window; ``wall`` ages records by their timestamps."""
     by_name = {p.name: p for p in pipelines}
     batchers: dict[str, Batcher[Message]] = {
         p.name: Batcher(p.config.batch, clock) for p in pipelines
@@ -227,7 +248,7 @@ def wire_worker(
         consumer,
         answers=events.on_commit,
         transactional=exactly_once,
-        on_done=RetiredBatches({p.name: p.metrics for p in pipelines}),
+        on_done=RetiredBatches({p.name: p.metrics for p in pipelines}, wall=wall),
         on_rejected=metrics.commit_failures.inc,
         clock=clock,
         interval=config.commit_interval_ms / 1000.0,
@@ -289,6 +310,7 @@ def wire_worker(
         abort=abort or threading.Event(),
         background=background,
         clock=clock,
+        wall=wall,
     )
 
 

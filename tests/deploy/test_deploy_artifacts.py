@@ -35,8 +35,9 @@ import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
 from tests.deploy.dockerfiles import CPU, DOCKERFILES, GPU, gpu_dist, instructions, stages
+from worker.compose import Metrics
 from worker.config import WorkerConfig, parse_config
-from worker.ops.metrics import METRIC_NAMES, Metrics
+from worker.ops import METRIC_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry
 
 from streamfer_dev.modelgen import DemoModel
 from tests.unit.conftest import MemoryStore
-from worker.compose import wire_worker
+from worker.compose import Metrics, wire_worker
 from worker.config import BatchPolicy, FeatureSpec, ModelSpec, PipelineConfig, WorkerConfig
 from worker.core.tracker import DeliveryTracker
 from worker.core.types import PartitionKey
@@ -42,7 +42,6 @@ from worker.loop.consumer_events import ConsumerEvents
 from worker.loop.worker import Worker
 from worker.models import build_pipeline
 from worker.ops.health import HealthState
-from worker.ops.metrics import Metrics
 from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.steps import Pipeline
 

@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry
 
 from streamfer_dev.modelgen import DemoModel
 from tests.unit.fakes import TOPIC, FakeSink, GatedStore
-from worker.compose import wire_share_worker
+from worker.compose import Metrics, wire_share_worker
 from worker.config import BatchPolicy, FeatureSpec, ModelSpec, PipelineConfig, WorkerConfig
 from worker.inference.engine import OnnxEngine
 from worker.kafka.share_group import ShareGroupSettings
@@ -39,7 +39,6 @@ from worker.loop.share_events import ShareEvents
 from worker.loop.share_worker import ShareWorker
 from worker.models import build_pipeline
 from worker.ops.health import HealthState
-from worker.ops.metrics import Metrics
 from worker.pipeline.feeds import FeedPlan
 
 Position = tuple[str, int, int]

@@ -25,11 +25,11 @@ from prometheus_client import CollectorRegistry
 from streamfer_dev.modelgen import DemoModel
 from tests.unit.conftest import MemoryStore
 from tests.unit.fakes import TOPIC
+from worker.compose import Metrics
 from worker.config import BatchPolicy, FeatureSpec, ModelSpec, PipelineConfig
 from worker.core.types import DecodedRequests
 from worker.inference.engine import OnnxEngine
 from worker.models import build_pipeline
-from worker.ops.metrics import Metrics
 from worker.pipeline.codec import decode_requests
 from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.request_shape import RequestShape

@@ -13,13 +13,13 @@ from prometheus_client import CollectorRegistry
 
 from tests.unit.onnx_models import random_mlp, three_feature_pipeline
 from tests.unit.test_pipeline import FakeMessage, FakeSink, WrappedEngine
+from worker.compose import Metrics
 from worker.config import ModelSpec
 from worker.core.tracker import DeliveryTracker
 from worker.errors import EngineError
 from worker.inference.engine import Feeds, OnnxEngine, Outputs
 from worker.inference.slot import LiveModel, ModelSlot
 from worker.models import build_pipeline
-from worker.ops.metrics import Metrics
 from worker.pipeline.canary import BUCKETS, Canary, canary_bucket, canary_mask
 from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.steps import Pipeline

@@ -688,7 +688,7 @@ def test_out_of_memory_halves_the_batch_and_counts_each_halving(
 ) -> None:
     from prometheus_client import CollectorRegistry
 
-    from worker.ops.metrics import Metrics
+    from worker.compose import Metrics
 
     registry = CollectorRegistry()
     counter = Metrics(registry).device_oom_retries.labels("fraud")

@@ -18,6 +18,7 @@ import redis
 from prometheus_client import CollectorRegistry
 from redis._parsers import BaseParser
 
+from worker.compose import Metrics
 from worker.config import FeatureSpec, ModelSpec, PipelineConfig
 from worker.core.types import DecodedRequests
 from worker.errors import FeatureStoreConfigError, FeatureStoreError
@@ -35,7 +36,6 @@ from worker.features.stores import (
 from worker.inference.engine import TensorInput
 from worker.models import build_pipeline
 from worker.ops.health import HealthState
-from worker.ops.metrics import Metrics
 from worker.pipeline.codec import ENTITY_PATTERN
 from worker.pipeline.feeds import Assembled, FeedPlan
 from worker.pipeline.feeds import assemble as assemble_feeds

@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 from prometheus_client import CollectorRegistry
 
+from worker.compose import Metrics
 from worker.kafka.lag import LagStats
-from worker.ops.metrics import Metrics
 
 
 def stats(lags: dict[tuple[str, int], int], broker_state: str = "UP") -> str:

@@ -13,8 +13,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from worker.compose import Metrics
+from worker.ops import METRIC_NAMES
 from worker.ops.health import HealthServer, HealthState, HttpEndpoint
-from worker.ops.metrics import METRIC_NAMES, Metrics
 from worker.ops.metrics_merge import (
     SUPERVISOR_METRIC_NAMES,
     Answer,

@@ -22,13 +22,13 @@ from tests.unit.share_fakes import request, share_worker
 from tests.unit.test_pipeline import WrappedEngine
 from tests.unit.test_stage_threads import wait_for
 from tests.unit.test_worker_lanes import BULK, LIVE, entity_rows, two_pipeline_config
+from worker.compose import Metrics
 from worker.errors import EngineError
 from worker.inference import LiveModel
 from worker.inference.engine import Feeds, OnnxEngine, Outputs
 from worker.loop.worker import Worker
 from worker.models import build_pipeline
 from worker.ops.health import HealthState
-from worker.ops.metrics import Metrics
 from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.model_faults import ModelFaultWait
 from worker.pipeline.steps import Pipeline

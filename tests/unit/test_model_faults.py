@@ -24,11 +24,11 @@ from tests.unit.test_pipeline import (
     messages,
     req,
 )
+from worker.compose import Metrics
 from worker.config import ModelSpec, PipelineConfig
 from worker.errors import EngineError
 from worker.inference import LiveModel, ModelIdentity
 from worker.inference.engine import Feeds, OnnxEngine, Outputs
-from worker.ops.metrics import Metrics
 from worker.pipeline.hooks import BatchHooks
 from worker.pipeline.model_faults import ModelFault, ModelFaultWait
 from worker.pipeline.steps import Pipeline

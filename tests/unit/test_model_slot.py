@@ -15,12 +15,12 @@ from prometheus_client import CollectorRegistry
 
 from tests.unit.onnx_models import random_mlp, three_feature_pipeline
 from tests.unit.test_pipeline import FakeMessage, FakeSink
+from worker.compose import Metrics
 from worker.config import ModelSpec, PipelineConfig
 from worker.core.tracker import DeliveryTracker
 from worker.inference.engine import OnnxEngine
 from worker.inference.slot import LiveModel, ModelIdentity, ModelSlot
 from worker.models import build_pipeline
-from worker.ops.metrics import Metrics
 from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.steps import Pipeline
 

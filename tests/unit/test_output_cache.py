@@ -29,11 +29,11 @@ from worker.cache.keys import KEY_BYTES
 from worker.cache.memory import ENTRY_OVERHEAD
 from worker.cache.output_cache import OutputCache, open_cache
 from worker.cli import main
+from worker.compose import Metrics
 from worker.config import CacheSpec, FeatureSpec, ModelSpec, PipelineConfig, parse_config
 from worker.errors import ConfigError
 from worker.inference.engine import InferenceEngine, OnnxEngine
 from worker.models import build_pipeline
-from worker.ops.metrics import Metrics
 from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.hooks import BatchHooks
 

@@ -15,6 +15,7 @@ from confluent_kafka import Message
 from prometheus_client import CollectorRegistry
 
 from streamfer_dev.modelgen import DemoModel
+from worker.compose import Metrics
 from worker.config import FeatureSpec, HooksSpec, ModelSpec, PipelineConfig
 from worker.core.tracker import DeliveryTracker
 from worker.errors import ConfigError, EngineError, FeatureStoreError, ModelMismatchError
@@ -23,7 +24,6 @@ from worker.inference.engine import Feeds, InferenceEngine, OnnxEngine, Outputs,
 from worker.kafka.limits import RecordLimits, record_size
 from worker.kafka.sink import Headers
 from worker.models import build_pipeline
-from worker.ops.metrics import Metrics
 from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.hooks import BatchHooks, load_hooks
 from worker.pipeline.steps import Pipeline

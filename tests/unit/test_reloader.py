@@ -21,12 +21,12 @@ from prometheus_client import CollectorRegistry
 
 from tests.unit.onnx_models import random_mlp
 from worker.cache import OutputCache, open_cache
+from worker.compose import Metrics
 from worker.config import PipelineConfig, RedisSettings, parse_config
 from worker.inference.engine import file_sha256
 from worker.inference.slot import LiveModel, ModelIdentity, ModelSlot
 from worker.models.parts import load_model
 from worker.models.reloader import Look, ModelWatch, Reloader, show_model
-from worker.ops.metrics import Metrics
 
 FIELDS = ["a", "b", "c"]
 SETTLE_S = 1.0

@@ -15,11 +15,11 @@ import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
 from streamfer_dev.modelgen import DemoModel
+from worker.compose import Metrics
 from worker.config import BatchPolicy, FeatureSpec, ModelSpec, PipelineConfig
 from worker.errors import ConfigError, SinkError
 from worker.inference.engine import OnnxEngine
 from worker.models import build_pipeline
-from worker.ops.metrics import Metrics
 from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.steps import Pipeline
 from worker.replay import (

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from tests.unit.onnx_models import random_mlp, three_feature_pipeline
 from tests.unit.test_pipeline import FakeMessage, FakeSink
+from worker.compose import Metrics
 from worker.config import ModelSpec, PipelineConfig, ShadowSpec
 from worker.core.tracker import DeliveryTracker
 from worker.errors import EngineError
@@ -27,7 +28,6 @@ from worker.inference.slot import LiveModel, ModelSlot
 from worker.kafka.limits import RecordLimits
 from worker.kafka.sink import Headers, Sink
 from worker.models import build_pipeline
-from worker.ops.metrics import Metrics
 from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.shadow import Agreement, ShadowRunner
 from worker.pipeline.steps import Pipeline

@@ -13,13 +13,13 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from prometheus_client import CollectorRegistry
 
+from worker.compose import Metrics
 from worker.config import KafkaSettings
 from worker.errors import ConfigError
 from worker.kafka.share_group import describe_share_group, prepare_share_group
 from worker.kafka.share_source import share_consumer_config
 from worker.loop.share_events import ShareEvents
 from worker.ops.health import HealthState
-from worker.ops.metrics import Metrics
 
 
 @dataclass

@@ -20,6 +20,7 @@ from tests.unit.test_model_faults import Readiness, rows
 from tests.unit.test_pipeline import FakeSink, WrappedEngine, matrix
 from tests.unit.test_reloader import one_pipeline
 from tests.unit.triton_fakes import FakeTriton, TritonFailure
+from worker.compose import Metrics
 from worker.config import ModelSpec, PipelineConfig, load_config
 from worker.errors import EngineError, InferenceServerError
 from worker.features import StoreWait
@@ -29,7 +30,6 @@ from worker.inference.triton import call_failure
 from worker.models import LoadedModel
 from worker.models.reloader import Look, ModelWatch, show_model
 from worker.ops.health import HealthState
-from worker.ops.metrics import Metrics
 from worker.pipeline import FeedPlan
 
 config, store, onnx_engine = base.config, base.store, base.onnx_engine

@@ -20,11 +20,11 @@ from tests.unit.fakes import (
     requests,
     turn_until,
 )
+from worker.compose import Metrics
 from worker.config import WorkerConfig
 from worker.inference.engine import OnnxEngine
 from worker.loop.worker import Worker
 from worker.models import build_pipeline
-from worker.ops.metrics import Metrics
 from worker.pipeline.feeds import FeedPlan
 
 LIVE, BULK = "live-req", "bulk-req"

@@ -43,11 +43,11 @@ import orjson
 
 from worker.cache.keys import model_namespace, row_keys
 from worker.cache.memory import MemoryTier
+from worker.cache.metrics import CacheFamilies, CacheMetrics
 from worker.cache.redis_tier import RedisCacheTier
 from worker.config import PipelineConfig, RedisSettings
 from worker.features import redis_client
 from worker.inference import InferenceEngine, Outputs, finite_rows, row_outputs
-from worker.ops import CacheMetrics, Metrics
 
 __all__ = ["CachePlan", "CachedRows", "OutputCache", "SettledRows", "open_cache"]
 
@@ -271,7 +271,7 @@ class OutputCache:
 
 
 def open_cache(
-    config: PipelineConfig, redis: RedisSettings, registry: Metrics, engine: InferenceEngine
+    config: PipelineConfig, redis: RedisSettings, registry: CacheFamilies, engine: InferenceEngine
 ) -> OutputCache | None:
     """The cache ``config.cache`` asks for, or None when it is off (then no cache series
     are exported). The Redis tier gets a client of its own (``redis_timeout_ms`` for

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 import orjson
 import redis
 
+from worker.core import Clock, monotonic_clock
 from worker.errors import StreamferError
 from worker.features import Command, RedisClient, exchange
 
@@ -88,7 +88,7 @@ class RedisCacheTier:
         fields: Sequence[str] | None,
         on_error: Callable[[str, int], None],
         where: str = "output cache",
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = monotonic_clock,
     ) -> None:
         self._connect = connect
         self._ttl = str(ttl_s).encode()

@@ -1,5 +1,6 @@
 """The plain records and types every layer uses: a batch in flight (``Job``), its delivery
-tracker, partition keys, the injected clock. Nothing here imports another worker module.
+tracker, partition keys, the one clock seam and the one deadline. Nothing here imports
+another worker module.
 
 Every unit imports this face, and the light paths (``streamfer --help``, ``import
 worker``) need only ``__version__``; so every other name is read from its module on first
@@ -15,7 +16,7 @@ from worker.core.version import __version__
 
 if TYPE_CHECKING:
     from worker.core.assignment import Assignment
-    from worker.core.clock import Clock, monotonic_clock
+    from worker.core.clock import Clock, monotonic_clock, wall_clock
     from worker.core.deadline import Deadline
     from worker.core.extras import extra_requirements, install_command
     from worker.core.job import Job, next_offsets
@@ -54,6 +55,7 @@ __all__ = [
     "monotonic_clock",
     "next_offsets",
     "safe_text",
+    "wall_clock",
 ]
 
 __getattr__ = lazy_names(
@@ -62,6 +64,7 @@ __getattr__ = lazy_names(
         "Assignment": "assignment",
         "Clock": "clock",
         "monotonic_clock": "clock",
+        "wall_clock": "clock",
         "Deadline": "deadline",
         "extra_requirements": "extras",
         "install_command": "extras",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from worker.delivery.committer import CommitAnswers, Committer, OffsetConsumer
 from worker.delivery.exactly_once import RewindGate, Transactional
+from worker.delivery.metrics import DeliveryFamilies
 from worker.delivery.mode import (
     AtLeastOnce,
     BatchGate,
@@ -23,6 +24,7 @@ __all__ = [
     "CommitAnswers",
     "Committer",
     "Delivery",
+    "DeliveryFamilies",
     "OffsetConsumer",
     "RefusedRecords",
     "ReportPolling",

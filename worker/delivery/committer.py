@@ -37,7 +37,6 @@ stops a worker from going on for the whole rebalance with nothing committed.
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -45,7 +44,7 @@ from typing import Literal, Protocol, overload
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from worker.core import DeliveryTracker, Job, PartitionKey
+from worker.core import Clock, DeliveryTracker, Job, PartitionKey, monotonic_clock
 from worker.errors import CommitError, SinkError
 
 __all__ = ["CommitAnswers", "Committer", "OffsetConsumer"]
@@ -129,7 +128,7 @@ class Committer:
         transactional: bool = False,
         on_done: Callable[[DeliveryTracker], None] | None = None,
         on_rejected: Callable[[], None] | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = monotonic_clock,
         interval: float = 0.0,
     ) -> None:
         """``answers`` is where ``consumer`` puts the broker's answers to asynchronous

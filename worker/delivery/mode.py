@@ -21,10 +21,11 @@ from typing import Protocol
 
 from worker.core import Deadline, DeliveryTracker, Job, PartitionKey
 from worker.delivery.committer import Committer
+from worker.delivery.metrics import DeliveryFamilies
 from worker.delivery.refused import RefusedRecords, RefusingPipeline
 from worker.errors import CommitError
 from worker.kafka import Sink
-from worker.ops import Metrics, PipelineMetrics
+from worker.pipeline import PipelineMetrics
 
 __all__ = [
     "AtLeastOnce",
@@ -105,7 +106,7 @@ class Stages:
     threads: BatchThreads
     committer: Committer
     pipelines: Mapping[str, DeliveringPipeline]
-    metrics: Metrics
+    metrics: DeliveryFamilies
 
 
 class Delivery(Protocol):

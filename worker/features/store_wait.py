@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import TypeVar
 
 from prometheus_client import Counter
 
+from worker.core import Clock, Deadline, monotonic_clock
 from worker.errors import FeatureStoreConfigError, FeatureStoreError
 
 __all__ = ["StoreWait"]
@@ -39,7 +39,8 @@ class StoreWait:
 
     ``on_feature_store`` hears (False, reason) whenever the reason changes and
     (True, None) once the store answers again (readiness follows it); ``abort`` ends the
-    wait by raising the last error."""
+    wait by raising the last error. An outage is given up on once the next try would come
+    past ``retry_s`` on ``clock``."""
 
     CONFIG_RETRY_S = (1.0, 30.0)
     """First and longest wait between tries while Redis refuses the configuration."""
@@ -56,8 +57,10 @@ class StoreWait:
         on_feature_store: Callable[[bool, str | None], None],
         outage: type[Exception] = FeatureStoreError,
         what: str = "feature store",
+        clock: Clock = monotonic_clock,
     ) -> None:
         self._pipeline = pipeline
+        self._clock = clock
         self._outage = outage
         self._what = what
         self._retry_s = retry_s
@@ -68,7 +71,7 @@ class StoreWait:
     def call(self, attempt: Callable[[], T]) -> T:
         """``attempt()``, again while it raises a feature store error (see the module)."""
         name = self._pipeline
-        deadline = None if self._retry_s is None else time.monotonic() + self._retry_s
+        deadline = None if self._retry_s is None else Deadline.after(self._retry_s, self._clock)
         delay = 0.0
         problem: str | None = None
         logged: tuple[str, float] | None = None
@@ -85,8 +88,8 @@ class StoreWait:
                 if reason != problem:
                     problem = reason
                     self._on_feature_store(False, reason)
-                now = time.monotonic()
-                out_of_time = not config and deadline is not None and now + delay > deadline
+                now = self._clock()
+                out_of_time = not config and deadline is not None and deadline.remaining() < delay
                 if out_of_time or self._abort.is_set():
                     raise
                 if not config:

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from worker.core import Clock, monotonic_clock
 from worker.errors import CallStalled
 
 __all__ = ["CALL_TIMEOUT_S", "ON_TIME_GRACE_S", "STALL_MARGIN_S", "CallStalled", "CallWatch"]
@@ -80,7 +80,7 @@ class CallWatch:
         margin_s: float = STALL_MARGIN_S,
         on_stall: Callable[[str | None], None] | None = None,
         name: str = "streamfer-txn",
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = monotonic_clock,
     ) -> None:
         """``timeout_s`` is what each call is given unless it names its own;
         ``on_stall(why)`` is told when a call passes its timeout and ``on_stall(None)``

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import logging
 import re
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
+
+from worker.core import Clock, monotonic_clock
 
 __all__ = ["BROKER_OUTAGES", "KAFKA_LOG", "BrokerOutages", "RepeatFilter"]
 
@@ -51,7 +52,7 @@ class RepeatFilter(logging.Filter):
     """Passes the first record of a kind (its message with numbers blanked: ports,
     timings and ids vary between repeats) and then one per ``window_s``."""
 
-    def __init__(self, window_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, window_s: float = 30.0, clock: Clock = monotonic_clock) -> None:
         super().__init__()
         self.window_s = window_s
         self._clock = clock
@@ -91,7 +92,7 @@ class BrokerOutages(logging.Filter):
         self,
         remind_s: float = 60.0,
         quiet_s: float = 30.0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = monotonic_clock,
     ) -> None:
         super().__init__()
         self.remind_s = remind_s

@@ -10,13 +10,12 @@ estimate.
 from __future__ import annotations
 
 import contextlib
-import time
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from typing import Any
 
 import orjson
 
-from worker.core import PartitionKey
+from worker.core import Clock, PartitionKey, monotonic_clock
 from worker.kafka.client_logs import BROKER_OUTAGES
 
 __all__ = ["LagStats"]
@@ -29,7 +28,7 @@ class LagStats:
         self,
         lag_gauge: Any,
         drain_gauge: Any,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = monotonic_clock,
     ) -> None:
         """``lag_gauge``: labelled (topic, partition); ``drain_gauge``: seconds to drain."""
         self._lag = lag_gauge

@@ -15,6 +15,7 @@ delivery: the batch is then never committed, and the failure is never dropped si
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, cast
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -67,16 +68,35 @@ def _log_error(err: KafkaError) -> None:
     KAFKA_LOG.error("producer error: %s", err.str())
 
 
-class Sink:
-    """Thin wrapper over ``confluent_kafka.Producer`` that never loses a refusal."""
+Queued = Callable[[DeliveryTracker, str], object]
+"""Hears each record ``Sink.send`` queued (or counted refused): its tracker and topic."""
 
-    def __init__(self, producer: Producer, limits: RecordLimits | None = None) -> None:
+
+class Sink:
+    """Thin wrapper over ``confluent_kafka.Producer`` that never loses a refusal.
+
+    The seam every publisher sends through: ``producer`` is whatever takes the records
+    (a ``Producer``; ``streamfer check`` hands one that keeps them), ``stamp`` a header
+    added to every record and ``on_queued`` what hears each one queued (a replay marks
+    its records and counts each batch's results and dead letters), so no caller
+    writes its own ``send``."""
+
+    def __init__(
+        self,
+        producer: Producer,
+        limits: RecordLimits | None = None,
+        *,
+        stamp: tuple[str, bytes] | None = None,
+        on_queued: Queued | None = None,
+    ) -> None:
         self.limit = limits or RecordLimits.unread()
         """The largest record (value, key and headers) a topic takes: ``limit(topic)``."""
         self.producer = producer
         self._producer = producer
         self._produce = producer.produce
         self._poll = producer.poll
+        self._stamp = stamp
+        self._on_queued = on_queued
 
     @classmethod
     def from_settings(
@@ -100,24 +120,31 @@ class Sink:
         producer refused this record for its size, and the caller dead-letters it. A
         keyless record for a compacted topic (``limit.compacted``) is counted refused
         by the producer, never produced."""
+        if self._stamp is not None:
+            headers = [*(headers or ()), self._stamp]
         if key is None and topic in self.limit.compacted:
             tracker.sent += 1
             tracker.refused_by_producer(topic, f"{NEEDS_A_KEY}, and this record has none")
-            return True
-        while True:
-            try:
-                self._produce(topic, value, key, headers=headers, on_delivery=tracker.on_delivery)
-                tracker.sent += 1
-                return True
-            except BufferError:
-                self._poll(0.05)
-            except KafkaException as exc:
-                err = exc.args[0] if exc.args else None
-                if isinstance(err, KafkaError) and err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
-                    return False
-                tracker.sent += 1
-                tracker.refused_by_producer(topic, str(exc))
-                return True
+        else:
+            while True:
+                try:
+                    self._produce(
+                        topic, value, key, headers=headers, on_delivery=tracker.on_delivery
+                    )
+                    tracker.sent += 1
+                    break
+                except BufferError:
+                    self._poll(0.05)
+                except KafkaException as exc:
+                    err = exc.args[0] if exc.args else None
+                    if isinstance(err, KafkaError) and err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                        return False
+                    tracker.sent += 1
+                    tracker.refused_by_producer(topic, str(exc))
+                    break
+        if self._on_queued is not None:
+            self._on_queued(tracker, topic)
+        return True
 
     def resend(self, tracker: DeliveryTracker, record: Message) -> None:
         """Send ``record`` again, as it was (a batch-mate's refusal failed it). Past

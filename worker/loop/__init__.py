@@ -15,6 +15,7 @@ from worker.core import lazy_names
 from worker.loop.batcher import Batcher
 from worker.loop.consumer_events import ConsumerEvents, RetiredBatches
 from worker.loop.membership import Membership
+from worker.loop.metrics import LoopFamilies
 from worker.loop.pausing import PausingManager, share_fetch_options
 from worker.loop.share_events import ShareEvents
 from worker.loop.share_poll import LockGate
@@ -32,6 +33,7 @@ __all__ = [
     "Batcher",
     "ConsumerEvents",
     "LockGate",
+    "LoopFamilies",
     "LoopParts",
     "Membership",
     "PausingManager",

@@ -8,14 +8,14 @@ built around. Every callback runs on the loop thread, inside ``consume``.
 
 from __future__ import annotations
 
-import time
-
 from confluent_kafka import KafkaError
 
-from worker.core import Assignment, DeliveryTracker
+from worker.core import Assignment, Clock, DeliveryTracker, monotonic_clock, wall_clock
 from worker.delivery import CommitAnswers
 from worker.kafka import KAFKA_LOG, LagStats, fatal_error, is_fatal
-from worker.ops import HealthState, Metrics, PipelineMetrics
+from worker.loop.metrics import LoopFamilies
+from worker.ops import HealthState
+from worker.pipeline import PipelineMetrics
 
 __all__ = ["ConsumerEvents", "RetiredBatches"]
 
@@ -28,7 +28,7 @@ _BROKERS_UNUSABLE = frozenset(
 class ConsumerEvents:
     """The consumer's ``on_commit``, ``error_cb`` and ``stats_cb``, and what they write."""
 
-    def __init__(self, health: HealthState, metrics: Metrics) -> None:
+    def __init__(self, health: HealthState, metrics: LoopFamilies) -> None:
         self.owned = Assignment()
         self.lag = LagStats(metrics.consumer_lag, metrics.seconds_to_drain)
         self.on_commit = CommitAnswers()
@@ -64,14 +64,22 @@ class ConsumerEvents:
 class RetiredBatches:
     """A committed batch's publish and end-to-end times (the committer's ``on_done``)."""
 
-    def __init__(self, pipelines: dict[str, PipelineMetrics]) -> None:
+    def __init__(
+        self,
+        pipelines: dict[str, PipelineMetrics],
+        clock: Clock = monotonic_clock,
+        wall: Clock = wall_clock,
+    ) -> None:
+        """``clock`` is the one the trackers were sealed by; ``wall`` ages the records."""
         self._pipelines = pipelines
+        self._clock = clock
+        self._wall = wall
 
     def __call__(self, tracker: DeliveryTracker) -> None:
         m = self._pipelines.get(tracker.pipeline)
         if m is None:
             return
         if tracker.sealed_at:
-            m.publish_seconds.observe(max(0.0, time.monotonic() - tracker.sealed_at))
+            m.publish_seconds.observe(max(0.0, self._clock() - tracker.sealed_at))
         if tracker.oldest_ts_ms:
-            m.end_to_end_seconds.observe(max(0.0, time.time() - tracker.oldest_ts_ms / 1000.0))
+            m.end_to_end_seconds.observe(max(0.0, self._wall() - tracker.oldest_ts_ms / 1000.0))

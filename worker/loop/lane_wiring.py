@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 from worker.config import WorkerConfig
 from worker.core import Job
 from worker.delivery import Committer
+from worker.loop.metrics import THREAD_STAGES, LoopFamilies
 from worker.loop.pausing import Share
 from worker.loop.threads import OnTake, StageThreads, Step
-from worker.ops import THREAD_STAGES, Metrics
 from worker.pipeline import Pipeline
 
 __all__ = ["bind_lane_gauges", "lane_threads", "pipeline_shares"]
@@ -27,7 +27,7 @@ def lane_threads(
     start_job: Callable[[Job], Step | None],
     rank: dict[str, int],
     config: WorkerConfig,
-    metrics: Metrics,
+    metrics: LoopFamilies,
 ) -> StageThreads:
     """The processing threads, one lane per priority (``rank``: pipeline -> its
     priority's rank; a plain FIFO when all share one)."""
@@ -53,7 +53,10 @@ def pipeline_shares(config: WorkerConfig, pipelines: Sequence[Pipeline]) -> list
 
 
 def bind_lane_gauges(
-    metrics: Metrics, pipelines: Sequence[Pipeline], committer: Committer, shared: Sequence[str]
+    metrics: LoopFamilies,
+    pipelines: Sequence[Pipeline],
+    committer: Committer,
+    shared: Sequence[str],
 ) -> None:
     """Each pipeline's priority and records in flight; 0 for "at its share" where it has one."""
     for p in pipelines:
@@ -65,7 +68,7 @@ def bind_lane_gauges(
             metrics.in_flight_share_held.labels(p.name).set(0)
 
 
-def _lane_metrics(metrics: Metrics, pipelines: Sequence[str]) -> OnTake:
+def _lane_metrics(metrics: LoopFamilies, pipelines: Sequence[str]) -> OnTake:
     """What the processing threads report as they take a batch: its wait there, and
     whether aging took it ahead of a higher priority (children bound once here)."""
     wait = {

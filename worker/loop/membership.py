@@ -22,9 +22,10 @@ from worker.delivery import Delivery
 from worker.errors import CommitError, SinkError
 from worker.kafka import LagStats
 from worker.loop.batcher import Batcher
+from worker.loop.metrics import LoopFamilies
 from worker.loop.pausing import PausingManager, describe_partitions
 from worker.loop.threads import StageThreads
-from worker.ops import HealthState, Metrics
+from worker.ops import HealthState
 
 __all__ = ["Membership"]
 
@@ -52,7 +53,7 @@ class Membership:
         threads: StageThreads,
         pausing: PausingManager,
         lag: LagStats,
-        metrics: Metrics,
+        metrics: LoopFamilies,
         health: HealthState,
         revoke_timeout_s: float,
         clock: Clock,

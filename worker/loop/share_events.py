@@ -20,7 +20,8 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from prometheus_client import Counter
 
 from worker.loop.consumer_events import ConsumerEvents
-from worker.ops import HealthState, Metrics
+from worker.loop.metrics import LoopFamilies
+from worker.ops import HealthState
 
 __all__ = ["ShareEvents"]
 
@@ -36,7 +37,7 @@ class ShareEvents:
     def __init__(
         self,
         health: HealthState,
-        metrics: Metrics,
+        metrics: LoopFamilies,
         group: str,
         route: Mapping[str, str],
     ) -> None:

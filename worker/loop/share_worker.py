@@ -64,6 +64,7 @@ from worker.core import Clock, Deadline, DeliveryTracker, Job, Published, monoto
 from worker.delivery import RefusedRecords
 from worker.errors import SinkError
 from worker.kafka import ShareGroupSettings, ShareSource, Sink, position
+from worker.loop.metrics import ShareMetrics
 from worker.loop.share_events import ShareEvents
 from worker.loop.share_poll import (
     LockBudget,
@@ -76,7 +77,7 @@ from worker.loop.share_poll import (
 )
 from worker.loop.threads import StageThreads
 from worker.loop.worker import Background
-from worker.ops import HealthState, ShareMetrics
+from worker.ops import HealthState
 
 __all__ = ["ShareParts", "ShareWorker", "UnservedLetters"]
 

@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import functools
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Union
 
-from worker.core import Job, Parked, PartitionKey
+from worker.core import Clock, Job, Parked, PartitionKey, monotonic_clock
 from worker.loop.lanes import LaneQueue, Taken
 
 __all__ = ["OnTake", "StageThreads", "Start", "Step"]
@@ -74,7 +73,7 @@ class StageThreads:
         top_lane: int | None = None,
         max_overtaken_s: float = 0.5,
         on_take: OnTake | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = monotonic_clock,
     ) -> None:
         """``lane`` gives a job's lane (higher goes first); ``top_lane``, the highest of
         several, is not held to ``ahead``: its jobs are prepared as they come and wait

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -49,7 +48,7 @@ from typing import Protocol
 from confluent_kafka import Message
 
 from worker.config import WorkerConfig
-from worker.core import Clock, Deadline, Job, PartitionKey, monotonic_clock
+from worker.core import Clock, Deadline, Job, PartitionKey, monotonic_clock, wall_clock
 from worker.delivery import Committer, Delivery, commit_before_leaving
 from worker.errors import CallStalled, SinkError, StreamferError
 from worker.kafka import Source, position
@@ -107,6 +106,7 @@ class Worker:
         abort: threading.Event,
         background: Sequence[Background] = (),
         clock: Clock = monotonic_clock,
+        wall: Clock = wall_clock,
     ) -> None:
         """``abort`` is shared with the pipelines: set when the worker fails or closes, so
         a batch waiting for the feature store gives up at once. ``background`` runs on
@@ -131,6 +131,7 @@ class Worker:
         self._route = {t: p.name for p in pipelines for t in p.request_topics}
         self._rank = {p.name: p.rank for p in pipelines}
         self._clock = clock
+        self._wall = wall
         self._stop = threading.Event()
         self._wedged = False  # a client call outlived its timeout: leave the clients unclosed
         self._single = next(iter(self._batchers)) if len(self._batchers) == 1 else None
@@ -237,7 +238,7 @@ class Worker:
         )
         for name, items in groups.items():
             ts = items[0].timestamp()[1]
-            age = max(0.0, time.time() - ts / 1000.0) if ts > 0 else 0.0
+            age = max(0.0, self._wall() - ts / 1000.0) if ts > 0 else 0.0
             for batch in self._batchers[name].add(items, self._fetch_started, age):
                 self._submit(name, batch)
 

@@ -20,7 +20,6 @@ from worker.config import PipelineConfig
 from worker.errors import ConfigError, InferenceServerError, SchemaRegistryError
 from worker.features import FeatureStore, OneStore, StoreWait
 from worker.inference import InferenceEngine, LiveModel, ModelSlot
-from worker.ops import PipelineMetrics
 from worker.pipeline import (
     BatchFetcher,
     BatchHooks,
@@ -31,6 +30,7 @@ from worker.pipeline import (
     ModelFaults,
     ModelFaultWait,
     Pipeline,
+    PipelineMetrics,
     PrepareStep,
     PublishStep,
     ShadowRunner,

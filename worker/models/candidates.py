@@ -16,8 +16,8 @@ from worker.config import CandidateSpec, PipelineConfig
 from worker.errors import EngineError, ModelMismatchError
 from worker.inference import LiveModel
 from worker.models.fit import ModelFit
+from worker.models.metrics import ModelFamilies
 from worker.models.parts import LoadedModel, load_model
-from worker.ops import Metrics
 
 __all__ = ["Candidates", "load_candidates"]
 
@@ -32,7 +32,7 @@ def load_candidates(
     serving: LoadedModel,
     *,
     warm_up: Iterable[int] | None = None,
-    metrics: Metrics | None = None,
+    metrics: ModelFamilies | None = None,
 ) -> Candidates:
     """The canary and shadow of ``config`` (None where there is none), each checked
     against ``serving``, the pipeline's own model and feed plan. Blocks while they load

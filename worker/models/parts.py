@@ -15,7 +15,7 @@ from typing import NamedTuple
 from worker.config import ModelSpec, PipelineConfig, RedisSettings
 from worker.features import RedisLookups
 from worker.inference import OnnxEngine, ServingEngine, TritonEngine, warm_up_sizes
-from worker.ops import Metrics
+from worker.models.metrics import ModelFamilies
 from worker.pipeline import BatchHooks, FeedPlan, load_hooks
 
 __all__ = ["LoadedModel", "Parts", "load_model", "open_engine", "open_parts"]
@@ -40,7 +40,7 @@ def load_model(
     spec: ModelSpec,
     *,
     warm_up: Iterable[int] | None = None,
-    metrics: Metrics | None = None,
+    metrics: ModelFamilies | None = None,
 ) -> LoadedModel:
     """The engine of ``spec``, checked against ``config``'s inputs (its feed plan) and
     run once per ``warm_up`` batch size (default: every ``warm_up_sizes`` bucket). What
@@ -56,7 +56,7 @@ def load_model(
 
 
 def open_engine(
-    pipeline: str, spec: ModelSpec, buckets: list[int], metrics: Metrics | None
+    pipeline: str, spec: ModelSpec, buckets: list[int], metrics: ModelFamilies | None
 ) -> ServingEngine:
     """The engine ``spec.engine`` names, its calls counted in ``metrics`` when given."""
     if spec.engine == "triton":
@@ -77,7 +77,7 @@ def open_parts(
     *,
     model: ModelSpec | None = None,
     warm_up: Iterable[int] | None = None,
-    metrics: Metrics | None = None,
+    metrics: ModelFamilies | None = None,
 ) -> Parts:
     """The engine of ``model`` (default: the pipeline's), checked against the config's
     inputs (its feed plan, returned with it) and run once per ``warm_up`` batch size

@@ -45,6 +45,7 @@ from enum import Enum
 from pathlib import Path
 
 from worker.config import ModelSpec, PipelineConfig, list_versions
+from worker.core import Clock, monotonic_clock, wall_clock
 from worker.errors import EngineError, InferenceServerError
 from worker.inference import (
     InferenceEngine,
@@ -55,8 +56,8 @@ from worker.inference import (
     file_sha256,
 )
 from worker.models.fit import ModelFit
+from worker.models.metrics import ModelFamilies
 from worker.models.parts import LoadedModel, load_model
-from worker.ops import Metrics
 
 __all__ = ["SETTLE_S", "Fingerprint", "Look", "ModelWatch", "Reloader", "show_model"]
 
@@ -106,7 +107,12 @@ def fingerprint(version: str, path: Path) -> Fingerprint | None:
 
 
 def show_model(
-    metrics: Metrics, pipeline: str, model: ModelIdentity, provider: str, *, hide: Labels | None
+    metrics: ModelFamilies,
+    pipeline: str,
+    model: ModelIdentity,
+    provider: str,
+    *,
+    hide: Labels | None,
 ) -> Labels:
     """Set ``streamfer_model_info`` for ``model`` (taking ``hide``'s series away)."""
     labels: Labels = (pipeline, model.name, model.version, model.sha256, provider)
@@ -128,13 +134,13 @@ class ModelWatch:
         config: PipelineConfig,
         slot: ModelSlot,
         serving: LoadedModel,
-        metrics: Metrics,
+        metrics: ModelFamilies,
         *,
         shown: Labels,
         load: Load | None = None,
         settle_s: float = SETTLE_S,
-        clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
+        clock: Clock = monotonic_clock,
+        wall: Clock = wall_clock,
         on_swap: Callable[[InferenceEngine], None] | None = None,
     ) -> None:
         self._config = config
@@ -352,8 +358,11 @@ class Reloader:
         *,
         requests: threading.Event | None = None,
         settle_s: float = SETTLE_S,
+        clock: Clock = monotonic_clock,
     ) -> None:
+        """``clock`` times each watch's polls."""
         self._watches = list(watches)
+        self._clock = clock
         self._requests = requests or threading.Event()
         self._settle_s = settle_s
         self._stop = threading.Event()
@@ -388,9 +397,10 @@ class Reloader:
 
     def _run(self) -> None:
         polling = [w for w in self._watches if w.polls]
-        due = {w.name: time.monotonic() + w.poll_s for w in polling}
+        clock = self._clock
+        due = {w.name: clock() + w.poll_s for w in polling}
         while not self._stop.is_set():
-            now = time.monotonic()
+            now = clock()
             wait = max(0.0, min(due.values()) - now) if due else None
             asked = self._requests.wait(wait)
             if self._stop.is_set():
@@ -401,10 +411,10 @@ class Reloader:
                     log.info("reload requested: looking at every pipeline's model")
                     self.check_now()
                 else:
-                    now = time.monotonic()
+                    now = clock()
                     for w in polling:
                         if due[w.name] <= now:
                             w.look()
-                            due[w.name] = time.monotonic() + w.poll_s
+                            due[w.name] = clock() + w.poll_s
             except Exception:  # a fault here must never stop the serving
                 log.exception("model reload check failed; the live models keep serving")

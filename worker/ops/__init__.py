@@ -1,5 +1,5 @@
-"""Running the worker in production: metrics, merged metrics, health, logs, the
-process supervisor, the recovery in place and the process's garbage collector."""
+"""Running the worker in production: how a unit declares its metrics, merged metrics,
+health, logs, the process supervisor, the recovery in place and the process's garbage collector."""
 
 from __future__ import annotations
 
@@ -7,12 +7,14 @@ from worker.ops.health import HealthServer, HealthState, HttpEndpoint, reload_re
 from worker.ops.heap import settle_heap
 from worker.ops.logs import setup_logging
 from worker.ops.metrics import (
-    THREAD_STAGES,
-    CacheMetrics,
-    Metrics,
-    PipelineMetrics,
-    ShadowMetrics,
-    ShareMetrics,
+    METRIC_NAMES,
+    SECONDS_BUCKETS,
+    Declared,
+    Families,
+    OpsFamilies,
+    counter,
+    gauge,
+    histogram,
 )
 from worker.ops.metrics_merge import MergedEndpoints
 from worker.ops.recovery import RECOVERY_ENV, Recoveries
@@ -26,21 +28,23 @@ from worker.ops.supervisor import (
 )
 
 __all__ = [
+    "METRIC_NAMES",
     "PROCESSES_ENV",
     "RECOVERY_ENV",
-    "THREAD_STAGES",
-    "CacheMetrics",
+    "SECONDS_BUCKETS",
+    "Declared",
+    "Families",
     "HealthServer",
     "HealthState",
     "HttpEndpoint",
     "MergedEndpoints",
-    "Metrics",
-    "PipelineMetrics",
+    "OpsFamilies",
     "Recoveries",
-    "ShadowMetrics",
-    "ShareMetrics",
     "Supervisor",
+    "counter",
     "follow_supervisor",
+    "gauge",
+    "histogram",
     "parse_processes",
     "plan_for",
     "reload_response",

@@ -38,6 +38,8 @@ from typing import Any, Self, TypedDict, Unpack
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from worker.core import Clock, monotonic_clock
+
 __all__ = [
     "CONNECTION_DEADLINE_S",
     "CONNECTION_TIMEOUT_S",
@@ -74,10 +76,11 @@ connection's thread, so it may block for a while (never longer than the probes w
 
 @dataclass
 class HealthState:
-    """What probes need to know; updated by the worker, read by the HTTP thread."""
+    """What probes need to know; updated by the worker, read by the HTTP thread. Liveness
+    is judged on ``clock``."""
 
     liveness_timeout_s: float = 60.0
-    loop_turned_at: float = field(default_factory=time.monotonic)
+    loop_turned_at: float = field(init=False)
     models_loaded: bool = False
     joined: bool = False
     broker_ok: bool = False
@@ -100,9 +103,13 @@ class HealthState:
     stalled_call: str | None = None
     """A Kafka client call past its own timeout (``worker.kafka.call_watch``): the loop is
     stuck in it, so the worker is not live, however recently the loop last turned."""
+    clock: Clock = field(default=monotonic_clock, repr=False)
+
+    def __post_init__(self) -> None:
+        self.loop_turned_at = self.clock()
 
     def turned(self) -> None:
-        self.loop_turned_at = time.monotonic()
+        self.loop_turned_at = self.clock()
 
     def feature_store(self, ok: bool, problem: str | None = None) -> None:
         """The pipelines' ``on_feature_store`` callback: the store answers, or why not."""
@@ -148,7 +155,7 @@ class HealthState:
     def live(self) -> bool:
         if self.stalled_call is not None:
             return False
-        return time.monotonic() - self.loop_turned_at < self.liveness_timeout_s
+        return self.clock() - self.loop_turned_at < self.liveness_timeout_s
 
     def liveness_problem(self) -> str:
         """Why ``live()`` is false."""

@@ -35,6 +35,7 @@ from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter
 
+from worker.core import Clock, monotonic_clock
 from worker.ops.supervisor import RestartPolicy
 
 __all__ = ["RECOVERY_ENV", "RECOVERY_REASONS", "Recoveries", "RecoveryReason", "RecoveryRecord"]
@@ -97,7 +98,7 @@ class Recoveries:
         registry: CollectorRegistry,
         *,
         policy: RestartPolicy | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = monotonic_clock,
         sleep: Callable[[float], None] = time.sleep,
         execve: Callable[[str, list[str], dict[str, str]], object] = os.execve,
         argv: Sequence[str] | None = None,

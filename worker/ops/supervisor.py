@@ -43,6 +43,7 @@ from typing import Literal
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from worker.config import WorkerConfig
+from worker.core import Clock, monotonic_clock
 from worker.errors import ConfigError
 
 __all__ = [
@@ -275,7 +276,7 @@ class Supervisor:
         registry: CollectorRegistry | None = None,
         *,
         tick_s: float = _TICK_S,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = monotonic_clock,
     ) -> None:
         if plan.processes < 1:
             raise ValueError("a supervisor needs at least one process")

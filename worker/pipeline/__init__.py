@@ -1,7 +1,8 @@
 """One batch's steps: decode (codec, request shape), enrich and assemble feeds, hooks,
-model calls, the canary and shadow, results and dead letters. ``Pipeline`` (steps) runs
-them as three steps, one module each: prepare, infer and publish; the composition root
-builds those steps and what they wait with from a pipeline's parts."""
+model calls, the canary and shadow, results and dead letters, and the metrics they
+update. ``Pipeline`` (steps) runs them as three steps, one module each: prepare, infer
+and publish; the composition root builds those steps and what they wait with from a
+pipeline's parts."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from worker.pipeline.dead_letters import DeadLetters
 from worker.pipeline.feeds import BatchFetcher, FeedPlan, InputFeed
 from worker.pipeline.hooks import BatchHooks, load_hooks
 from worker.pipeline.infer import InferStep
+from worker.pipeline.metrics import PipelineFamilies, PipelineMetrics, ShadowMetrics
 from worker.pipeline.model_faults import ModelFaults, ModelFaultWait
 from worker.pipeline.prepare import PrepareStep
 from worker.pipeline.publish import PublishStep
@@ -28,8 +30,11 @@ __all__ = [
     "ModelFaultWait",
     "ModelFaults",
     "Pipeline",
+    "PipelineFamilies",
+    "PipelineMetrics",
     "PrepareStep",
     "PublishStep",
+    "ShadowMetrics",
     "ShadowRunner",
     "Steps",
     "load_hooks",

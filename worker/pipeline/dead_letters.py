@@ -21,8 +21,8 @@ from confluent_kafka import Message
 from worker.config import PipelineConfig
 from worker.core import DeliveryTracker, Refusal, __version__
 from worker.kafka import Headers, Sink, SourceHeaders, headers_size, position, reason_header
-from worker.ops import PipelineMetrics
 from worker.pipeline.codec import encode_dead_letter
+from worker.pipeline.metrics import PipelineMetrics
 
 __all__ = ["DeadLetters"]
 

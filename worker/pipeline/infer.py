@@ -22,9 +22,9 @@ import time
 from worker.cache import OutputCache
 from worker.features import StoreWait
 from worker.inference import ModelSlot, Outputs
-from worker.ops import PipelineMetrics
 from worker.pipeline.canary import Canary
 from worker.pipeline.hooks import BatchHooks
+from worker.pipeline.metrics import PipelineMetrics
 from worker.pipeline.model_calls import ModelCalls
 from worker.pipeline.model_faults import ModelFault, ModelFaults, ModelFaultWait
 from worker.pipeline.shadow import ShadowRunner

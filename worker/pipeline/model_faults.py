@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from worker.core import Parked
+from worker.core import Clock, Deadline, Parked, monotonic_clock
 from worker.errors import EngineError
 from worker.inference import ModelIdentity
 from worker.pipeline.feeds import Feeds
@@ -128,7 +127,7 @@ class ModelFaultWait:
         paused: Gauge,
         on_model: Callable[[bool, str | None], None],
         model: Callable[[], ModelIdentity],
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = monotonic_clock,
     ) -> None:
         self._pipeline = pipeline
         self._abort = abort
@@ -139,7 +138,7 @@ class ModelFaultWait:
         self._fault: ModelFault | None = None
         self._tried_on: ModelIdentity | None = None
         self._delay = 0.0
-        self._due = 0.0
+        self._due = Deadline(0.0, clock)
 
     @property
     def holding(self) -> bool:
@@ -158,7 +157,7 @@ class ModelFaultWait:
         if self._model() != self._tried_on:
             self._delay = 0.0  # a new model: the next wait starts again from the first
             return True
-        return self._clock() >= self._due
+        return self._due.passed()
 
     def held(self, fault: ModelFault, tried_on: ModelIdentity) -> Parked:
         """A try of the batch on ``tried_on`` met ``fault``: hold it (reporting the first
@@ -181,13 +180,13 @@ class ModelFaultWait:
                 self._on_model(False, f"pipeline {name}: {fault}")
             self._delay = first if self._delay == 0.0 else min(self._delay * 2, longest)
         self._fault, self._tried_on = fault, tried_on
-        self._due = self._clock() + self._delay
+        self._due = Deadline.after(self._delay, self._clock)
         return self.parked()
 
     def parked(self) -> Parked:
         """The ``Parked`` of the held batch: look again at its next try, or sooner for a
         reloaded model or ``abort``."""
-        wait = min(self.LOOK_S, self._due - self._clock())
+        wait = min(self.LOOK_S, self._due.remaining())
         return Parked(f"pipeline {self._pipeline}: waiting for its model", wait)
 
     def released(self) -> None:

@@ -24,10 +24,10 @@ from worker.config import PipelineConfig
 from worker.core import StageTimings
 from worker.features import StoreWait
 from worker.inference import ModelSlot
-from worker.ops import PipelineMetrics
 from worker.pipeline.canary import Canary
 from worker.pipeline.codec import decode_requests
 from worker.pipeline.feeds import BatchFetcher, FeedPlan, assemble
+from worker.pipeline.metrics import PipelineMetrics
 from worker.pipeline.request_shape import RequestShape
 from worker.pipeline.values import BatchRows, Enriched
 from worker.registry import FramedRequests

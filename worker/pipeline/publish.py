@@ -36,9 +36,9 @@ from worker.kafka import (
     record_size,
     trace_headers,
 )
-from worker.ops import PipelineMetrics
 from worker.pipeline.codec import open_objects, result_tail
 from worker.pipeline.dead_letters import DeadLetters
+from worker.pipeline.metrics import PipelineMetrics
 from worker.pipeline.result_format import ResultFields
 from worker.pipeline.shadow import ShadowBatch, ShadowRunner
 from worker.pipeline.values import Scored

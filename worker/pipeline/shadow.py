@@ -39,13 +39,13 @@ import orjson
 from confluent_kafka import Message
 
 from worker.config import PipelineConfig
-from worker.core import DeliveryTracker
+from worker.core import Deadline, DeliveryTracker
 from worker.inference import ModelIdentity, ModelSlot, Outputs
 from worker.kafka import Sink, SourceHeaders, trace_headers
-from worker.ops import ShadowMetrics
 from worker.pipeline.codec import result_tail
 from worker.pipeline.feeds import Feeds
 from worker.pipeline.hooks import BatchHooks
+from worker.pipeline.metrics import ShadowMetrics
 
 __all__ = ["Agreement", "ShadowBatch", "ShadowRunner"]
 
@@ -212,7 +212,7 @@ class ShadowRunner:
         )
         self._pending: list[DeliveryTracker] = []
         self._stop = threading.Event()
-        self._deadline = float("inf")
+        self._deadline = Deadline(float("inf"))
         self._logged: dict[str, float] = {}
         self._thread = threading.Thread(
             target=self._run, name=f"streamfer-shadow-{config.name}", daemon=True
@@ -238,7 +238,7 @@ class ShadowRunner:
     def stop(self, timeout: float) -> bool:
         """Score what is queued (the worker's last batches), then wait for their
         deliveries, all within ``timeout``; True when the thread ended in time."""
-        self._deadline = time.monotonic() + timeout
+        self._deadline = Deadline.after(timeout)
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
@@ -259,9 +259,9 @@ class ShadowRunner:
                 self._metrics.failed.inc()
                 self._log("error", f"shadow of pipeline {self._pipeline}: {exc!r}")
             self._serve()
-            if self._stop.is_set() and time.monotonic() >= self._deadline:
+            if self._stop.is_set() and self._deadline.passed():
                 break
-        left = self._sink.flush(max(0.0, self._deadline - time.monotonic()))
+        left = self._sink.flush(self._deadline.remaining())
         self._serve()
         if left:
             log.warning(

@@ -32,11 +32,11 @@ from worker.config import PipelineConfig
 from worker.core import DeliveryTracker, Parked, PartitionKey, Refusal, next_offsets
 from worker.inference import ModelSlot
 from worker.kafka import Sink
-from worker.ops import PipelineMetrics
 from worker.pipeline.codec import request_id_of
 from worker.pipeline.dead_letters import DeadLetters
 from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.infer import InferStep
+from worker.pipeline.metrics import PipelineMetrics
 from worker.pipeline.prepare import PrepareStep
 from worker.pipeline.publish import PublishStep
 from worker.pipeline.request_shape import RequestShape

@@ -14,7 +14,6 @@ parses to, so the request mapping, lookups and inline features read it unchanged
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from io import BytesIO
 from typing import TYPE_CHECKING, Any, Literal
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import orjson
 
 from worker.config import PipelineConfig, WorkerConfig, import_target
+from worker.core import Clock, monotonic_clock
 from worker.errors import ConfigError
 from worker.registry.avro_schema import parse_avro
 from worker.registry.client import is_transport, not_found, outage, status_of
@@ -95,7 +95,9 @@ class FramedRequests:
         client: Any | None,
         *,
         message_type: type[ProtoMessage] | None = None,
+        clock: Clock = monotonic_clock,
     ) -> None:
+        """``clock`` times when an id the registry did not know is asked for again."""
         from confluent_kafka.schema_registry.json_schema import JSONDeserializer
         from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
 
@@ -103,6 +105,7 @@ class FramedRequests:
 
         self._format = fmt
         self._client = client
+        self._clock = clock
         self._schema_type = FRAMED_FORMATS[fmt]
         self._invalid = _INVALID[fmt]
         self._known: dict[int, tuple[str, str] | None] = {}
@@ -144,7 +147,7 @@ class FramedRequests:
         registry cannot answer, before any record is judged."""
         if self._client is not None:
             known, unknown = self._known, self._unknown
-            now = time.monotonic()
+            now = self._clock()
             for raw in {v[1:5] for v in values if v and len(v) > 5 and v[0] == 0}:
                 schema_id = int.from_bytes(raw, "big")
                 if schema_id not in known and unknown.get(schema_id, 0.0) <= now:

@@ -28,8 +28,7 @@ from worker.core import PartitionKey
 from worker.errors import ConfigError, SourceError, StreamferError
 from worker.kafka import admin_client, create_missing, producer_config
 from worker.models import build_pipeline, open_parts
-from worker.ops import Metrics
-from worker.pipeline import result_encoder
+from worker.pipeline import PipelineFamilies, result_encoder
 from worker.registry import framed_decoders, needs_registry, open_registry
 from worker.replay.pace import Progress, RateLimiter
 from worker.replay.plan import (
@@ -275,7 +274,6 @@ def _run_locked(
     except BaseException:
         features.close()
         raise
-    metrics = Metrics()
     abort = threading.Event()
     replayed = pipeline_cfg.model_copy(
         update={
@@ -292,7 +290,7 @@ def _run_locked(
         store=features,
         engine=engine,
         plan=feed_plan,
-        metrics=metrics.for_pipeline(plan.pipeline),
+        metrics=PipelineFamilies().for_pipeline(plan.pipeline),
         hooks=hooks,
         retry_feature_store_s=30.0,
         abort=abort,
@@ -317,7 +315,6 @@ def _run_locked(
         limiter=RateLimiter(opts.max_rate) if opts.max_rate else None,
         progress=Progress(total, label=f"replay {plan.replay_id}") if opts.progress else None,
         abort=abort,
-        metrics=metrics,
     )
     if on_start is not None:
         on_start(replay)

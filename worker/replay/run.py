@@ -25,11 +25,17 @@ from prometheus_client import CollectorRegistry
 
 from worker.config import BatchPolicy
 from worker.core import Clock, Deadline, DeliveryTracker, Job, PartitionKey, monotonic_clock
-from worker.delivery import AtLeastOnce, Committer, OffsetConsumer, ReportPolling, Stages
+from worker.delivery import (
+    AtLeastOnce,
+    Committer,
+    DeliveryFamilies,
+    OffsetConsumer,
+    ReportPolling,
+    Stages,
+)
 from worker.errors import SinkError, StreamferError
-from worker.kafka import Headers, Sink, end_of_partition
+from worker.kafka import Sink, end_of_partition
 from worker.loop import Batcher, BatchSteps, StageThreads
-from worker.ops import Metrics
 from worker.pipeline import Pipeline
 from worker.replay.pace import Progress, RateLimiter
 from worker.replay.plan import ReplayPlan
@@ -46,32 +52,22 @@ class ReplaySink(Sink):
     each batch's results and dead letters (``outcomes``, by tracker) for the summary."""
 
     def __init__(self, producer: Producer, replay_id: str, dead_letter_topic: str) -> None:
-        super().__init__(producer)
-        self._header = (REPLAY_ID_HEADER, replay_id.encode())
+        stamp = (REPLAY_ID_HEADER, replay_id.encode())
+        super().__init__(producer, stamp=stamp, on_queued=self._count)
         self._dead_letter_topic = dead_letter_topic
         self.outcomes: dict[int, list[int]] = {}
         """id(tracker) -> [results, dead letters] of a batch not retired yet."""
 
-    def send(
-        self,
-        tracker: DeliveryTracker,
-        topic: str,
-        value: bytes,
-        key: bytes | None,
-        headers: Headers | None,
-    ) -> bool:
-        queued = super().send(tracker, topic, value, key, [*(headers or ()), self._header])
-        if queued:
-            counts = self.outcomes.setdefault(id(tracker), [0, 0])
-            if topic != self._dead_letter_topic:
-                counts[0] += 1
-            else:
-                counts[1] += 1
-                if tracker.sealed:
-                    # sent after its batch was published: the dead letter of a result the
-                    # broker refused (dead letters are cut to fit), which is no result now
-                    counts[0] -= 1
-        return queued
+    def _count(self, tracker: DeliveryTracker, topic: str) -> None:
+        counts = self.outcomes.setdefault(id(tracker), [0, 0])
+        if topic != self._dead_letter_topic:
+            counts[0] += 1
+        else:
+            counts[1] += 1
+            if tracker.sealed:
+                # sent after its batch was published: the dead letter of a result the
+                # broker refused (dead letters are cut to fit), which is no result now
+                counts[0] -= 1
 
 
 class ReplayConsumer(OffsetConsumer, Protocol):
@@ -107,7 +103,7 @@ class Replay:
         limiter: RateLimiter | None = None,
         progress: Progress | None = None,
         abort: threading.Event | None = None,
-        metrics: Metrics | None = None,
+        metrics: DeliveryFamilies | None = None,
         clock: Clock = monotonic_clock,
     ) -> None:
         """``abort`` is the pipeline's: set when the replay fails, so a batch waiting for
@@ -135,7 +131,7 @@ class Replay:
             self._threads,
             self._committer,
             {pipeline.name: pipeline},
-            metrics or Metrics(CollectorRegistry()),
+            metrics or DeliveryFamilies(CollectorRegistry()),
         )
         self._delivery = AtLeastOnce(stages)
         self._open: dict[int, int] = {}

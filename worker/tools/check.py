@@ -17,21 +17,21 @@ Triton server, that the server is live and the model ready, and its ``max_batch_
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import orjson
-from confluent_kafka import Message
+from confluent_kafka import Message, Producer
 from prometheus_client import CollectorRegistry
 
 from worker.config import PipelineConfig, RedisSettings
-from worker.core import DeliveryTracker
 from worker.errors import EngineError
 from worker.features import PROBE_ENTITY
 from worker.inference import TritonEngine
-from worker.kafka import Headers, RecordLimits
+from worker.kafka import Headers, Sink
 from worker.models import LoadedModel, build_pipeline, load_candidates, open_parts
-from worker.ops import Metrics
+from worker.pipeline import PipelineFamilies
 
 __all__ = ["CheckedPipeline", "check_pipeline"]
 
@@ -40,24 +40,26 @@ LOOKUP_ID = "streamfer-check-lookup"
 
 
 @dataclass(slots=True)
-class KeepingSink:
-    """Takes records as ``Sink.send`` would and keeps them; nothing reaches Kafka."""
+class KeepingProducer:
+    """Takes records as the producer would, keeps them and reports each delivered at
+    once: what ``Sink`` sends through for ``check``, so nothing reaches Kafka."""
 
-    limit: RecordLimits = field(default_factory=RecordLimits.unread)
     records: list[tuple[str, bytes, bytes | None]] = field(default_factory=list)
 
-    def send(
+    def produce(
         self,
-        tracker: DeliveryTracker,
         topic: str,
         value: bytes,
         key: bytes | None,
+        *,
         headers: Headers | None,
-    ) -> bool:
-        tracker.sent += 1
-        tracker.acked += 1
+        on_delivery: Callable[[None, Message], None],
+    ) -> None:
         self.records.append((topic, value, key))
-        return True
+        on_delivery(None, Message(topic=topic, value=value, key=key))
+
+    def poll(self, timeout: float = 0.0) -> int:
+        return 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +87,7 @@ def check_pipeline(cfg: PipelineConfig, redis: RedisSettings) -> CheckedPipeline
             store=store,
             engine=engine,
             plan=plan,
-            metrics=Metrics(CollectorRegistry()).for_pipeline(cfg.name),
+            metrics=PipelineFamilies(CollectorRegistry()).for_pipeline(cfg.name),
             retry_feature_store_s=None,
             abort=abort,
             hooks=hooks,
@@ -125,8 +127,8 @@ def check_pipeline(cfg: PipelineConfig, redis: RedisSettings) -> CheckedPipeline
             Message(topic=topic, partition=0, offset=i, key=b"check", value=orjson.dumps(doc))
             for i, doc in enumerate((inline, lookup))
         ]
-        sink = KeepingSink()
-        pipeline.handle(batch, sink)  # type: ignore[arg-type]
+        kept = KeepingProducer()
+        pipeline.handle(batch, Sink(cast(Producer, kept)))  # produce and poll are all it calls
     finally:
         store.close()
     signature = [f"input {line}" for line in plan.describe()]
@@ -148,7 +150,7 @@ def check_pipeline(cfg: PipelineConfig, redis: RedisSettings) -> CheckedPipeline
             f"shadow {model.tag} ({model.sha256[:12]}) fits; results to {cfg.shadow.topic}"
         )
     outcomes = {}
-    for out_topic, value, _ in sink.records:
+    for out_topic, value, _ in kept.records:
         doc = orjson.loads(value)
         if out_topic == cfg.result_topic:
             outcomes[doc["id"]] = ("result", len(value))

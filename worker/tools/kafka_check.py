@@ -23,6 +23,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from worker.config import WorkerConfig
+from worker.core import Deadline
 from worker.errors import ConfigError
 from worker.kafka import (
     admin_client,
@@ -115,13 +116,13 @@ def _check_group(describe: Callable[..., Any], group: str, timeout: float) -> Ch
     """Describe the group; a coordinator still loading (a fresh cluster) is asked again
     within ``timeout``."""
     name = f"group {group}"
-    deadline = time.monotonic() + timeout
+    deadline = Deadline.after(timeout)
     while True:
         try:
             found = describe([group], request_timeout=timeout)[group].result()
             break
         except KafkaException as exc:
-            if not coordinator_settling(exc) or time.monotonic() >= deadline:
+            if not coordinator_settling(exc) or deadline.passed():
                 return CheckLine(name, False, f"cannot be described: {_reason(exc)}")
             time.sleep(0.5)
     state = getattr(found.state, "name", str(found.state)).lower()

@@ -34,7 +34,7 @@ from confluent_kafka import (
 )
 
 from worker.config import KafkaSettings, WorkerConfig
-from worker.core import PartitionKey
+from worker.core import Deadline, PartitionKey
 from worker.errors import CommitError, ConfigError, SourceError
 from worker.kafka import COORDINATOR_WAIT_S, KAFKA_LOG, admin_client, coordinator_settling
 from worker.tools.ranges import Bounds, OffsetLookup, resolve_ranges
@@ -167,13 +167,13 @@ class KafkaOffsets:
         query = [TopicPartition(t, p) for t, p in keys]
         if not query:
             return {}
-        deadline = time.monotonic() + COORDINATOR_WAIT_S
+        deadline = Deadline.after(COORDINATOR_WAIT_S)
         while True:
             try:
                 found = self.consumer.committed(query, timeout=self._timeout)
                 break
             except KafkaException as exc:
-                if not coordinator_settling(exc) or time.monotonic() >= deadline:
+                if not coordinator_settling(exc) or deadline.passed():
                     raise SourceError(f"cannot read committed offsets: {exc}") from exc
                 log.info("the group coordinator is not ready (%s); asking again", exc)
                 time.sleep(0.5)
@@ -203,9 +203,9 @@ class KafkaOffsets:
         consumer = self.consumer
         consumer.assign([TopicPartition(t, p, o) for (t, p), o in positions.items()])
         found: dict[PartitionKey, int] = {}
-        deadline = time.monotonic() + timeout
+        deadline = Deadline.after(timeout)
         try:
-            while len(found) < len(positions) and time.monotonic() < deadline:
+            while len(found) < len(positions) and not deadline.passed():
                 for msg in consumer.consume(len(positions), 0.2):
                     if msg.error() is not None:
                         continue
