@@ -22,7 +22,6 @@ from tests.unit.test_reloader import one_pipeline
 from tests.unit.triton_fakes import FakeTriton, TritonFailure
 from worker.config import ModelSpec, PipelineConfig, load_config
 from worker.errors import EngineError, InferenceServerError
-from worker.features import StoreWait
 from worker.inference import LiveModel, ModelSlot, TritonEngine
 from worker.inference.engine import Feeds, Outputs
 from worker.inference.triton import call_failure
@@ -230,25 +229,6 @@ def test_readiness_names_the_server_while_it_cannot_answer() -> None:
     ]
     on_server(True, None)
     assert health.not_ready_reasons() == []
-
-
-def test_a_stopping_worker_ends_the_wait(abort: threading.Event) -> None:
-    wait = StoreWait(
-        "p",
-        retry_s=None,
-        abort=abort,
-        errors=None,
-        on_feature_store=lambda _ok, _why: None,
-        outage=InferenceServerError,
-        what="inference server",
-    )
-    abort.set()
-
-    def down() -> None:
-        raise InferenceServerError("down")
-
-    with pytest.raises(InferenceServerError):
-        wait.call(down)
 
 
 def test_the_docs_example_loads(tmp_path: Path) -> None:

@@ -9,18 +9,18 @@ canary's share and the rest, or the whole batch; a failing row is isolated by bi
 and refused alone, and a batch that meets a fault of the model waits for it
 (``worker.pipeline.model_faults``): the step raises ``Parked`` and is called again with
 the same batch, which is then tried on the model the slot holds. A batch whose inference
-server cannot answer (``InferenceServerError``) waits for it (``StoreWait``), each try on
-the model the slot holds then, so a version the reloader found meanwhile takes it. It runs
-on the second stage thread and produces nothing.
+server cannot answer (``InferenceServerError``) waits for it the same way
+(``worker.pipeline.server_outage``), each try on the model the slot holds then, so a
+version the reloader found meanwhile takes it. It runs on the second stage thread and
+produces nothing.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 from worker.cache import OutputCache
-from worker.features import StoreWait
+from worker.errors import InferenceServerError
 from worker.inference import ModelSlot
 from worker.ops import PipelineMetrics
 from worker.pipeline.canary import Canary
@@ -28,6 +28,7 @@ from worker.pipeline.hooks import BatchHooks
 from worker.pipeline.model_calls import ModelCalls
 from worker.pipeline.model_faults import ModelFault, ModelFaults, ModelFaultWait
 from worker.pipeline.prepare import Prepared
+from worker.pipeline.server_outage import ServerOutage
 from worker.pipeline.shadow import ShadowRunner
 
 __all__ = ["InferStep"]
@@ -48,13 +49,13 @@ class InferStep:
         canary: Canary | None = None,
         shadow: ShadowRunner | None = None,
         faults: tuple[ModelFaults, ModelFaultWait],
-        server_wait: StoreWait | None = None,
+        outage: ServerOutage | None = None,
     ) -> None:
         self._slot = slot
         self._hooks = hooks
         self._calls = ModelCalls(hooks, faults[0])
         self._wait = faults[1]
-        self._server_wait = server_wait
+        self._outage = outage
         self._metrics = metrics
         self._cache = cache
         self._canary = canary
@@ -62,34 +63,36 @@ class InferStep:
 
     def __call__(self, prepared: Prepared) -> Prepared:
         """Score ``prepared``'s rows; see ``Pipeline.infer``. Raises ``Parked`` while the
-        model is at fault: call again with the same batch (and no other of this pipeline)
-        once its wait is over."""
+        model is at fault or its inference server cannot answer: call again with the same
+        batch (and no other of this pipeline) once its wait is over."""
         if not len(prepared.good):
             live = self._slot.for_batch()
             prepared.model, prepared.engine = live.identity, live.engine
             return prepared
-        wait = self._wait
+        wait, outage = self._wait, self._outage
         if wait.holding and not wait.try_now():
             raise wait.parked()
+        if outage is not None and outage.holding and not outage.try_now():
+            raise outage.parked()
         started = _perf()
         try:
-            self._scorer(prepared)()
+            self._score(prepared)
         except ModelFault as fault:
             assert prepared.model is not None
             raise wait.held(fault, prepared.model) from None
+        except InferenceServerError as down:
+            if outage is None:
+                raise
+            assert prepared.model is not None
+            raise outage.held(down, prepared.model) from None
         wait.released()
+        if outage is not None:
+            outage.released()
         prepared.timings.infer_ms = (_perf() - started) * 1000.0
         self._metrics.infer_seconds.observe(prepared.timings.infer_ms / 1000.0)
         if self._shadow is None:
             prepared.feeds = {}
         return prepared
-
-    def _scorer(self, prepared: Prepared) -> Callable[[], None]:
-        """One try of the batch, waiting out an inference server that cannot answer."""
-        server_wait = self._server_wait
-        if server_wait is None:
-            return lambda: self._score(prepared)
-        return lambda: server_wait.call(lambda: self._score(prepared))
 
     def _score(self, prepared: Prepared) -> None:
         """One try of the batch on the model the slot holds now."""

@@ -28,7 +28,7 @@ from confluent_kafka import Message
 from worker.cache import OutputCache
 from worker.config import PipelineConfig
 from worker.core import DeliveryTracker, Parked, PartitionKey, Refusal, next_offsets
-from worker.errors import ConfigError, InferenceServerError, SchemaRegistryError
+from worker.errors import ConfigError, SchemaRegistryError
 from worker.features import FeatureStore, OneStore, StoreWait
 from worker.inference import InferenceEngine, LiveModel, ModelSlot
 from worker.kafka import Sink
@@ -43,6 +43,7 @@ from worker.pipeline.model_faults import ModelFaults, ModelFaultWait
 from worker.pipeline.prepare import Prepared, PrepareStep
 from worker.pipeline.publish import PublishStep
 from worker.pipeline.request_shape import RequestShape
+from worker.pipeline.server_outage import ServerOutage
 from worker.pipeline.shadow import ShadowRunner
 from worker.registry import AvroResults, FramedRequests
 
@@ -145,14 +146,11 @@ class Pipeline:
             on_model=on_model or (lambda _ok, _why: None),
             model=lambda: slot.for_batch().identity,
         )
-        server_wait = StoreWait(
+        outage = ServerOutage(
             self.name,
-            retry_s=None,
-            abort=abort or threading.Event(),
-            errors=None,  # the engine counts each failed call
-            on_feature_store=on_inference_server or (lambda _ok, _why: None),
-            outage=InferenceServerError,
-            what="inference server",
+            abort=abort,
+            on_inference_server=on_inference_server or (lambda _ok, _why: None),
+            model=lambda: slot.for_batch().identity,
         )
         self._infer = InferStep(
             slot=slot,
@@ -162,7 +160,7 @@ class Pipeline:
             canary=canary,
             shadow=shadow,
             faults=(faults, fault_wait),
-            server_wait=server_wait,
+            outage=outage,
         )
         self._publish = PublishStep(
             config,
@@ -204,10 +202,11 @@ class Pipeline:
         bisection and becomes a dead letter, the others still publish. The slot is read
         here, once: the whole batch runs on (and names) one model version.
 
-        Raises ``Parked`` while the model is at fault (``worker.pipeline.model_faults``):
+        Raises ``Parked`` while the model is at fault (``worker.pipeline.model_faults``)
+        or its inference server cannot answer (``worker.pipeline.server_outage``):
         nothing of the batch is refused; call ``infer`` with it again after the wait the
-        ``Parked`` names, before any other batch of this pipeline. Raises ModelFault on
-        that call once ``abort`` is set."""
+        ``Parked`` names, before any other batch of this pipeline. Raises ModelFault (or
+        the server's InferenceServerError) on that call once ``abort`` is set."""
         return self._infer(prepared)
 
     def publish(self, prepared: Prepared, sink: Sink, tracker: DeliveryTracker) -> None:
