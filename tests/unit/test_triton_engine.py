@@ -19,6 +19,7 @@ from tests.unit import test_pipeline as base
 from tests.unit.test_model_faults import Readiness, rows
 from tests.unit.test_pipeline import FakeSink, WrappedEngine, matrix
 from tests.unit.test_reloader import one_pipeline
+from tests.unit.test_stage_threads import wait_for
 from tests.unit.triton_fakes import FakeTriton, TritonFailure
 from worker.config import ModelSpec, PipelineConfig, load_config
 from worker.errors import EngineError, InferenceServerError
@@ -69,10 +70,75 @@ def test_a_batch_is_one_call_per_max_batch_size_rows() -> None:
     e = TritonEngine(spec(), grpc=server.module(), on_call=seconds.append)
     x = np.arange(30, dtype=np.float32).reshape(10, 3)
     out = e.infer({"x": x})
-    assert server.calls == [4, 4, 2]
+    assert sorted(server.calls) == [2, 4, 4]
     assert len(seconds) == 3
     np.testing.assert_array_equal(out["score"][:, 0], x.sum(axis=1))
     assert server.headers == [{}, {}, {}]
+
+
+def test_the_parts_of_a_batch_are_in_flight_together_up_to_the_bound() -> None:
+    server = FakeTriton(max_batch_size=2, held=True)
+    e = engine(server, max_calls_in_flight=3)
+    x = np.arange(36, dtype=np.float32).reshape(12, 3)  # six calls of two rows
+    out: list[Outputs] = []
+    scoring = threading.Thread(target=lambda: out.append(e.infer({"x": x})), daemon=True)
+    scoring.start()
+    wait_for(lambda: len(server.waiting) == 3)
+    assert server.in_flight == 3 and not server.calls  # three out, none answered yet
+    server.waiting[1].set()  # answers may come in any order
+    wait_for(lambda: len(server.waiting) == 4)  # one answered: one more goes out
+    assert server.in_flight == 3
+    for gate in list(server.waiting):
+        gate.set()
+    wait_for(lambda: len(server.waiting) == 6)
+    for gate in server.waiting:
+        gate.set()
+    scoring.join(10)
+    assert server.peak == 3 and len(server.calls) == 6
+    np.testing.assert_array_equal(out[0]["score"][:, 0], x.sum(axis=1))  # in row order
+
+
+def test_a_failed_part_fails_the_batch_once_the_calls_out_have_answered() -> None:
+    server = FakeTriton(max_batch_size=2, held=True)
+    kinds: list[str] = []
+    e = TritonEngine(spec(max_calls_in_flight=2), grpc=server.module(), on_error=kinds.append)
+    server.failures = [TritonFailure("INTERNAL", "boom"), TritonFailure("UNAVAILABLE", "down")]
+    failed: list[Exception] = []
+
+    def score() -> None:
+        try:
+            e.infer({"x": np.zeros((8, 3), dtype=np.float32)})
+        except Exception as exc:
+            failed.append(exc)
+
+    scoring = threading.Thread(target=score, daemon=True)
+    scoring.start()
+    wait_for(lambda: len(server.waiting) == 2)
+    for gate in server.waiting:
+        gate.set()
+    scoring.join(10)
+    (failure,) = failed  # an outage goes before a refusal: the batch waits
+    assert isinstance(failure, InferenceServerError) and "UNAVAILABLE: down" in str(failure)
+    assert sorted(kinds) == ["model", "unavailable"]
+    assert len(server.waiting) == 2 and server.in_flight == 0  # no more sent, none left
+
+
+def test_one_call_in_flight_sends_the_parts_one_after_another() -> None:
+    server = FakeTriton(max_batch_size=4)
+    e = engine(server, max_calls_in_flight=1)
+    e.infer({"x": np.zeros((10, 3), dtype=np.float32)})
+    assert server.calls == [4, 4, 2] and not server.waiting
+
+
+def test_a_per_row_output_comes_as_the_model_gives_it() -> None:
+    """An output the server reshapes from ``[batch]`` (dims ``[1]``, reshape ``[]``) is
+    handed on as ``[batch]``, as the same model run locally gives it; one declared
+    ``[1]`` without reshape stays ``[batch, 1]``."""
+    x = np.arange(30, dtype=np.float32).reshape(10, 3)
+    scalar = engine(FakeTriton(per_row_score=True)).infer({"x": x})["score"]
+    assert scalar.shape == (10,)
+    np.testing.assert_array_equal(scalar, x.sum(axis=1))
+    assert engine(FakeTriton()).infer({"x": x})["score"].shape == (10, 1)
 
 
 def test_headers_go_with_every_call_and_never_print() -> None:
@@ -155,6 +221,7 @@ def test_check_lines_say_the_server_is_live_and_the_model_ready() -> None:
         ({"engine": "triton", "triton": {"url": "no port"}}, "url"),
         ({"engine": "triton", "triton": {"url": "h:1", "version": "latest"}}, "version"),
         ({"engine": "triton", "triton": {"url": "h:1", "timeout_s": 0}}, "timeout_s"),
+        ({"engine": "triton", "triton": {"url": "h:1", "max_calls_in_flight": 0}}, "in_flight"),
         (
             {"engine": "triton", "triton": {"url": "h:1", "root_certificates": "ca.pem"}},
             "need ssl = true",
