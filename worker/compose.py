@@ -71,7 +71,15 @@ from worker.loop import (
     pipeline_shares,
     share_fetch_options,
 )
-from worker.models import LoadedModel, ModelWatch, Reloader, load_candidates, open_parts, show_model
+from worker.models import (
+    LoadedModel,
+    ModelWatch,
+    Reloader,
+    load_candidates,
+    open_parts,
+    show_model,
+    when_served,
+)
 from worker.ops import HealthState, Metrics
 from worker.pipeline import BatchHooks, Canary, FeedPlan, Pipeline, ShadowRunner, result_encoder
 from worker.registry import framed_decoders, needs_registry, open_registry
@@ -91,6 +99,7 @@ def build_worker(
 
     The worker's ``Reloader`` watches the pipelines whose ``model.watch`` is on and looks
     at every pipeline's model whenever ``reload_requests`` is set (SIGHUP, POST /reload).
+    Blocks while a pipeline's inference server cannot answer yet (``when_served``).
     Raises ConfigError (including a broker without working transactions in
     exactly-once mode), EngineError or FeatureStoreError.
     """
@@ -98,7 +107,14 @@ def build_worker(
     health = health or HealthState(liveness_timeout_s=config.liveness_timeout_s)
     abort = threading.Event()
 
-    loaded = [_load(p, config, metrics) for p in config.pipelines]
+    loaded = [
+        when_served(  # a pipeline whose server cannot answer yet waits for it
+            functools.partial(_load, p, config, metrics),
+            pipeline=p.name,
+            on_inference_server=health.inference_server_for(p.name),
+        )
+        for p in config.pipelines
+    ]
     # The models are loaded: /healthz answers 200 from here, while the Kafka clients wait
     # for the cluster's metadata (their timeouts, not a model, hold start-up up then).
     health.models_loaded = True

@@ -29,6 +29,7 @@ from streamfer_dev.harness import (
     end_offsets,
     produce_requests,
 )
+from streamfer_dev.stack import free_port
 from streamfer_dev.triton import TritonServer, server_python, start_triton
 from tests.conftest import Topics
 from tests.integration.conftest import MlpConfig
@@ -418,3 +419,45 @@ def same_json(on_server: Outcomes, in_worker: Outcomes) -> None:
     for doc in on_server.result_docs:
         assert orjson.dumps(doc["outputs"]) == orjson.dumps(local[doc["id"]]), doc["id"]
         assert isinstance(doc["outputs"]["label"], int), doc["outputs"]
+
+
+def test_a_server_down_at_start_up_is_waited_for(
+    fresh_topics: Callable[..., Topics],
+    mlp_config: MlpConfig,
+    triton: Callable[..., TritonServer],
+    models: dict[str, Path],
+    data: FraudData,
+    expected: dict[str, np.ndarray[Any, Any]],
+    kafka_bootstrap: str,
+    tmp_path: Path,
+) -> None:
+    """No server at the configured address when the worker starts: it stays up,
+    ``/readyz`` names the server and its log says what it waits for; once a server comes
+    up there, every request is scored, none dead-lettered."""
+    grpc_port = free_port()
+    url = f"127.0.0.1:{grpc_port}"
+    topics = fresh_topics(PARTITIONS)
+    path, port = mlp_config(
+        topics, data, None, model_lines=ON_TRITON, pipeline_extra=triton_table(url)
+    )
+    log = tmp_path / "worker.log"
+    worker = WorkerProcess(path, log).start()
+    try:
+        wait_for(lambda: url in readyz(port)[1], 60, "/readyz naming the server")
+        status, body = readyz(port)
+        assert status == 503 and "pipeline fraud: inference server" in body, body
+        wait_for(lambda: "waits for the server" in log.read_text(), 30, "the log line")
+        requests = produced_requests(data, 600)
+        produce_requests(kafka_bootstrap, topics.requests, requests)
+        assert worker.alive() and readyz(port)[0] == 503
+        triton([f"fraud:1:{models['1']}"], grpc_port=grpc_port)
+        ids = {rid for rid, _k, _v in requests}
+        out = outcomes(kafka_bootstrap, topics, ids)
+        assert not out.lost(ids), f"lost: {out.lost(ids)[:5]}"
+        assert out.duplicates() == 0 and not out.dead_letter_ids
+        check_exact(out, expected, {"1"})
+        wait_for(lambda: readyz(port)[0] == 200, 60, "/readyz 200")
+        assert worker.terminate() == 0
+    finally:
+        worker.terminate()
+    assert_committed_to_end(kafka_bootstrap, topics.group, topics.requests)

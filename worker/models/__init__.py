@@ -1,10 +1,19 @@
 """Which model a pipeline serves: loading and checking it (parts, fit), its canary and
-shadow candidates, and hot reload."""
+shadow candidates, hot reload, and waiting at start-up for a server that runs one."""
 
 from __future__ import annotations
 
 from worker.models.candidates import load_candidates
 from worker.models.parts import LoadedModel, open_parts
 from worker.models.reloader import ModelWatch, Reloader, show_model
+from worker.models.server_start import when_served
 
-__all__ = ["LoadedModel", "ModelWatch", "Reloader", "load_candidates", "open_parts", "show_model"]
+__all__ = [
+    "LoadedModel",
+    "ModelWatch",
+    "Reloader",
+    "load_candidates",
+    "open_parts",
+    "show_model",
+    "when_served",
+]
