@@ -21,12 +21,12 @@ from tests.unit.test_pipeline import FakeSink, WrappedEngine, matrix
 from tests.unit.test_reloader import one_pipeline
 from tests.unit.test_stage_threads import wait_for
 from tests.unit.triton_fakes import FakeTriton, TritonFailure
-from worker.config import ModelSpec, PipelineConfig, load_config
-from worker.errors import EngineError, InferenceServerError
+from worker.config import ModelSpec, PipelineConfig, load_config, parse_config
+from worker.errors import ConfigError, EngineError, InferenceServerError
 from worker.inference import LiveModel, ModelSlot, TritonEngine
 from worker.inference.engine import Feeds, Outputs
 from worker.inference.triton import call_failure
-from worker.models import LoadedModel
+from worker.models import LoadedModel, load_candidates
 from worker.models.reloader import Look, ModelWatch, show_model
 from worker.ops.health import HealthState
 from worker.ops.metrics import Metrics
@@ -346,3 +346,58 @@ def test_the_reloader_follows_the_servers_highest_ready_version() -> None:
     assert slot.for_batch().identity.version == "2" and reloads("refused") == 1
     server.failures = [TritonFailure("UNAVAILABLE", "down")]
     assert watch.look() is Look.IDLE  # the batches wait out an outage, not the reloader
+
+
+def candidate_config(candidate: dict[str, Any], model: dict[str, Any] | None = None) -> Any:
+    raw = {
+        "pipelines": [
+            {
+                "name": "p",
+                "request_topics": ["req"],
+                "result_topic": "res",
+                "dead_letter_topic": "dlq",
+                "features": {"fields": ["a", "b", "c"]},
+                "model": model or {"name": "m", "engine": "triton", "triton": {"url": "h:1"}},
+                "canary": {"percent": 50, **candidate},
+            }
+        ]
+    }
+    return parse_config(raw, environ={}).pipelines[0]
+
+
+def test_a_canary_is_another_version_of_the_model_on_the_server() -> None:
+    server = FakeTriton(versions=["1", "2"], ready={"1", "2"})
+    config = candidate_config({"version": "1"})
+    assert config.canary is not None
+    model = config.canary.model_spec(config.model)
+    assert model.triton is not None and model.triton.version == "1" and model.triton.url == "h:1"
+    served = TritonEngine(config.model, grpc=server.module())
+    live = LoadedModel(served, FeedPlan.build(config, served.inputs))
+
+    def load_model(cfg: PipelineConfig, spec: ModelSpec, **_kw: Any) -> LoadedModel:
+        engine = TritonEngine(spec, grpc=server.module())
+        return LoadedModel(engine, FeedPlan.build(cfg, engine.inputs))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("worker.models.candidates.load_model", load_model)
+        canary, _shadow = load_candidates(config, live)
+    assert canary is not None and canary.identity.version == "1"
+    assert served.served_version == "2"
+
+
+@pytest.mark.parametrize(
+    ("candidate", "model", "problem"),
+    [
+        ({"model": "v2.onnx", "version": "2"}, None, "canary.model: the pipeline's model is on"),
+        ({}, None, "canary.version: name the version of the model on the server"),
+        ({"version": "2"}, {"name": "m", "path": "m.onnx"}, "canary.model: the candidate ONNX"),
+    ],
+)
+def test_a_candidate_names_what_it_lacks(
+    candidate: dict[str, Any], model: dict[str, Any] | None, problem: str, tmp_path: Path
+) -> None:
+    (tmp_path / "m.onnx").write_bytes(b"")
+    if model is not None:
+        model = {**model, "path": str(tmp_path / "m.onnx")}
+    with pytest.raises(ConfigError, match=problem):
+        candidate_config(candidate, model)
