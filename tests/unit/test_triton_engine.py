@@ -21,7 +21,7 @@ from tests.unit.test_pipeline import FakeSink, WrappedEngine, matrix
 from tests.unit.test_reloader import one_pipeline
 from tests.unit.test_stage_threads import wait_for
 from tests.unit.triton_fakes import FakeTriton, TritonFailure
-from worker.config import ModelSpec, PipelineConfig, load_config, parse_config
+from worker.config import ModelSpec, PipelineConfig, load_config
 from worker.errors import ConfigError, EngineError, InferenceServerError
 from worker.inference import LiveModel, ModelSlot, TritonEngine
 from worker.inference.engine import Feeds, Outputs
@@ -349,20 +349,8 @@ def test_the_reloader_follows_the_servers_highest_ready_version() -> None:
 
 
 def candidate_config(candidate: dict[str, Any], model: dict[str, Any] | None = None) -> Any:
-    raw = {
-        "pipelines": [
-            {
-                "name": "p",
-                "request_topics": ["req"],
-                "result_topic": "res",
-                "dead_letter_topic": "dlq",
-                "features": {"fields": ["a", "b", "c"]},
-                "model": model or {"name": "m", "engine": "triton", "triton": {"url": "h:1"}},
-                "canary": {"percent": 50, **candidate},
-            }
-        ]
-    }
-    return parse_config(raw, environ={}).pipelines[0]
+    model = model or {"engine": "triton", "triton": {"url": "h:1"}}
+    return one_pipeline(model, canary={"percent": 50, **candidate})
 
 
 def test_a_canary_is_another_version_of_the_model_on_the_server() -> None:
@@ -390,7 +378,7 @@ def test_a_canary_is_another_version_of_the_model_on_the_server() -> None:
     [
         ({"model": "v2.onnx", "version": "2"}, None, "canary.model: the pipeline's model is on"),
         ({}, None, "canary.version: name the version of the model on the server"),
-        ({"version": "2"}, {"name": "m", "path": "m.onnx"}, "canary.model: the candidate ONNX"),
+        ({"version": "2"}, {"path": "m.onnx"}, "canary.model: the candidate ONNX"),
     ],
 )
 def test_a_candidate_names_what_it_lacks(
