@@ -461,38 +461,3 @@ def test_a_server_down_at_start_up_is_waited_for(
     finally:
         worker.terminate()
     assert_committed_to_end(kafka_bootstrap, topics.group, topics.requests)
-
-
-def test_a_canary_version_on_the_server(
-    triton: Callable[..., TritonServer],
-    fresh_topics: Callable[..., Topics],
-    mlp_worker: Callable[..., tuple[WorkerProcess, int]],
-    models: dict[str, Path],
-    data: FraudData,
-    expected: dict[str, np.ndarray[Any, Any]],
-    kafka_bootstrap: str,
-) -> None:
-    """Version 1 serves, version 2 on the same server scores the canary's share: each
-    result names the version that scored it, with exactly that version's scores."""
-    server = triton([f"fraud:1:{models['1']}", f"fraud:2:{models['2']}"])
-    topics = fresh_topics(PARTITIONS)
-    table = triton_table(server.url).replace('model = "fraud"', 'model = "fraud"\nversion = "1"')
-    worker, port = mlp_worker(
-        topics,
-        data,
-        None,
-        model_lines=ON_TRITON,
-        pipeline_extra=f'{table}\n[pipelines.canary]\nversion = "2"\npercent = 30\n',
-    )
-    requests = produced_requests(data, 1000)
-    produce_requests(kafka_bootstrap, topics.requests, requests)
-    ids = {rid for rid, _k, _v in requests}
-    out = outcomes(kafka_bootstrap, topics, ids)
-    assert not out.lost(ids) and out.duplicates() == 0 and not out.dead_letter_ids
-    check_exact(out, expected, {"1", "2"})
-    on_canary = sum(1 for doc in out.result_docs if str(doc["model"]["version"]) == "2")
-    assert 150 < on_canary < 450, on_canary  # about 30 % of the keys
-    canary = ("streamfer_canary_records_total", (("pipeline", "fraud"),))
-    assert scrape_metrics(port).get(canary, 0) == on_canary
-    assert worker.terminate() == 0
-    assert_committed_to_end(kafka_bootstrap, topics.group, topics.requests)
