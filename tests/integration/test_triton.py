@@ -45,6 +45,8 @@ from tests.integration.served_mlp import (
     wait_for,
 )
 from tests.integration.test_bring_your_own_model import request_doc
+from worker.config import ModelSpec
+from worker.inference import OnnxEngine, TritonEngine
 
 pytestmark = pytest.mark.integration
 
@@ -461,3 +463,28 @@ def test_a_server_down_at_start_up_is_waited_for(
     finally:
         worker.terminate()
     assert_committed_to_end(kafka_bootstrap, topics.group, topics.requests)
+
+
+def test_a_batch_split_into_calls_in_flight_scores_as_the_local_model(
+    triton: Callable[..., TritonServer], classifier: Path, data: FraudData
+) -> None:
+    """A batch of 1,000 rows at a server's ``max_batch_size`` 16: 63 calls, four in
+    flight at a time, whose answers join in row order into exactly the outputs of the
+    same file run in this process (``label`` a value a row, as ONNX Runtime gives it)."""
+    server = triton([f"fraud:1:{classifier}"], max_batch_size=16)
+    remote = TritonEngine(
+        ModelSpec.model_validate(
+            {
+                "name": "fraud",
+                "engine": "triton",
+                "triton": {"url": server.url, "max_calls_in_flight": 4},
+            }
+        )
+    )
+    local = OnnxEngine(ModelSpec.model_validate({"name": "fraud", "path": str(classifier)}))
+    assert remote.max_batch_size == 16
+    rows = np.array([[float(r[c]) for c in NUMERIC] for r in data.rows()[:1000]], np.float32)
+    got, want = remote.infer({"X": rows}), local.infer({"X": rows})
+    assert set(got) == set(want) and "label" in want
+    for name, values in want.items():
+        assert got[name].shape == values.shape and np.array_equal(got[name], values), name
