@@ -5,7 +5,10 @@ Python with its shared libpython, which the Python backend's stub embeds), never
 imported by the worker: it imports PyTriton, which binds a Python function to a model
 name and version and starts the ``tritonserver`` binary bundled in its wheel. Each
 model is an ONNX file run by ONNX Runtime inside that function, with dynamic batching,
-on the CPU; its tensor inputs and outputs are declared from the file.
+on the CPU; its tensor inputs and outputs are declared from the file. An output the file
+gives as one value a row (``[batch]``) is declared as Triton's ONNX Runtime backend
+declares it: ``dims: [1]`` with ``reshape: { shape: [] }`` (PyTriton has no reshape of
+its own, so its config generator is wrapped to add it).
 
 ``--refuse-above X`` makes every model refuse a request holding a number above X (the
 server answers it with an error, as a model that rejects its input does), so the tests
@@ -26,6 +29,7 @@ import numpy as np
 import onnxruntime as ort
 from pytriton.decorators import batch
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
+from pytriton.model_config.generator import ModelConfigGenerator
 from pytriton.triton import Triton, TritonConfig
 
 _TYPES = {
@@ -50,12 +54,29 @@ def _tensors(declared: list[Any]) -> list[Tensor]:
     ]
 
 
+_PER_ROW: set[str] = set()
+"""Names of the outputs an ONNX file gives as ``[batch]``."""
+_generate = ModelConfigGenerator.get_config
+
+
+def _with_reshape(self: ModelConfigGenerator) -> dict[str, Any]:
+    config: dict[str, Any] = _generate(self)
+    for output in config.get("output", []):
+        if output["name"] in _PER_ROW and output["dims"] == [1]:
+            output["reshape"] = {"shape": []}
+    return config
+
+
+ModelConfigGenerator.get_config = _with_reshape
+
+
 def _serving(path: str, refuse_above: float | None) -> tuple[Any, list[Tensor], list[Tensor]]:
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     inputs, outputs = _tensors(session.get_inputs()), _tensors(session.get_outputs())
     names = [t.name for t in outputs]
+    _PER_ROW.update(d.name for d in session.get_outputs() if len(d.shape) == 1)
     ranks = {d.name: len(d.shape) for d in session.get_inputs()}
 
     @batch  # type: ignore[untyped-decorator]

@@ -82,6 +82,7 @@ from worker.models import (
     load_candidates,
     open_parts,
     show_model,
+    when_served,
 )
 from worker.ops import HealthState, OpsFamilies
 from worker.pipeline import (
@@ -118,6 +119,7 @@ def build_worker(
 
     The worker's ``Reloader`` watches the pipelines whose ``model.watch`` is on and looks
     at every pipeline's model whenever ``reload_requests`` is set (SIGHUP, POST /reload).
+    Blocks while a pipeline's inference server cannot answer yet (``when_served``).
     Raises ConfigError (including a broker without working transactions in
     exactly-once mode), EngineError or FeatureStoreError.
     """
@@ -125,7 +127,14 @@ def build_worker(
     health = health or HealthState(liveness_timeout_s=config.liveness_timeout_s)
     abort = threading.Event()
 
-    loaded = [_load(p, config, metrics) for p in config.pipelines]
+    loaded = [
+        when_served(  # a pipeline whose server cannot answer yet waits for it
+            functools.partial(_load, p, config, metrics),
+            pipeline=p.name,
+            on_inference_server=health.inference_server_for(p.name),
+        )
+        for p in config.pipelines
+    ]
     # The models are loaded: /healthz answers 200 from here, while the Kafka clients wait
     # for the cluster's metadata (their timeouts, not a model, hold start-up up then).
     health.models_loaded = True

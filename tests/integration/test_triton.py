@@ -29,12 +29,14 @@ from streamfer_dev.harness import (
     end_offsets,
     produce_requests,
 )
+from streamfer_dev.stack import free_port
 from streamfer_dev.triton import TritonServer, server_python, start_triton
 from tests.conftest import Topics
 from tests.integration.conftest import MlpConfig
 from tests.integration.helpers import assert_committed_to_end, scrape_metrics
-from tests.integration.recipes import FraudData, fraud_data
+from tests.integration.recipes import NUMERIC, FraudData, fraud_data
 from tests.integration.served_mlp import (
+    PARTITIONS,
     in_background,
     mlp_versions,
     post,
@@ -43,6 +45,8 @@ from tests.integration.served_mlp import (
     wait_for,
 )
 from tests.integration.test_bring_your_own_model import request_doc
+from worker.config import ModelSpec
+from worker.inference import OnnxEngine, TritonEngine
 
 pytestmark = pytest.mark.integration
 
@@ -308,3 +312,179 @@ def test_a_new_version_on_the_server_is_picked_up(
     assert readyz(port)[0] == 200
     assert worker.terminate() == 0
     assert_committed_to_end(kafka_bootstrap, topics.group, topics.requests)
+
+
+@pytest.fixture(scope="module")
+def classifier(data: FraudData, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A scikit-learn classifier of the fraud rows as skl2onnx exports it (ZipMap off:
+    a server serves tensors): ``label`` one int64 a row (``[batch]``) and
+    ``probabilities`` ``[batch, 2]``."""
+    from skl2onnx import to_onnx
+    from sklearn.linear_model import LogisticRegression
+
+    x = np.array([[float(r[c]) for c in NUMERIC] for r in data.rows()], dtype=np.float32)
+    model = LogisticRegression(max_iter=1000).fit(x, data.labels)
+    onx = to_onnx(model, x[:1], options={id(model): {"zipmap": False}}, target_opset=17)
+    path = tmp_path_factory.mktemp("triton-classifier") / "classifier.onnx"
+    path.write_bytes(onx.SerializeToString())
+    return path
+
+
+def local_beside(path: Path, served: Topics, local: Topics, model: Path) -> None:
+    """Add to the worker config at ``path`` a pipeline ``local`` running ``model`` in the
+    worker, like the Triton pipeline in every other way, on ``local``'s topics; both
+    publish the classifier's ``label`` and ``probabilities``."""
+    text = path.read_text()
+    section = text[text.index("[[pipelines]]") : text.index("[pipelines.model.triton]")]
+    for old, new in (
+        ('name = "fraud"\n', 'name = "local"\n'),
+        (served.requests, local.requests),
+        (served.results, local.results),
+        (served.dead_letters, local.dead_letters),
+        (ON_TRITON, f'path = "{model}"'),
+    ):
+        section = section.replace(old, new)
+    outputs = 'scores = "output"'
+    both = 'label = "label"\nprobabilities = "probabilities"'
+    text = (text + "\n" + section).replace("input = [", "X = [").replace(outputs, both)
+    path.write_text(text)
+
+
+def test_results_equal_the_local_engines_and_an_outage_holds_only_its_pipeline(
+    fresh_topics: Callable[..., Topics],
+    mlp_config: MlpConfig,
+    triton: Callable[..., TritonServer],
+    classifier: Path,
+    data: FraudData,
+    kafka_bootstrap: str,
+    tmp_path: Path,
+) -> None:
+    """One worker, the same classifier on the server (``fraud``) and in the worker
+    (``local``), the same requests to each: every result's outputs are the same JSON both
+    ways. The server stops: ``local`` keeps publishing while ``fraud`` waits (readiness
+    names the server); once it is back nothing is lost or dead-lettered."""
+    server = triton([f"fraud:1:{classifier}"])
+    served, local = fresh_topics(PARTITIONS), fresh_topics(PARTITIONS)
+    path, port = mlp_config(
+        served, data, None, model_lines=ON_TRITON, pipeline_extra=triton_table(server.url)
+    )
+    local_beside(path, served, local, classifier)
+    worker = WorkerProcess(path, tmp_path / "worker.log").start()
+    try:
+        requests = produced_requests(data, 2000)
+        first, rest = requests[:800], requests[800:]
+        for topics in (served, local):
+            produce_requests(kafka_bootstrap, topics.requests, first)
+        ids = {rid for rid, _k, _v in first}
+        on_server, in_worker = (
+            outcomes(kafka_bootstrap, served, ids),
+            outcomes(kafka_bootstrap, local, ids),
+        )
+        assert not on_server.lost(ids) and not in_worker.lost(ids)
+        same_json(on_server, in_worker)
+
+        server.stop()
+        later = {rid for rid, _k, _v in rest}
+        for topics in (served, local):
+            produce_requests(kafka_bootstrap, topics.requests, rest)
+        wait_for(lambda: readyz(port)[0] == 503, 60, "/readyz 503")
+        _status, body = readyz(port)
+        assert "pipeline fraud: inference server" in body and server.url in body, body
+        assert "pipeline local" not in body, body
+        # the worker's own pipeline answers everything while the other waits
+        assert not outcomes(kafka_bootstrap, local, later).lost(later)
+        assert worker.alive() and readyz(port)[0] == 503
+        server = triton([f"fraud:1:{classifier}"], grpc_port=server.grpc_port)
+        wait_for(lambda: readyz(port)[0] == 200, 60, "/readyz 200 again")
+        ids |= later
+        on_server, in_worker = (
+            outcomes(kafka_bootstrap, served, ids),
+            outcomes(kafka_bootstrap, local, ids),
+        )
+        for out in (on_server, in_worker):
+            assert not out.lost(ids), f"lost: {out.lost(ids)[:5]}"
+            assert out.duplicates() == 0 and not out.dead_letter_ids
+        same_json(on_server, in_worker)
+        assert worker.terminate() == 0
+    finally:
+        worker.terminate()
+    for topics in (served, local):  # one worker: one group, the served pipeline's
+        assert sum(end_offsets(kafka_bootstrap, topics.dead_letters).values()) == 0
+        assert_committed_to_end(kafka_bootstrap, served.group, topics.requests)
+
+
+def same_json(on_server: Outcomes, in_worker: Outcomes) -> None:
+    """Each request's ``outputs`` are the same JSON from the server as from the worker's
+    own engine: a number where the model gives one a row, never a one-element list."""
+    local = {doc["id"]: doc["outputs"] for doc in in_worker.result_docs}
+    assert len(local) == len(on_server.result_docs)
+    for doc in on_server.result_docs:
+        assert orjson.dumps(doc["outputs"]) == orjson.dumps(local[doc["id"]]), doc["id"]
+        assert isinstance(doc["outputs"]["label"], int), doc["outputs"]
+
+
+def test_a_server_down_at_start_up_is_waited_for(
+    fresh_topics: Callable[..., Topics],
+    mlp_config: MlpConfig,
+    triton: Callable[..., TritonServer],
+    models: dict[str, Path],
+    data: FraudData,
+    expected: dict[str, np.ndarray[Any, Any]],
+    kafka_bootstrap: str,
+    tmp_path: Path,
+) -> None:
+    """No server at the configured address when the worker starts: it stays up,
+    ``/readyz`` names the server and its log says what it waits for; once a server comes
+    up there, every request is scored, none dead-lettered."""
+    grpc_port = free_port()
+    url = f"127.0.0.1:{grpc_port}"
+    topics = fresh_topics(PARTITIONS)
+    path, port = mlp_config(
+        topics, data, None, model_lines=ON_TRITON, pipeline_extra=triton_table(url)
+    )
+    log = tmp_path / "worker.log"
+    worker = WorkerProcess(path, log).start()
+    try:
+        wait_for(lambda: url in readyz(port)[1], 60, "/readyz naming the server")
+        status, body = readyz(port)
+        assert status == 503 and "pipeline fraud: inference server" in body, body
+        wait_for(lambda: "waits for the server" in log.read_text(), 30, "the log line")
+        requests = produced_requests(data, 600)
+        produce_requests(kafka_bootstrap, topics.requests, requests)
+        assert worker.alive() and readyz(port)[0] == 503
+        triton([f"fraud:1:{models['1']}"], grpc_port=grpc_port)
+        ids = {rid for rid, _k, _v in requests}
+        out = outcomes(kafka_bootstrap, topics, ids)
+        assert not out.lost(ids), f"lost: {out.lost(ids)[:5]}"
+        assert out.duplicates() == 0 and not out.dead_letter_ids
+        check_exact(out, expected, {"1"})
+        wait_for(lambda: readyz(port)[0] == 200, 60, "/readyz 200")
+        assert worker.terminate() == 0
+    finally:
+        worker.terminate()
+    assert_committed_to_end(kafka_bootstrap, topics.group, topics.requests)
+
+
+def test_a_batch_split_into_calls_in_flight_scores_as_the_local_model(
+    triton: Callable[..., TritonServer], classifier: Path, data: FraudData
+) -> None:
+    """A batch of 1,000 rows at a server's ``max_batch_size`` 16: 63 calls, four in
+    flight at a time, whose answers join in row order into exactly the outputs of the
+    same file run in this process (``label`` a value a row, as ONNX Runtime gives it)."""
+    server = triton([f"fraud:1:{classifier}"], max_batch_size=16)
+    remote = TritonEngine(
+        ModelSpec.model_validate(
+            {
+                "name": "fraud",
+                "engine": "triton",
+                "triton": {"url": server.url, "max_calls_in_flight": 4},
+            }
+        )
+    )
+    local = OnnxEngine(ModelSpec.model_validate({"name": "fraud", "path": str(classifier)}))
+    assert remote.max_batch_size == 16
+    rows = np.array([[float(r[c]) for c in NUMERIC] for r in data.rows()[:1000]], np.float32)
+    got, want = remote.infer({"X": rows}), local.infer({"X": rows})
+    assert set(got) == set(want) and "label" in want
+    for name, values in want.items():
+        assert got[name].shape == values.shape and np.array_equal(got[name], values), name

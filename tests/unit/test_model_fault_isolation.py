@@ -1,9 +1,9 @@
-"""A model fault in one pipeline holds that pipeline only: its batch is parked while the
-shared processing threads serve the other pipelines, in either priority lane or in one
-shared lane; only its partitions pause, nothing of it is dead-lettered, the worker is
-not ready and names it, and every request is answered, in order, once the model takes
-batches again. The real ``Worker`` and ``ShareWorker``, Pipeline and ONNX engine, around
-the fakes."""
+"""A model fault in one pipeline holds that pipeline only, and so does an inference
+server that cannot answer: its batch is parked while the shared processing threads serve
+the other pipelines, in either priority lane or in one shared lane; only its partitions
+pause, nothing of it is dead-lettered, the worker is not ready and names it, and every
+request is answered, in order, once the model (or its server) takes batches again. The
+real ``Worker`` and ``ShareWorker``, Pipeline and ONNX engine, around the fakes."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from tests.unit.test_pipeline import WrappedEngine
 from tests.unit.test_stage_threads import wait_for
 from tests.unit.test_worker_lanes import BULK, LIVE, entity_rows, two_pipeline_config
 from worker.compose import Metrics
-from worker.errors import EngineError
+from worker.errors import EngineError, InferenceServerError
 from worker.inference import LiveModel
 from worker.inference.engine import Feeds, OnnxEngine, Outputs
 from worker.loop.worker import Worker
@@ -31,19 +31,29 @@ from worker.models import build_pipeline
 from worker.ops.health import HealthState
 from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.model_faults import ModelFaultWait
+from worker.pipeline.server_outage import ServerOutage
 from worker.pipeline.steps import Pipeline
 
 DEVICE_ERROR = "CUDA failure 700: an illegal memory access was encountered"
+SERVER_DOWN = "inference server m:1 at 10.0.0.1:8001: UNAVAILABLE: failed to connect"
+FAILURES: dict[str, tuple[type[Exception], str]] = {
+    "model": (EngineError, DEVICE_ERROR),
+    "server": (InferenceServerError, SERVER_DOWN),
+}
+"""What holds a pipeline: its model at fault, or its inference server down."""
 
 
 class Switchable(WrappedEngine):
-    """The real engine, refusing every call while ``broken``."""
+    """The real engine, failing every call while ``broken``: the model refusing it, or
+    (``failure = "server"``) a server that cannot answer."""
 
     broken = False
+    failure = "model"
 
     def infer(self, feeds: Feeds) -> Outputs:
         if self.broken:
-            raise EngineError(DEVICE_ERROR)
+            error, why = FAILURES[self.failure]
+            raise error(why)
         return self.inner.infer(feeds)
 
 
@@ -51,6 +61,7 @@ class Switchable(WrappedEngine):
 def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ModelFaultWait, "RETRY_S", (0.05, 0.2))
     monkeypatch.setattr(ModelFaultWait, "LOOK_S", 0.01)
+    monkeypatch.setattr(ServerOutage, "RETRY_S", (0.05, 0.2))
 
 
 def switchable(pipeline: Pipeline) -> Switchable:
@@ -102,7 +113,7 @@ def two_pipelines(
     classifier: DemoModel, *, priorities: bool
 ) -> tuple[Worker, FakeConsumer, FakeSink, dict[str, Switchable], Metrics]:
     """``two_pipeline_config``'s worker, each model one that can be broken, its
-    pipelines reporting their model's faults to the worker's health."""
+    pipelines reporting their model's faults and their server to the worker's health."""
     data = entity_rows(classifier)
     config = two_pipeline_config(classifier, priorities=priorities)
     metrics = Metrics(CollectorRegistry())
@@ -116,12 +127,14 @@ def two_pipelines(
             plan=FeedPlan.build(p, engines[p.name].inputs),
             metrics=metrics.for_pipeline(p.name),
             on_model=health.model_for(p.name),
+            on_inference_server=health.inference_server_for(p.name),
         )
         for p in config.pipelines
     ]
     consumer, sink = FakeConsumer(), FakeSink()
     worker = fake_worker(config, consumer, sink, pipelines, metrics)
     worker.health.model_problems = health.model_problems  # the pipelines report there
+    worker.health.inference_server_problems = health.inference_server_problems
     return worker, consumer, sink, engines, metrics
 
 
@@ -143,12 +156,15 @@ def ids(sink: FakeSink, topic: str) -> list[str]:
     return [orjson.loads(v)["id"] for t, v in sink.sent if t == topic]
 
 
+@pytest.mark.parametrize("failure", ["model", "server"])
 @pytest.mark.parametrize("priorities", [True, False], ids=["two-lanes", "one-lane"])
 @pytest.mark.parametrize("broken", ["live", "bulk"])
 def test_a_held_pipeline_pauses_only_its_partitions_and_the_other_flows(
-    classifier: DemoModel, priorities: bool, broken: str
+    classifier: DemoModel, priorities: bool, broken: str, failure: str
 ) -> None:
     worker, consumer, sink, engines, metrics = two_pipelines(classifier, priorities=priorities)
+    engines[broken].failure = failure
+    why = FAILURES[failure][1]
     healthy = "bulk" if broken == "live" else "live"
     topic = {"live": LIVE, "bulk": BULK}
     parts = [(LIVE, 0), (LIVE, 1), (BULK, 0), (BULK, 1)]
@@ -168,10 +184,11 @@ def test_a_held_pipeline_pauses_only_its_partitions_and_the_other_flows(
     # the healthy pipeline answered everything while the other was held
     assert len(ids(sink, f"{broken}-res")) == 16
     assert not ids(sink, f"{broken}-dlq") and not ids(sink, f"{healthy}-dlq")
-    assert metrics.model_paused.labels(broken)._value.get() == 1
+    assert worker._threads.parked() == {broken}
+    assert metrics.model_paused.labels(broken)._value.get() == (failure == "model")
     assert metrics.model_paused.labels(healthy)._value.get() == 0
     reasons = worker.health.not_ready_reasons()
-    assert any(r.startswith(f"pipeline {broken}: ") and DEVICE_ERROR in r for r in reasons)
+    assert any(r.startswith(f"pipeline {broken}: ") and why in r for r in reasons)
     assert not any(f"pipeline {healthy}" in r for r in reasons)
     for _ in range(20):
         worker.run_once()

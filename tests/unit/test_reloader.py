@@ -91,8 +91,11 @@ def _age(path: Path, seconds: float = 60.0) -> None:
     os.utime(path, (then, then))
 
 
-def one_pipeline(model: dict[str, Any], cache: dict[str, Any] | None = None) -> PipelineConfig:
-    """Pipeline ``p`` of features ``FIELDS``, batches of 8, serving ``model`` (named m)."""
+def one_pipeline(
+    model: dict[str, Any], cache: dict[str, Any] | None = None, **tables: Any
+) -> PipelineConfig:
+    """Pipeline ``p`` of features ``FIELDS``, batches of 8, serving ``model`` (named m),
+    with ``tables`` (``canary={...}``, say)."""
     raw = {
         "pipelines": [
             {
@@ -104,6 +107,7 @@ def one_pipeline(model: dict[str, Any], cache: dict[str, Any] | None = None) -> 
                 "batch": {"max_batch_size": 8},
                 "model": {"name": "m", **model},
                 **({"cache": cache} if cache is not None else {}),
+                **tables,
             }
         ]
     }

@@ -19,15 +19,15 @@ from tests.unit import test_pipeline as base
 from tests.unit.test_model_faults import Readiness, rows
 from tests.unit.test_pipeline import FakeSink, WrappedEngine, matrix
 from tests.unit.test_reloader import one_pipeline
+from tests.unit.test_stage_threads import wait_for
 from tests.unit.triton_fakes import FakeTriton, TritonFailure
 from worker.compose import Metrics
 from worker.config import ModelSpec, PipelineConfig, load_config
-from worker.errors import EngineError, InferenceServerError
-from worker.features import StoreWait
+from worker.errors import ConfigError, EngineError, InferenceServerError
 from worker.inference import LiveModel, ModelSlot, TritonEngine
 from worker.inference.engine import Feeds, Outputs
 from worker.inference.triton import call_failure
-from worker.models import LoadedModel
+from worker.models import LoadedModel, load_candidates
 from worker.models.reloader import Look, ModelWatch, show_model
 from worker.ops.health import HealthState
 from worker.pipeline import FeedPlan
@@ -70,10 +70,75 @@ def test_a_batch_is_one_call_per_max_batch_size_rows() -> None:
     e = TritonEngine(spec(), grpc=server.module(), on_call=seconds.append)
     x = np.arange(30, dtype=np.float32).reshape(10, 3)
     out = e.infer({"x": x})
-    assert server.calls == [4, 4, 2]
+    assert sorted(server.calls) == [2, 4, 4]
     assert len(seconds) == 3
     np.testing.assert_array_equal(out["score"][:, 0], x.sum(axis=1))
     assert server.headers == [{}, {}, {}]
+
+
+def test_the_parts_of_a_batch_are_in_flight_together_up_to_the_bound() -> None:
+    server = FakeTriton(max_batch_size=2, held=True)
+    e = engine(server, max_calls_in_flight=3)
+    x = np.arange(36, dtype=np.float32).reshape(12, 3)  # six calls of two rows
+    out: list[Outputs] = []
+    scoring = threading.Thread(target=lambda: out.append(e.infer({"x": x})), daemon=True)
+    scoring.start()
+    wait_for(lambda: len(server.waiting) == 3)
+    assert server.in_flight == 3 and not server.calls  # three out, none answered yet
+    server.waiting[1].set()  # answers may come in any order
+    wait_for(lambda: len(server.waiting) == 4)  # one answered: one more goes out
+    assert server.in_flight == 3
+    for gate in list(server.waiting):
+        gate.set()
+    wait_for(lambda: len(server.waiting) == 6)
+    for gate in server.waiting:
+        gate.set()
+    scoring.join(10)
+    assert server.peak == 3 and len(server.calls) == 6
+    np.testing.assert_array_equal(out[0]["score"][:, 0], x.sum(axis=1))  # in row order
+
+
+def test_a_failed_part_fails_the_batch_once_the_calls_out_have_answered() -> None:
+    server = FakeTriton(max_batch_size=2, held=True)
+    kinds: list[str] = []
+    e = TritonEngine(spec(max_calls_in_flight=2), grpc=server.module(), on_error=kinds.append)
+    server.failures = [TritonFailure("INTERNAL", "boom"), TritonFailure("UNAVAILABLE", "down")]
+    failed: list[Exception] = []
+
+    def score() -> None:
+        try:
+            e.infer({"x": np.zeros((8, 3), dtype=np.float32)})
+        except Exception as exc:
+            failed.append(exc)
+
+    scoring = threading.Thread(target=score, daemon=True)
+    scoring.start()
+    wait_for(lambda: len(server.waiting) == 2)
+    for gate in server.waiting:
+        gate.set()
+    scoring.join(10)
+    (failure,) = failed  # an outage goes before a refusal: the batch waits
+    assert isinstance(failure, InferenceServerError) and "UNAVAILABLE: down" in str(failure)
+    assert sorted(kinds) == ["model", "unavailable"]
+    assert len(server.waiting) == 2 and server.in_flight == 0  # no more sent, none left
+
+
+def test_one_call_in_flight_sends_the_parts_one_after_another() -> None:
+    server = FakeTriton(max_batch_size=4)
+    e = engine(server, max_calls_in_flight=1)
+    e.infer({"x": np.zeros((10, 3), dtype=np.float32)})
+    assert server.calls == [4, 4, 2] and not server.waiting
+
+
+def test_a_per_row_output_comes_as_the_model_gives_it() -> None:
+    """An output the server reshapes from ``[batch]`` (dims ``[1]``, reshape ``[]``) is
+    handed on as ``[batch]``, as the same model run locally gives it; one declared
+    ``[1]`` without reshape stays ``[batch, 1]``."""
+    x = np.arange(30, dtype=np.float32).reshape(10, 3)
+    scalar = engine(FakeTriton(per_row_score=True)).infer({"x": x})["score"]
+    assert scalar.shape == (10,)
+    np.testing.assert_array_equal(scalar, x.sum(axis=1))
+    assert engine(FakeTriton()).infer({"x": x})["score"].shape == (10, 1)
 
 
 def test_headers_go_with_every_call_and_never_print() -> None:
@@ -156,6 +221,7 @@ def test_check_lines_say_the_server_is_live_and_the_model_ready() -> None:
         ({"engine": "triton", "triton": {"url": "no port"}}, "url"),
         ({"engine": "triton", "triton": {"url": "h:1", "version": "latest"}}, "version"),
         ({"engine": "triton", "triton": {"url": "h:1", "timeout_s": 0}}, "timeout_s"),
+        ({"engine": "triton", "triton": {"url": "h:1", "max_calls_in_flight": 0}}, "in_flight"),
         (
             {"engine": "triton", "triton": {"url": "h:1", "root_certificates": "ca.pem"}},
             "need ssl = true",
@@ -232,25 +298,6 @@ def test_readiness_names_the_server_while_it_cannot_answer() -> None:
     assert health.not_ready_reasons() == []
 
 
-def test_a_stopping_worker_ends_the_wait(abort: threading.Event) -> None:
-    wait = StoreWait(
-        "p",
-        retry_s=None,
-        abort=abort,
-        errors=None,
-        on_feature_store=lambda _ok, _why: None,
-        outage=InferenceServerError,
-        what="inference server",
-    )
-    abort.set()
-
-    def down() -> None:
-        raise InferenceServerError("down")
-
-    with pytest.raises(InferenceServerError):
-        wait.call(down)
-
-
 def test_the_docs_example_loads(tmp_path: Path) -> None:
     """The how-to's TOML example is a config the worker accepts."""
     page = Path(__file__).parents[2] / "docs" / "how-to" / "triton.md"
@@ -299,3 +346,46 @@ def test_the_reloader_follows_the_servers_highest_ready_version() -> None:
     assert slot.for_batch().identity.version == "2" and reloads("refused") == 1
     server.failures = [TritonFailure("UNAVAILABLE", "down")]
     assert watch.look() is Look.IDLE  # the batches wait out an outage, not the reloader
+
+
+def candidate_config(candidate: dict[str, Any], model: dict[str, Any] | None = None) -> Any:
+    model = model or {"engine": "triton", "triton": {"url": "h:1"}}
+    return one_pipeline(model, canary={"percent": 50, **candidate})
+
+
+def test_a_canary_is_another_version_of_the_model_on_the_server() -> None:
+    server = FakeTriton(versions=["1", "2"], ready={"1", "2"})
+    config = candidate_config({"version": "1"})
+    assert config.canary is not None
+    model = config.canary.model_spec(config.model)
+    assert model.triton is not None and model.triton.version == "1" and model.triton.url == "h:1"
+    served = TritonEngine(config.model, grpc=server.module())
+    live = LoadedModel(served, FeedPlan.build(config, served.inputs))
+
+    def load_model(cfg: PipelineConfig, spec: ModelSpec, **_kw: Any) -> LoadedModel:
+        engine = TritonEngine(spec, grpc=server.module())
+        return LoadedModel(engine, FeedPlan.build(cfg, engine.inputs))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("worker.models.candidates.load_model", load_model)
+        canary, _shadow = load_candidates(config, live)
+    assert canary is not None and canary.identity.version == "1"
+    assert served.served_version == "2"
+
+
+@pytest.mark.parametrize(
+    ("candidate", "model", "problem"),
+    [
+        ({"model": "v2.onnx", "version": "2"}, None, "canary.model: the pipeline's model is on"),
+        ({}, None, "canary.version: name the version of the model on the server"),
+        ({"version": "2"}, {"path": "m.onnx"}, "canary.model: the candidate ONNX"),
+    ],
+)
+def test_a_candidate_names_what_it_lacks(
+    candidate: dict[str, Any], model: dict[str, Any] | None, problem: str, tmp_path: Path
+) -> None:
+    (tmp_path / "m.onnx").write_bytes(b"")
+    if model is not None:
+        model = {**model, "path": str(tmp_path / "m.onnx")}
+    with pytest.raises(ConfigError, match=problem):
+        candidate_config(candidate, model)

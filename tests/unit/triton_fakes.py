@@ -5,6 +5,8 @@ a server with one model that sums its input's columns (``x`` FP32 [-1, width] ->
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -47,6 +49,22 @@ class _Described:
         return repr(sorted(self.fields.items())).encode()
 
 
+@dataclass
+class _OutputConfig:
+    """An output of the model's config: ``dims`` and an optional ``reshape``."""
+
+    name: str
+    dims: list[int]
+    reshape_shape: list[int] | None = None
+
+    @property
+    def reshape(self) -> Any:
+        return SimpleNamespace(shape=self.reshape_shape or [])
+
+    def HasField(self, name: str) -> bool:
+        return name == "reshape" and self.reshape_shape is not None
+
+
 class _Input:
     def __init__(self, name: str, shape: list[int], datatype: str) -> None:
         self.name, self.shape, self.datatype = name, shape, datatype
@@ -69,9 +87,20 @@ class FakeTriton:
     max_batch_size: int = 4
     failures: list[TritonFailure] = field(default_factory=list)
     """Raised by the next calls, one each."""
+    per_row_score: bool = False
+    """Declare ``score`` as Triton's ONNX backend declares a ``[batch]`` output: dims
+    ``[1]``, reshaped to ``[]``."""
     calls: list[int] = field(default_factory=list)
     """Rows of each inference call."""
     headers: list[dict[str, str]] = field(default_factory=list)
+    held: bool = False
+    """``async_infer`` calls wait in ``waiting`` until the test lets each go."""
+    waiting: list[threading.Event] = field(default_factory=list)
+    """One gate per ``async_infer`` call sent (held ones), in the order sent."""
+    in_flight: int = 0
+    peak: int = 0
+    """Most ``async_infer`` calls outstanding at once."""
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def module(self) -> Any:
         return SimpleNamespace(
@@ -97,7 +126,9 @@ class FakeTriton:
 
     def get_model_config(self, model: str, version: str = "", **_call: Any) -> Any:
         self._fail()
-        return SimpleNamespace(config=_Described({"max_batch_size": self.max_batch_size}))
+        score = _OutputConfig("score", [1], [] if self.per_row_score else None)
+        described = {"max_batch_size": self.max_batch_size, "output": [score]}
+        return SimpleNamespace(config=_Described(described))
 
     def is_server_live(self, **_call: Any) -> bool:
         self._fail()
@@ -118,3 +149,28 @@ class FakeTriton:
         self.headers.append(headers)
         score = x.data.sum(axis=1, keepdims=True).astype(np.float32)
         return SimpleNamespace(as_numpy=lambda name: score if name == "score" else None)
+
+    def async_infer(
+        self, model: str, inputs: list[_Input], callback: Callable[[Any, Any], None], **call: Any
+    ) -> None:
+        """As the client's: the call runs on a thread of its own (held until its gate in
+        ``waiting`` is set) and its answer or error goes to ``callback``."""
+        gate = threading.Event()
+        if not self.held:
+            gate.set()
+        with self._lock:
+            self.in_flight += 1
+            self.peak = max(self.peak, self.in_flight)
+            self.waiting.append(gate)
+
+        def run() -> None:
+            gate.wait(30)
+            try:
+                result, error = self.infer(model, inputs, **call), None
+            except TritonFailure as exc:
+                result, error = None, exc
+            with self._lock:
+                self.in_flight -= 1
+            callback(result, error)
+
+        threading.Thread(target=run, daemon=True).start()

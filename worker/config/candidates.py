@@ -1,6 +1,7 @@
 """Models run beside a pipeline's own on the same features: a canary that scores a share
 of the records instead, and a shadow that scores a copy of every batch. Each is a
-``ModelSpec`` of the pipeline's model with another file (``CandidateSpec.model_spec``)."""
+``ModelSpec`` of the pipeline's model with another file, or another version on the
+Triton server that runs it (``CandidateSpec.model_spec``)."""
 
 from __future__ import annotations
 
@@ -34,16 +35,19 @@ class CandidateSpec(Frozen):
     shares, and must feed exactly like it. Its results name ``name`` (default: the
     pipeline model's) and ``version`` (for a file, required)."""
 
-    model: Path = Field(
+    model: Path | None = Field(
+        default=None,
         description=(
             "The candidate model: an ONNX file, or a directory of numbered versions"
-            " (its highest is taken)."
-        )
+            " (its highest is taken). None where the pipeline's model is on a Triton"
+            " server: the candidate is another version of it there (``version``)."
+        ),
     )
     version: str | None = Field(
         default=None,
         description=(
-            "The candidate's version: required for a file, pins one version of a directory."
+            "The candidate's version: required for a file, pins one version of a directory;"
+            " for a model on a Triton server, the version of it the server serves."
         ),
     )
     name: str | None = Field(
@@ -61,7 +65,15 @@ class CandidateSpec(Frozen):
 
     def model_spec(self, primary: ModelSpec) -> ModelSpec:
         """The candidate as a ``ModelSpec`` (once the config is loaded: ``model`` names a
-        file and ``version`` is set)."""
+        file, or the primary is on a server, and ``version`` is set)."""
+        if primary.triton is not None:  # the same model on the same server, another version
+            return primary.model_copy(
+                update={
+                    "triton": primary.triton.model_copy(update={"version": self.version}),
+                    "name": self.name or primary.name,
+                    "watch": False,
+                }
+            )
         return primary.model_copy(
             update={
                 "path": self.model,

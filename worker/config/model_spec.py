@@ -105,6 +105,14 @@ class TritonSettings(Frozen):
         description="Longest wait for one call; a call past it is an outage of the server "
         "(the batch waits and is tried again), never a dead letter.",
     )
+    max_calls_in_flight: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="Most calls of one batch outstanding at once: a batch larger than "
+        "the model's max_batch_size goes as several calls, sent together so that the "
+        "server's instances work on them side by side; 1 sends them one after another.",
+    )
     ssl: bool = Field(default=False, description="Speak TLS to the server.")
     root_certificates: Path | None = Field(
         default=None,

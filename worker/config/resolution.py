@@ -84,7 +84,7 @@ def resolve_and_check_models(cfg: WorkerConfig, base_dir: Path, source: str) -> 
                     )
         model = p.model.model_copy(update=update)
         candidates = {
-            role: _candidate_source(spec, base_dir, f"{source}: pipelines[{i}].{role}")
+            role: _candidate_source(spec, p.model, base_dir, f"{source}: pipelines[{i}].{role}")
             for role, spec in (("canary", p.canary), ("shadow", p.shadow))
             if spec is not None
         }
@@ -137,10 +137,25 @@ def _triton_files(triton: TritonSettings, watch: bool | None, base_dir: Path) ->
     return update
 
 
-def _candidate_source(spec: CandidateSpec, base_dir: Path, where: str) -> CandidateSpec:
+def _candidate_source(
+    spec: CandidateSpec, primary: ModelSpec, base_dir: Path, where: str
+) -> CandidateSpec:
     """``model`` as a file and ``version`` set: a directory of versions resolves to its
-    highest (or pinned) one; a file needs ``version``. Raises ConfigError naming the
-    field."""
+    highest (or pinned) one; a file needs ``version``. Beside a model on a Triton server
+    the candidate is a version of it there: ``version`` only. Raises ConfigError naming
+    the field."""
+    if primary.triton is not None:
+        if spec.model is not None or spec.sha256 is not None:
+            field = "model" if spec.model is not None else "sha256"
+            raise ConfigError(
+                f"{where}.{field}: the pipeline's model is on a Triton server; its candidate "
+                "is another version of it there: give only version"
+            )
+        if spec.version is None:
+            raise ConfigError(f"{where}.version: name the version of the model on the server")
+        return spec
+    if spec.model is None:
+        raise ConfigError(f"{where}.model: the candidate ONNX file (or a directory of versions)")
     path = spec.model if spec.model.is_absolute() else base_dir / spec.model
     if path.is_dir():
         field = f"{where}.version" if spec.version is not None else f"{where}.model"

@@ -10,9 +10,7 @@ come back from the fetch as rejections.
 
 A Schema Registry that cannot give a batch its writers' schemas is waited out the same
 way by a wait of its own (``outage = SchemaRegistryError``, ``what = "schema
-registry"``): it is no fault of any record either. So is an inference server that cannot
-run a batch (``outage = InferenceServerError``, with no deadline: the batch waits, as one
-held for a fault of its model does, until the server answers or the worker stops).
+registry"``): it is no fault of any record either.
 """
 
 from __future__ import annotations

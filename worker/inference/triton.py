@@ -6,7 +6,10 @@ model's metadata and config (input and output names, datatypes, shapes,
 ``max_batch_size``) and describes its inputs as ``TensorInput``, so ``FeedPlan`` checks
 them against the pipeline's features exactly as it checks an ONNX file's. A batch is one
 gRPC ``ModelInfer`` call (KServe v2 protocol, ``tritonclient.grpc``), split at the
-server's ``max_batch_size``, each with the configured timeout.
+server's ``max_batch_size`` into calls sent together (``worker.inference.in_flight``,
+at most ``max_calls_in_flight`` outstanding), each with the configured timeout. An
+output the server reshapes from one value a row is handed on as ``[batch]``, as the
+same model run locally gives it.
 
 What a failed call means decides what happens to the batch (``call_failure``): a server
 that cannot answer (unreachable, past the timeout, overloaded, not serving the model) is
@@ -24,7 +27,7 @@ import hashlib
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,6 +36,7 @@ import numpy.typing as npt
 from worker.config import ModelSpec, TritonSettings
 from worker.errors import EngineError, InferenceServerError
 from worker.inference.engine import Example, Feeds, Outputs, TensorInput
+from worker.inference.in_flight import Answered, in_flight
 from worker.inference.outputs import output_map, unpublishable
 
 __all__ = ["TRITON_PROVIDER", "TritonEngine", "call_failure"]
@@ -134,6 +138,7 @@ class TritonEngine:
         self.settings = settings
         self.model = settings.model or spec.name
         self._timeout = settings.timeout_s
+        self._max_in_flight = settings.max_calls_in_flight
         self._headers = {k: v.get_secret_value() for k, v in settings.headers.items()}
         self._on_call = on_call or (lambda _s: None)
         self._on_error = on_error or (lambda _k: None)
@@ -154,6 +159,7 @@ class TritonEngine:
         }
         self._outputs = output_map(spec.outputs, names, self.where)
         self._wanted = list(self._outputs.values())
+        self._per_row = _per_row_scalars(config, batched)
         self._hash = hashlib.sha256(
             metadata.SerializeToString(deterministic=True)
             + config.SerializeToString(deterministic=True)
@@ -238,15 +244,17 @@ class TritonEngine:
         if largest <= 0 or rows <= largest:
             return self._call(feeds, rows)
         parts = [
-            self._call(
-                {k: v[start : start + largest] for k, v in feeds.items()},
-                min(largest, rows - start),
-            )
+            {k: v[start : start + largest] for k, v in feeds.items()}
             for start in range(0, rows, largest)
         ]
-        return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+        if self._max_in_flight <= 1:
+            answers = [self._call(part, len(next(iter(part.values())))) for part in parts]
+        else:
+            answers = self._in_flight(parts)
+        return {name: np.concatenate([p[name] for p in answers]) for name in answers[0]}
 
-    def _call(self, feeds: Feeds, rows: int) -> Outputs:
+    def _request(self, feeds: Feeds) -> tuple[list[Any], list[Any]]:
+        """The inputs and requested outputs of one call."""
         grpc = self._grpc
         requests = []
         for t, datatype in zip(self._inputs, self._datatypes, strict=True):
@@ -254,7 +262,16 @@ class TritonEngine:
             given = grpc.InferInput(t.name, list(values.shape), datatype)
             given.set_data_from_numpy(values)
             requests.append(given)
-        wanted = [grpc.InferRequestedOutput(name) for name in self._wanted]
+        return requests, [grpc.InferRequestedOutput(name) for name in self._wanted]
+
+    def _failed(self, exc: Exception, rows: int) -> InferenceServerError | EngineError:
+        """A failed call, counted and told apart (``call_failure``)."""
+        failure = call_failure(exc, f"{self.where} ({rows} rows)")
+        self._on_error("unavailable" if isinstance(failure, InferenceServerError) else "model")
+        return failure
+
+    def _call(self, feeds: Feeds, rows: int) -> Outputs:
+        requests, wanted = self._request(feeds)
         started = time.perf_counter()
         try:
             answer = self._client.infer(
@@ -266,11 +283,48 @@ class TritonEngine:
                 client_timeout=self._timeout,
             )
         except Exception as exc:
-            failure = call_failure(exc, f"{self.where} ({rows} rows)")
-            self._on_error("unavailable" if isinstance(failure, InferenceServerError) else "model")
-            raise failure from exc
+            raise self._failed(exc, rows) from exc
         finally:
             self._on_call(time.perf_counter() - started)
+        return self._read(answer)
+
+    def _in_flight(self, parts: Sequence[Feeds]) -> list[Outputs]:
+        """The parts of one batch as concurrent calls (``worker.inference.in_flight``),
+        at most ``max_calls_in_flight`` at once; a failed one fails the batch, an outage
+        before a refusal of the model."""
+
+        def send(i: int, answered: Answered) -> None:
+            requests, wanted = self._request(parts[i])
+            started = time.perf_counter()
+
+            def timed(result: Any, error: Exception | None) -> None:
+                self._on_call(time.perf_counter() - started)
+                answered(result, error)
+
+            self._client.async_infer(
+                self.model,
+                requests,
+                timed,
+                model_version=self.served_version,
+                outputs=wanted,
+                headers=self._headers,
+                client_timeout=self._timeout,
+            )
+
+        answers = in_flight(send, len(parts), self._max_in_flight, self._timeout + 5.0)
+        failures = [
+            (self._failed(a, len(next(iter(parts[i].values())))), a)
+            for i, a in enumerate(answers)
+            if isinstance(a, Exception)
+        ]
+        if failures:
+            outages = [f for f in failures if isinstance(f[0], InferenceServerError)]
+            failure, cause = (outages or failures)[0]
+            raise failure from cause
+        return [self._read(answer) for answer in answers]
+
+    def _read(self, answer: Any) -> Outputs:
+        """The outputs of one call's answer, as the worker hands them on."""
         outputs: Outputs = {}
         for field, name in self._outputs.items():
             values = answer.as_numpy(name)
@@ -278,6 +332,8 @@ class TritonEngine:
                 raise EngineError(f"model {self.where} gave no output {name!r}")
             if values.dtype.kind in "OS":  # BYTES: text, as a local model's strings
                 values = np.char.decode(values.astype(np.bytes_), "utf-8").astype(object)
+            if name in self._per_row and values.ndim == 2 and values.shape[1] == 1:
+                values = values.reshape(-1)  # one value a row, as the model gives it
             outputs[field] = values
         return outputs
 
@@ -319,6 +375,21 @@ class TritonEngine:
             1000 * (time.perf_counter() - started),
             self.max_batch_size,
         )
+
+
+def _per_row_scalars(config: Any, batched: bool) -> frozenset[str]:
+    """Outputs the model gives as one value a row (shape ``[batch]``), which a batching
+    server declares as ``dims: [1]`` with ``reshape: { shape: [] }`` (Triton's ONNX
+    Runtime backend does so for such an output) and answers as ``[batch, 1]``: the
+    engine hands them on as ``[batch]``, so a result is what the same model run locally
+    gives (a number, not a one-element list)."""
+    if not batched:
+        return frozenset()
+    return frozenset(
+        o.name
+        for o in getattr(config, "output", ())
+        if list(o.dims) == [1] and o.HasField("reshape") and not list(o.reshape.shape)
+    )
 
 
 def client_module() -> Any:

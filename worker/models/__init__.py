@@ -1,6 +1,6 @@
 """Which model a pipeline serves: loading and checking it (parts, fit), its canary and
-shadow candidates, hot reload, and their metrics; and the pipeline assembled from those
-parts (assembly)."""
+shadow candidates, hot reload, waiting at start-up for a server that runs one, and their
+metrics; and the pipeline assembled from those parts (assembly)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from worker.models.candidates import load_candidates
 from worker.models.metrics import ModelFamilies
 from worker.models.parts import LoadedModel, open_parts
 from worker.models.reloader import ModelWatch, Reloader, show_model
+from worker.models.server_start import when_served
 
 __all__ = [
     "LoadedModel",
@@ -19,4 +20,5 @@ __all__ = [
     "load_candidates",
     "open_parts",
     "show_model",
+    "when_served",
 ]

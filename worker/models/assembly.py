@@ -17,7 +17,7 @@ from typing import cast
 
 from worker.cache import OutputCache
 from worker.config import PipelineConfig
-from worker.errors import ConfigError, InferenceServerError, SchemaRegistryError
+from worker.errors import ConfigError, SchemaRegistryError
 from worker.features import FeatureStore, OneStore, StoreWait
 from worker.inference import InferenceEngine, LiveModel, ModelSlot
 from worker.pipeline import (
@@ -33,6 +33,7 @@ from worker.pipeline import (
     PipelineMetrics,
     PrepareStep,
     PublishStep,
+    ServerOutage,
     ShadowRunner,
     Steps,
 )
@@ -107,12 +108,11 @@ def build_pipeline(
         canary=canary,
         shadow=shadow,
         faults=_model_faults(config, slot, metrics, abort, on_model or _unheard),
-        server_wait=wait(
-            retry_s=None,
-            errors=None,  # the engine counts each failed call
-            on_feature_store=on_inference_server or _unheard,
-            outage=InferenceServerError,
-            what="inference server",
+        outage=ServerOutage(
+            name,
+            abort=abort,
+            on_inference_server=on_inference_server or _unheard,
+            model=lambda: slot.for_batch().identity,
         ),
     )
     dead_letters = DeadLetters(config, metrics)

@@ -44,7 +44,9 @@ def load_candidates(
 
     def load(role: str, spec: CandidateSpec, results: bool) -> LiveModel:
         model = spec.model_spec(config.model)
-        where = f"pipelines.{config.name}.{role}: model {model.path}"
+        served = model.triton
+        source = model.path if served is None else f"{served.model or model.name}:{served.version}"
+        where = f"pipelines.{config.name}.{role}: model {source}"
         try:
             loaded = load_model(config, model, warm_up=warm_up, metrics=metrics)
             fit.check(ModelFit.of(loaded), "the pipeline's model's", results=results)

@@ -16,6 +16,7 @@ from worker.pipeline.model_faults import ModelFaults, ModelFaultWait
 from worker.pipeline.prepare import PrepareStep
 from worker.pipeline.publish import PublishStep
 from worker.pipeline.result_format import result_encoder
+from worker.pipeline.server_outage import ServerOutage
 from worker.pipeline.shadow import ShadowRunner
 from worker.pipeline.steps import Pipeline, Steps
 
@@ -34,6 +35,7 @@ __all__ = [
     "PipelineMetrics",
     "PrepareStep",
     "PublishStep",
+    "ServerOutage",
     "ShadowMetrics",
     "ShadowRunner",
     "Steps",

@@ -9,9 +9,10 @@ canary's share and the rest, or the whole batch; a failing row is isolated by bi
 and refused alone, and a batch that meets a fault of the model waits for it
 (``worker.pipeline.model_faults``): the step raises ``Parked`` and is called again with
 the same batch, which is then tried on the model the slot holds. A batch whose inference
-server cannot answer (``InferenceServerError``) waits for it (``StoreWait``), each try on
-the model the slot holds then, so a version the reloader found meanwhile takes it. It runs
-on the second stage thread and produces nothing.
+server cannot answer (``InferenceServerError``) waits for it the same way
+(``worker.pipeline.server_outage``), each try on the model the slot holds then, so a
+version the reloader found meanwhile takes it. It runs on the second stage thread and
+produces nothing.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ import dataclasses
 import time
 
 from worker.cache import OutputCache
-from worker.features import StoreWait
+from worker.errors import InferenceServerError
 from worker.inference import ModelSlot, Outputs
 from worker.pipeline.canary import Canary
 from worker.pipeline.hooks import BatchHooks
 from worker.pipeline.metrics import PipelineMetrics
 from worker.pipeline.model_calls import ModelCalls
 from worker.pipeline.model_faults import ModelFault, ModelFaults, ModelFaultWait
+from worker.pipeline.server_outage import ServerOutage
 from worker.pipeline.shadow import ShadowRunner
 from worker.pipeline.values import Enriched, Scored
 
@@ -48,13 +50,13 @@ class InferStep:
         canary: Canary | None = None,
         shadow: ShadowRunner | None = None,
         faults: tuple[ModelFaults, ModelFaultWait],
-        server_wait: StoreWait | None = None,
+        outage: ServerOutage | None = None,
     ) -> None:
         self._slot = slot
         self._hooks = hooks
         self._calls = ModelCalls(hooks, faults[0])
         self._wait = faults[1]
-        self._server_wait = server_wait
+        self._outage = outage
         self._metrics = metrics
         self._cache = cache
         self._canary = canary
@@ -62,20 +64,20 @@ class InferStep:
 
     def __call__(self, enriched: Enriched) -> Scored:
         """Score ``enriched``'s rows; see ``Pipeline.infer``. Raises ``Parked`` while the
-        model is at fault: call again with the same batch (and no other of this pipeline)
-        once its wait is over."""
+        model is at fault or its inference server cannot answer: call again with the same
+        batch (and no other of this pipeline) once its wait is over."""
         if not len(enriched.rows.good):
             return Scored(enriched.rows, enriched.timings, self._slot.for_batch(), {}, {})
-        wait = self._wait
+        wait, outage = self._wait, self._outage
         if wait.holding and not wait.try_now():
             raise wait.parked()
+        if outage is not None and outage.holding and not outage.try_now():
+            raise outage.parked()
         started = _perf()
-        server_wait = self._server_wait
-        if server_wait is None:
-            scored = self._score(enriched)
-        else:
-            scored = server_wait.call(lambda: self._score(enriched))
+        scored = self._score(enriched)
         wait.released()
+        if outage is not None:
+            outage.released()
         infer_ms = (_perf() - started) * 1000.0
         self._metrics.infer_seconds.observe(infer_ms / 1000.0)
         return dataclasses.replace(
@@ -84,7 +86,7 @@ class InferStep:
 
     def _score(self, enriched: Enriched) -> Scored:
         """One try of the batch on the model the slot holds now; a fault of the model
-        holds the batch (raises ``Parked``)."""
+        or a server that cannot answer holds the batch (raises ``Parked``)."""
         live = self._slot.for_batch()
         rows, feeds = enriched.rows, enriched.feeds
         shadow = self._shadow
@@ -108,6 +110,10 @@ class InferStep:
                 self._metrics.canary_records.inc(int(split.sum()))
         except ModelFault as fault:
             raise self._wait.held(fault, live.identity) from None
+        except InferenceServerError as down:
+            if self._outage is None:
+                raise
+            raise self._outage.held(down, live.identity) from None
         if shadow is None:  # the feeds are let go here: nothing after the model reads them
             return Scored(rows, enriched.timings, live, outputs, failed, candidate, settled)
         return Scored(

@@ -121,10 +121,11 @@ class Pipeline:
         bisection and becomes a dead letter, the others still publish. The slot is read
         here, once: the whole batch runs on (and names) one model version.
 
-        Raises ``Parked`` while the model is at fault (``worker.pipeline.model_faults``):
+        Raises ``Parked`` while the model is at fault (``worker.pipeline.model_faults``)
+        or its inference server cannot answer (``worker.pipeline.server_outage``):
         nothing of the batch is refused; call ``infer`` with it again after the wait the
-        ``Parked`` names, before any other batch of this pipeline. Raises ModelFault on
-        that call once ``abort`` is set."""
+        ``Parked`` names, before any other batch of this pipeline. Raises ModelFault (or
+        the server's InferenceServerError) on that call once ``abort`` is set."""
         return self._infer(enriched)
 
     def publish(self, scored: Scored, sink: Sink, tracker: DeliveryTracker) -> None:
