@@ -1,12 +1,12 @@
 """Workers on three Kafka brokers (replication factor 3, min.insync.replicas 2) under
-steady load while the broker leading most request partitions is SIGKILLed and then the
-group coordinator's broker is restarted: the fault harness's ``cluster-*`` scenarios.
+steady load through broker faults: the fault harness's ``cluster-*`` scenarios.
 
-Exactly-once on the cluster is not in the suite yet: with its coordinator's broker
-restarted a worker exits (fenced as a static member when it rejoins), and under a
-leader kill that spares the coordinator a worker did not exit cleanly in one run of the
-suite (nothing lost or repeated). Both are the harness's scenarios for now
-(``cluster-leader-kill-exactly-once``, ``cluster-failover-exactly-once``)."""
+At-least-once: the broker leading most request partitions is SIGKILLed, then the group
+coordinator's broker is restarted. Exactly-once: the group coordinator's broker (a leader
+of request partitions too) is SIGKILLed, so every static member's session times out and
+librdkafka fences it (``worker.errors.MemberFenced``): each such worker starts again in
+place by itself; then the new coordinator's broker is restarted. A read_committed reader
+sees every result once."""
 
 from __future__ import annotations
 
@@ -59,4 +59,21 @@ def test_at_least_once_rides_out_a_leader_kill_and_a_coordinator_restart(
 ) -> None:
     report = chaos.broker_failover_scenario(env, 3000)
     _assert_whole(report, faults=2)
+    assert report["clean_exits"] is True, report
+
+
+@pytest.mark.timeout(600)
+def test_exactly_once_rides_out_a_coordinator_kill_and_a_coordinator_restart(
+    env: chaos.Env,
+) -> None:
+    report = chaos.broker_failover_scenario(
+        env,
+        2000,
+        exactly_once=True,
+        kill_coordinator=True,
+        name="cluster-coordinator-kill-eos",
+    )
+    _assert_whole(report, faults=2)
+    assert report["duplicates"] == 0, report
+    # nobody restarts the workers: a fenced one started again in place, and all stop cleanly
     assert report["clean_exits"] is True, report
