@@ -333,8 +333,11 @@ class Stream:
 class Readout:
     results: Counter[str] = field(default_factory=Counter)
     result_times: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
-    result_sources: dict[str, str] = field(default_factory=dict)
-    """Request id -> the source partition/offset its result names (the last one read)."""
+    """Source partition/offset -> the timestamps of the results that name it."""
+    request_sources: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    """Request id -> every source partition/offset its results name: more than one when
+    the request producer wrote the request twice (an idempotent producer may, after a
+    request timeout bumps its epoch); each copy is a request of its own."""
     dead_letters: Counter[str] = field(default_factory=Counter)
     dead_letter_codes: Counter[str] = field(default_factory=Counter)
     order_inversions: int = 0
@@ -418,13 +421,14 @@ def read_outcomes(
                 if msg.topic() == results:
                     rid = doc["id"]
                     out.results[rid] += 1
-                    out.result_times[rid].append(msg.timestamp()[1])
                     missing.discard(rid)
                     headers = dict(msg.headers() or [])
                     src_partition = int(headers["streamfer.source_partition"] or b"0")
                     src_offset = int(headers["streamfer.source_offset"] or b"0")
                     sequences[(msg.partition() or 0, src_partition)].append(src_offset)
-                    out.result_sources[rid] = f"{src_partition}/{src_offset}"
+                    source = f"{src_partition}/{src_offset}"
+                    out.result_times[source].append(msg.timestamp()[1])
+                    out.request_sources[rid].add(source)
                 else:
                     src = doc["source"]
                     pos = f"{src['topic']}/{src['partition']}/{src['offset']}"
@@ -599,7 +603,8 @@ class Run:
         lost = [i for i in good if i not in readout.results] + [
             p for p in bad_positions if p not in readout.dead_letters
         ]
-        duplicates = sum(n - 1 for n in readout.results.values() if n > 1) + sum(
+        # a duplicate is a second outcome of one request record, not of one request id
+        duplicates = sum(len(t) - 1 for t in readout.result_times.values()) + sum(
             n - 1 for n in readout.dead_letters.values() if n > 1
         )
         per_fault: Counter[int] = Counter()
@@ -622,8 +627,11 @@ class Run:
             "duplicates": duplicates,
             "max_duplicates_per_fault": max(per_fault.values(), default=0),
             "duplicated_sources": sorted(
-                readout.result_sources[rid] for rid, n in readout.results.items() if n > 1
+                source for source, times in readout.result_times.items() if len(times) > 1
             )[:20],
+            "requests_written_twice": sum(
+                len(sources) - 1 for sources in readout.request_sources.values()
+            ),
             "order_inversions": readout.order_inversions,
             "committed_at_end": not short,
             "short_of_log_end": short,
