@@ -25,6 +25,13 @@ timeout, 9 s) and the workers' clients refresh their metadata; a restarted coord
 moves the group to another broker, whose members rejoin within a session timeout (6 s).
 Each wait may stretch on two busy cores; past this, a partition was stuck."""
 
+EXACTLY_ONCE_SERVED_AGAIN_BOUND_S = 80.0
+"""Exactly-once, the coordinator's broker killed: librdkafka can wait for good in
+``send_offsets_to_transaction`` then, and the worker gives the call up 40 s after it was
+made (its 30 s timeout and a 10 s margin), starts again in place (1 s backoff, about
+10 s to start on two busy cores) and rejoins within a session timeout (6 s); the fenced
+members start again at once. Past this, a partition was stuck."""
+
 
 @pytest.fixture(scope="module")
 def env(kafka_cluster: KafkaCluster) -> Iterator[chaos.Env]:
@@ -39,7 +46,9 @@ def no_worker_left_behind() -> Iterator[None]:
         chaos._LIVE.pop().kill()
 
 
-def _assert_whole(report: dict[str, object], faults: int) -> None:
+def _assert_whole(
+    report: dict[str, object], faults: int, bound_s: float = SERVED_AGAIN_BOUND_S
+) -> None:
     assert report["lost"] == 0, report
     assert report["dead_letters"] == 0, report
     assert not report["stalled_partitions"], report
@@ -47,7 +56,7 @@ def _assert_whole(report: dict[str, object], faults: int) -> None:
     served = report["served_again_s"]
     assert isinstance(served, list) and len(served) == faults, report
     # None: the sampler got no figure (its own reads failed); the stall check still holds
-    assert all(s is None or s < SERVED_AGAIN_BOUND_S for s in served), report
+    assert all(s is None or s < bound_s for s in served), report
     # the workers' real logs: each broker outage is a warning, no refused connection an error
     assert report["connection_errors_logged"] == 0, report
     assert isinstance(report["outage_warnings"], int) and report["outage_warnings"] >= 1, report
@@ -73,7 +82,7 @@ def test_exactly_once_rides_out_a_coordinator_kill_and_a_coordinator_restart(
         kill_coordinator=True,
         name="cluster-coordinator-kill-eos",
     )
-    _assert_whole(report, faults=2)
+    _assert_whole(report, faults=2, bound_s=EXACTLY_ONCE_SERVED_AGAIN_BOUND_S)
     assert report["duplicates"] == 0, report
     # nobody restarts the workers: a fenced one started again in place, and all stop cleanly
     assert report["clean_exits"] is True, report
