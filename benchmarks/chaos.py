@@ -24,8 +24,10 @@ as the ``--processes`` supervisor or Kubernetes would.
 
 ``--cluster`` runs on three Kafka nodes (``streamfer_dev.kafka_cluster``: replication
 factor 3, ``min.insync.replicas = 2``) instead of one; the ``cluster-*`` scenarios need
-it and hurt single brokers: the leader of most request partitions, the group's
-coordinator. ``sentinel-failover`` kills the Redis primary under Sentinel.
+it and hurt brokers as ``benchmarks.cluster_faults`` says: the leader of most request
+partitions, the group's coordinator, each broker in a rolling restart, the controller
+quorum's leader, two brokers at once. ``sentinel-failover`` kills the Redis primary
+under Sentinel.
 """
 
 from __future__ import annotations
