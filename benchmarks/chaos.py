@@ -24,8 +24,10 @@ as the ``--processes`` supervisor or Kubernetes would.
 
 ``--cluster`` runs on three Kafka nodes (``streamfer_dev.kafka_cluster``: replication
 factor 3, ``min.insync.replicas = 2``) instead of one; the ``cluster-*`` scenarios need
-it and hurt single brokers: the leader of most request partitions, the group's
-coordinator. ``sentinel-failover`` kills the Redis primary under Sentinel.
+it and hurt brokers as ``benchmarks.cluster_faults`` says: the leader of most request
+partitions, the group's coordinator, each broker in a rolling restart, the controller
+quorum's leader, two brokers at once. ``sentinel-failover`` kills the Redis primary
+under Sentinel.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ import orjson
 import redis
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
-from benchmarks import netfaults
+from benchmarks import cluster_faults, netfaults
 from benchmarks.fault_models import make_poison_model, make_slow_model
 from benchmarks.served_again import OffsetHistory
 from streamfer_dev.harness import (
@@ -333,8 +335,11 @@ class Stream:
 class Readout:
     results: Counter[str] = field(default_factory=Counter)
     result_times: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
-    result_sources: dict[str, str] = field(default_factory=dict)
-    """Request id -> the source partition/offset its result names (the last one read)."""
+    """Source partition/offset -> the timestamps of the results that name it."""
+    request_sources: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    """Request id -> every source partition/offset its results name: more than one when
+    the request producer wrote the request twice (an idempotent producer may, after a
+    request timeout bumps its epoch); each copy is a request of its own."""
     dead_letters: Counter[str] = field(default_factory=Counter)
     dead_letter_codes: Counter[str] = field(default_factory=Counter)
     order_inversions: int = 0
@@ -418,13 +423,14 @@ def read_outcomes(
                 if msg.topic() == results:
                     rid = doc["id"]
                     out.results[rid] += 1
-                    out.result_times[rid].append(msg.timestamp()[1])
                     missing.discard(rid)
                     headers = dict(msg.headers() or [])
                     src_partition = int(headers["streamfer.source_partition"] or b"0")
                     src_offset = int(headers["streamfer.source_offset"] or b"0")
                     sequences[(msg.partition() or 0, src_partition)].append(src_offset)
-                    out.result_sources[rid] = f"{src_partition}/{src_offset}"
+                    source = f"{src_partition}/{src_offset}"
+                    out.result_times[source].append(msg.timestamp()[1])
+                    out.request_sources[rid].add(source)
                 else:
                     src = doc["source"]
                     pos = f"{src['topic']}/{src['partition']}/{src['offset']}"
@@ -599,7 +605,8 @@ class Run:
         lost = [i for i in good if i not in readout.results] + [
             p for p in bad_positions if p not in readout.dead_letters
         ]
-        duplicates = sum(n - 1 for n in readout.results.values() if n > 1) + sum(
+        # a duplicate is a second outcome of one request record, not of one request id
+        duplicates = sum(len(t) - 1 for t in readout.result_times.values()) + sum(
             n - 1 for n in readout.dead_letters.values() if n > 1
         )
         per_fault: Counter[int] = Counter()
@@ -622,8 +629,11 @@ class Run:
             "duplicates": duplicates,
             "max_duplicates_per_fault": max(per_fault.values(), default=0),
             "duplicated_sources": sorted(
-                readout.result_sources[rid] for rid, n in readout.results.items() if n > 1
+                source for source, times in readout.result_times.items() if len(times) > 1
             )[:20],
+            "requests_written_twice": sum(
+                len(sources) - 1 for sources in readout.request_sources.values()
+            ),
             "order_inversions": readout.order_inversions,
             "committed_at_end": not short,
             "short_of_log_end": short,
@@ -808,45 +818,35 @@ def sentinel_failover_scenario(env: Env, records: int) -> dict[str, Any]:
         group.stop()
 
 
-def broker_failover_scenario(
+def cluster_scenario(
     env: Env,
     records: int,
+    fault: cluster_faults.ClusterFault,
     *,
     exactly_once: bool = False,
-    coordinator: bool = True,
-    spare_coordinator: bool = False,
-    name: str = "cluster-failover",
+    name: str,
+    seconds: float = 60.0,
 ) -> dict[str, Any]:
-    """On the three-node cluster under steady load, 2 workers: SIGKILL the broker leading
-    most request partitions, start it again once the others took over, and (with
-    ``coordinator``) when every replica is back in sync restart (SIGTERM) the broker
-    coordinating the group. ``spare_coordinator``: the leader killed is one that does
-    not coordinate the group. ``served_again_s`` per fault; from the workers' logs,
+    """On the three-node cluster, 2 workers under a steady load of ``records`` over
+    ``seconds`` while ``fault`` (``benchmarks.cluster_faults``) hurts brokers.
+    ``served_again_s`` per fault; ``hurt``, what it did; from the workers' logs,
     ``connection_errors_logged`` (ERROR lines about a lost connection: a broker outage
-    is one warning, ``outage_warnings``) and ``back_lines``."""
-    cluster = env.cluster
+    is one warning, ``outage_warnings``), ``back_lines`` and ``recoveries`` (starts again
+    in place, ``worker.ops.recovery``)."""
     run = Run(env, name, records, exactly_once=exactly_once)
     fleet = run.fleet()
     requests, good, _ = run.requests()
     run.start_workers(fleet, 2)
     run.track_recovery()
-    stream = run.stream(requests, rate=records / 60.0)
-    hurt: list[str] = []
-    topics = [run.requests_topic, run.results_topic]
-    for n in _spread(stream, 2 if coordinator else 1):
-        run.fault()
-        if n == 0:
-            spared = frozenset({cluster.coordinator_of(run.group)} if spare_coordinator else ())
-            node = cluster.leader_of_most(run.requests_topic, spared)
-            cluster.kill_node(node)
-            time.sleep(SESSION_TIMEOUT_MS / 1000)  # the others lead and coordinate meanwhile
-            hurt.append(f"killed leader {node}")
-        else:
-            node = cluster.coordinator_of(run.group)
-            cluster.stop_node(node)
-            hurt.append(f"restarted coordinator {node}")
-        cluster.start_node(node)
-        cluster.wait_in_sync(topics)
+    stream = run.stream(requests, rate=records / seconds)
+    target = cluster_faults.Target(
+        env.cluster,
+        run.group,
+        (run.requests_topic, run.results_topic),
+        run.fault,
+        functools.partial(_spread, stream),
+    )
+    hurt = fault(target)
     stream.join()
     logs = fleet.logs_text().splitlines()
     report = run.report(fleet, good, set(), hurt=hurt)
@@ -856,7 +856,30 @@ def broker_failover_scenario(
     report["connection_error_lines"] = errors[:5]
     report["outage_warnings"] = sum(1 for line in logs if "is unreachable (" in line)
     report["back_lines"] = sum(1 for line in logs if "is up again after" in line)
+    report["recoveries"] = sum(1 for line in logs if RECOVERED_LOGGED in line)
     return report
+
+
+def broker_failover_scenario(
+    env: Env,
+    records: int,
+    *,
+    exactly_once: bool = False,
+    coordinator: bool = True,
+    spare_coordinator: bool = False,
+    kill_coordinator: bool = False,
+    name: str = "cluster-failover",
+) -> dict[str, Any]:
+    """``cluster_scenario`` with ``leader_kill_then_coordinator_restart``: SIGKILL the
+    broker leading most request partitions (or the group coordinator's), then restart
+    the group coordinator's."""
+    fault = functools.partial(
+        cluster_faults.leader_kill_then_coordinator_restart,
+        coordinator=coordinator,
+        spare_coordinator=spare_coordinator,
+        kill_coordinator=kill_coordinator,
+    )
+    return cluster_scenario(env, records, fault, exactly_once=exactly_once, name=name)
 
 
 def slow_model_scenario(env: Env, records: int) -> dict[str, Any]:
@@ -1123,6 +1146,18 @@ SCENARIOS: dict[str, tuple[Scenario, int, str]] = {
         "exactly-once: SIGKILL the leader of most request partitions that does not "
         "coordinate the group (--cluster)",
     ),
+    "cluster-coordinator-kill-exactly-once": (
+        lambda env, n: broker_failover_scenario(
+            env,
+            n,
+            exactly_once=True,
+            kill_coordinator=True,
+            name="cluster-coordinator-kill-exactly-once",
+        ),
+        6_000,
+        "exactly-once: SIGKILL the group coordinator's broker (every session times out), "
+        "then restart the new coordinator's (--cluster)",
+    ),
     "sentinel-failover": (
         sentinel_failover_scenario,
         6_000,
@@ -1154,6 +1189,40 @@ def _net_variants() -> Iterator[tuple[str, tuple[Scenario, int, str]]]:
 
 
 SCENARIOS.update(_net_variants())
+
+CLUSTER_FAULTS: dict[str, tuple[cluster_faults.ClusterFault, float, str]] = {
+    "rolling-restart": (
+        cluster_faults.rolling_restart,
+        150.0,
+        "SIGTERM each broker in turn, the next once all replicas are back in sync",
+    ),
+    "controller-kill": (
+        cluster_faults.controller_leader_kill,
+        60.0,
+        "SIGKILL the controller quorum's leader",
+    ),
+    "two-down": (
+        cluster_faults.two_brokers_down,
+        60.0,
+        "SIGKILL two of three brokers for 20 s: below min.insync.replicas, produce waits",
+    ),
+}
+"""Cluster faults run as ``cluster-<name>`` and ``cluster-<name>-exactly-once``: the
+fault, the seconds the load lasts (it outlasts the fault), what it does."""
+
+
+def _cluster_variants() -> Iterator[tuple[str, tuple[Scenario, int, str]]]:
+    for fault_name, (fault, seconds, text) in CLUSTER_FAULTS.items():
+        for eos, suffix in ((False, ""), (True, "-exactly-once")):
+            name = f"cluster-{fault_name}{suffix}"
+            run = functools.partial(
+                cluster_scenario, fault=fault, exactly_once=eos, name=name, seconds=seconds
+            )
+            mode = "exactly-once, read_committed" if eos else "at-least-once"
+            yield name, (run, int(seconds * 100), f"three brokers: {text}; {mode} (--cluster)")
+
+
+SCENARIOS.update(_cluster_variants())
 
 
 def run_scenario(name: str, records: int | None = None, env: Env | None = None) -> dict[str, Any]:

@@ -20,6 +20,9 @@ from benchmarks import netfaults
 
 __all__ = ["OffsetHistory"]
 
+_FRESH_AFTER = 6
+"""Failed samples in a row after which the sampler's client is replaced."""
+
 Sample = tuple[float, dict[int, int], dict[int, int]]
 """(wall-clock seconds, committed offset per partition, log end per partition)."""
 
@@ -30,7 +33,8 @@ class OffsetHistory:
     def __init__(
         self, bootstrap: str, group: str, topic: str, partitions: int, every_s: float = 0.5
     ) -> None:
-        self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+        self._conf = {"bootstrap.servers": bootstrap, "group.id": group}
+        self._consumer = Consumer(self._conf)
         self._parts = [TopicPartition(topic, p) for p in range(partitions)]
         self._every_s = every_s
         self._samples: list[Sample] = []
@@ -47,13 +51,23 @@ class OffsetHistory:
         self._consumer.close()
 
     def _run(self) -> None:
-        consumer, parts = self._consumer, self._parts
+        parts = self._parts
+        failures = 0
         while not self._stop.wait(self._every_s):
+            consumer = self._consumer
             try:
                 committed = {tp.partition: tp.offset for tp in consumer.committed(parts, 5)}
                 ends = {tp.partition: consumer.get_watermark_offsets(tp, 5)[1] for tp in parts}
             except KafkaException:  # a coordinator moving, say: the next sample
+                failures += 1
+                if failures >= _FRESH_AFTER:
+                    # a client that lost every broker at once can keep failing after they
+                    # are back (seen with two of three brokers killed): start a new one
+                    failures = 0
+                    self._consumer = Consumer(self._conf)
+                    consumer.close()
                 continue
+            failures = 0
             self._samples.append((time.time(), committed, ends))
 
     def after(self, fault_s: float) -> float | None:

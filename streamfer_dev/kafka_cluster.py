@@ -12,6 +12,7 @@ hurt the one that matters. The heaps are small (384 MB each, C1 only, as
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import tempfile
 import time
@@ -84,9 +85,24 @@ class KafkaCluster:
         future = admin.describe_consumer_groups([group], request_timeout=10)[group]
         return int(future.result().coordinator.id)
 
-    def wait_in_sync(self, topics: list[str], timeout: float = 120.0) -> None:
-        """Until every partition of ``topics`` has all its replicas in sync (a restarted
-        node has caught up), so that the next fault starts from a whole cluster."""
+    def quorum_leader(self) -> int:
+        """The node leading the controller quorum, as the nodes last recorded it (each
+        writes the leader it knows to its ``quorum-state`` file; the newest epoch wins)."""
+        best = (-1, -1)
+        for node_id in self.nodes:
+            path = self.work / f"node-{node_id}" / "data" / "__cluster_metadata-0" / "quorum-state"
+            with contextlib.suppress(OSError, ValueError):
+                state = json.loads(path.read_text())
+                if int(state["leaderId"]) >= 0:  # -1: an election under way
+                    best = max(best, (int(state["leaderEpoch"]), int(state["leaderId"])))
+        if best[1] < 0:
+            raise StackError("no node has recorded a controller quorum leader")
+        return best[1]
+
+    def wait_in_sync(self, topics: list[str] | None, timeout: float = 120.0) -> None:
+        """Until every partition of ``topics`` (None: of every topic, the internal ones
+        too) has all its replicas in sync (a restarted node has caught up), so that the
+        next fault starts from a whole cluster."""
         admin = self._admin()
         deadline = time.monotonic() + timeout
         short: list[str] = []
@@ -94,7 +110,7 @@ class KafkaCluster:
             short = []
             with contextlib.suppress(Exception):
                 meta = admin.list_topics(timeout=5)
-                for topic in topics:
+                for topic in meta.topics if topics is None else topics:
                     for p in meta.topics[topic].partitions.values():
                         if len(p.isrs) < len(p.replicas):
                             short.append(f"{topic}[{p.id}] isr {p.isrs}")

@@ -9,6 +9,8 @@ stage that refuses it returns why, and it becomes a dead letter.
     │   ├── FeatureStoreConfigError  Redis refuses how it is used (ACL, AUTH, cluster)
     │   └── ModelMismatchError       the config does not fit the model's inputs
     ├── SourceError            the consumer failed (fatal Kafka error)
+    │   └── MemberFenced       the group fenced this static member; the worker starts
+    │                          again in place and joins as that member anew
     ├── FeatureStoreError      the feature store is unreachable or answered nonsense
     ├── SchemaRegistryError    the Schema Registry is unreachable or refuses the worker
     ├── EngineError            the model could not be loaded or run
@@ -36,6 +38,7 @@ __all__ = [
     "FeatureStoreConfigError",
     "FeatureStoreError",
     "InferenceServerError",
+    "MemberFenced",
     "ModelMismatchError",
     "ProducerUnusable",
     "SchemaRegistryError",
@@ -74,6 +77,15 @@ class ModelMismatchError(ConfigError):
 
 class SourceError(StreamferError):
     """The Kafka consumer reported a fatal error."""
+
+
+class MemberFenced(SourceError):
+    """The group fenced this consumer as a static member (``group_instance_id``). After a
+    session timeout librdkafka drops its member id and heartbeats without it, and the
+    coordinator fences it for that: the "other member" is the worker itself
+    (confluentinc/librdkafka issue 3437), as after a coordinator's broker died. The
+    consumer is beyond use, so ``streamfer run`` starts again in place
+    (``worker.ops.recovery``) and joins as the same member, from the committed offsets."""
 
 
 class FeatureStoreError(StreamferError):

@@ -77,7 +77,7 @@ def test_an_exactly_once_worker_starts_itself_again_after_an_outage_past_its_tra
     run.start_workers(fleet, 1)
     [worker] = fleet.workers
     pid = worker.pid
-    assert recoveries(port) == {"call_stalled": 0.0, "producer_unusable": 0.0}
+    assert set(recoveries(port).values()) == {0.0}
     stream = run.stream(requests, rate=100)
     time.sleep(4)  # results flow, transactions commit
     assert env.proxy is not None

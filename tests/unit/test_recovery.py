@@ -146,3 +146,15 @@ def test_each_reason_is_counted_apart() -> None:
     assert _count(registry) == 2.0
     fenced = {"reason": "producer_unusable"}
     assert registry.get_sample_value("streamfer_recoveries_total", fenced) == 1.0
+
+
+def test_a_fenced_member_is_a_reason_of_its_own() -> None:
+    clock, execve = _Clock(), _Exec()
+    _recoveries({}, clock, execve).restart(
+        "member_fenced", "fenced after its session timed out", lambda: False
+    )
+    registry = CollectorRegistry()
+    _recoveries(execve.calls[0][2], _Clock(), _Exec(), registry)
+    fenced = {"reason": "member_fenced"}
+    assert registry.get_sample_value("streamfer_recoveries_total", fenced) == 1.0
+    assert _count(registry) == 0.0

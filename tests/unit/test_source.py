@@ -15,8 +15,8 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from worker.config import KafkaSettings
 from worker.core.types import PartitionKey
-from worker.errors import SourceError
-from worker.kafka.source import Source, consumer_config
+from worker.errors import MemberFenced, SourceError
+from worker.kafka.source import Source, consumer_config, fatal_error
 
 
 class Record:
@@ -116,6 +116,22 @@ def test_partition_eof_is_dropped_and_fatal_errors_raise() -> None:
     src, _ = source([Record(0, fatal)])
     with pytest.raises(SourceError, match="fatal consumer error"):
         src.consume_first(10, 0.1)
+
+
+def test_a_fenced_static_member_is_told_apart_so_the_worker_starts_again_in_place() -> None:
+    # librdkafka hands the fence over as _FATAL, the cause only in its text
+    text = (
+        "Fatal error: Broker: Static consumer fenced by other consumer with same "
+        "group.instance.id: Fatal consumer error: Broker: Static consumer fenced by other "
+        "consumer with same group.instance.id"
+    )
+    src, _ = source([Record(0, KafkaError(KafkaError._FATAL, text, fatal=True))])
+    with pytest.raises(MemberFenced, match="session timeout") as raised:
+        src.consume_first(10, 0.1)
+    assert isinstance(raised.value, SourceError)
+    assert isinstance(fatal_error(KafkaError(KafkaError.FENCED_INSTANCE_ID)), MemberFenced)
+    other = fatal_error(KafkaError(KafkaError._FATAL, "unsupported feature", fatal=True))
+    assert not isinstance(other, MemberFenced)
 
 
 def test_first_record_of_a_partition_revoked_meanwhile_is_dropped() -> None:

@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING, NoReturn
 
 from worker.cli.signals import install_reload_signal, install_signal_handlers
 from worker.core import __version__
-from worker.errors import CallStalled, ConfigError, ProducerUnusable, StreamferError
+from worker.errors import (
+    CallStalled,
+    ConfigError,
+    MemberFenced,
+    ProducerUnusable,
+    StreamferError,
+)
 
 if TYPE_CHECKING:
     from worker.config import WorkerConfig
@@ -104,6 +110,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         _recover("worker stopped", exc, recoveries, stopping)
     except ProducerUnusable as exc:
         recoveries.restart("producer_unusable", f"worker stopped: {exc}", stopping)
+        log.error("worker stopped: %s", exc)
+        return 1
+    except MemberFenced as exc:
+        recoveries.restart("member_fenced", f"worker stopped: {exc}", stopping)
         log.error("worker stopped: %s", exc)
         return 1
     except StreamferError as exc:

@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from worker.config import KafkaSettings
 from worker.core import PartitionKey
-from worker.errors import SourceError
+from worker.errors import MemberFenced, SourceError
 from worker.kafka.client_logs import KAFKA_LOG
 
 __all__ = [
@@ -72,12 +72,12 @@ _FATAL_HINTS = {
         "until that one leaves or the broker's group.consumer.session.timeout.ms expires "
         "it: a restart after that joins"
     ),
-    "same group.instance.id": (
-        "another member joined with this group_instance_id and took its place: two "
-        "workers must never share one"
-    ),
 }
 """What a fatal error means for a worker, where the broker's words alone do not say."""
+
+_FENCED_MEMBER = "same group.instance.id"
+"""How librdkafka words FENCED_INSTANCE_ID; its fatal error arrives as ``_FATAL`` with
+the cause only in the text."""
 
 
 def is_fatal(err: KafkaError) -> bool:
@@ -87,8 +87,16 @@ def is_fatal(err: KafkaError) -> bool:
 
 
 def fatal_error(err: KafkaError) -> SourceError:
-    """The ``SourceError`` that stops the worker for ``err``, with what it means."""
+    """The ``SourceError`` that stops the worker for ``err``, with what it means: a
+    ``MemberFenced`` for a static member the group fenced, which starts again in place."""
     text = err.str()
+    if err.code() == KafkaError.FENCED_INSTANCE_ID or _FENCED_MEMBER in text:
+        return MemberFenced(
+            f"fatal consumer error: {text}. librdkafka fences its own static member after a "
+            "session timeout (it heartbeats without its member id), as when the group "
+            "coordinator's broker went away; if this repeats with no broker fault, two "
+            "workers share this group_instance_id; stopping"
+        )
     hint = next((h for cause, h in _FATAL_HINTS.items() if cause in text), None)
     return SourceError(
         f"fatal consumer error: {text}" + (f". {hint}" if hint else "") + "; stopping"

@@ -4,7 +4,10 @@ A transactional call that outlives its timeout (``worker.kafka.call_watch``) lea
 producer stuck inside librdkafka: the call cannot be cancelled, and closing the client
 would wait on the same call. A broker outage longer than ``transaction.timeout.ms``
 leaves it fenced instead (the coordinator aborts the transaction and bumps the epoch:
-``ProducerUnusable``), and a fenced producer is never usable again. Rather than exit
+``ProducerUnusable``), and a fenced producer is never usable again. A static member
+(``group.instance.id``) whose session timed out, as when its group coordinator's broker
+dies, is fenced by the group because librdkafka heartbeats without its member id
+(``MemberFenced``), and a fenced consumer is as final. Rather than exit
 and hope for an outside restart policy,
 ``streamfer run`` replaces its process image with a fresh one (``os.execve`` of the same
 command line, same PID): every thread and socket of the old clients ends with the old
@@ -45,11 +48,17 @@ log = logging.getLogger(__name__)
 RECOVERY_ENV = "STREAMFER_RECOVERY"
 """Set by a worker for the image that replaces it: its recoveries so far."""
 
-RecoveryReason = Literal["call_stalled", "producer_unusable"]
-RECOVERY_REASONS: tuple[RecoveryReason, ...] = ("call_stalled", "producer_unusable")
+RecoveryReason = Literal["call_stalled", "producer_unusable", "member_fenced"]
+RECOVERY_REASONS: tuple[RecoveryReason, ...] = (
+    "call_stalled",
+    "producer_unusable",
+    "member_fenced",
+)
 """``call_stalled``: a transactional call outlived its timeout plus a margin;
 ``producer_unusable``: the transactional producer was fenced or failed for good (an
-outage past ``transaction.timeout.ms`` has the coordinator bump its epoch)."""
+outage past ``transaction.timeout.ms`` has the coordinator bump its epoch);
+``member_fenced``: the group fenced the consumer as a static member, which librdkafka
+brings on itself after a session timeout (``worker.errors.MemberFenced``)."""
 
 _STEP_S = 0.1
 
@@ -118,8 +127,9 @@ class Recoveries:
             "Times this worker started itself again in place (same PID) to get back to "
             "serving by itself, by reason (call_stalled: a transactional Kafka call "
             "outlived its timeout; producer_unusable: the transactional producer was fenced "
-            "or failed for good, as after an outage longer than transaction.timeout.ms); "
-            "kept across those restarts",
+            "or failed for good, as after an outage longer than transaction.timeout.ms; "
+            "member_fenced: the group fenced the consumer as a static member, as librdkafka "
+            "brings on itself after a session timeout); kept across those restarts",
             ["reason"],
             registry=registry,
         )

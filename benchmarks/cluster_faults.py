@@ -1,0 +1,139 @@
+"""What the cluster scenarios of the fault harness do to three Kafka brokers.
+
+Each fault is the sequence an operator, or bad luck, runs against a cluster under load:
+a leader killed, the group coordinator's broker restarted, a rolling restart, the
+controller quorum's leader killed, two brokers down at once. It takes a ``Target`` (the
+cluster, the group under load and its topics, and two hooks of the harness: ``mark``
+stamps a fault's moment for the served-again figures, ``spread(n)`` paces n steps over
+the stream) and returns one line per step saying what it hurt. ``benchmarks.chaos``
+runs the load and counts; these only hurt the cluster.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from streamfer_dev.kafka_cluster import REPLICAS, KafkaCluster
+
+__all__ = [
+    "ClusterFault",
+    "Target",
+    "controller_leader_kill",
+    "leader_kill_then_coordinator_restart",
+    "rolling_restart",
+    "two_brokers_down",
+]
+
+TAKEOVER_S = 6.0
+"""How long a killed broker stays away before it starts again: the others lead and
+coordinate meanwhile (the controller fences it after ``broker.session.timeout.ms``)."""
+
+LEAD_S = 8.0
+"""Load before the first fault of a sequence that does not spread its steps."""
+
+BELOW_MIN_ISR_S = 20.0
+"""How long two of three brokers stay down: below ``min.insync.replicas = 2`` the last
+one accepts no write, so producers wait rather than fail."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """The cluster under load and the harness's hooks; ``topics`` lists the requests
+    topic first."""
+
+    cluster: KafkaCluster
+    group: str
+    topics: tuple[str, ...]
+    mark: Callable[[], None]
+    spread: Callable[[int], Iterator[int]]
+
+
+ClusterFault = Callable[[Target], list[str]]
+
+
+def leader_kill_then_coordinator_restart(
+    target: Target,
+    *,
+    coordinator: bool = True,
+    spare_coordinator: bool = False,
+    kill_coordinator: bool = False,
+) -> list[str]:
+    """SIGKILL the broker leading most request partitions, start it again once the others
+    took over, and (with ``coordinator``) when every replica is back in sync restart
+    (SIGTERM) the broker coordinating the group. ``spare_coordinator``: the leader killed
+    is one that does not coordinate the group; ``kill_coordinator``: the broker killed is
+    the group's coordinator (a leader of request partitions too), so every member's
+    session times out before the group moves."""
+    cluster = target.cluster
+    hurt: list[str] = []
+    for n in target.spread(2 if coordinator else 1):
+        target.mark()
+        if n == 0:
+            what = "leader"
+            if kill_coordinator:
+                node, what = cluster.coordinator_of(target.group), "coordinator"
+            else:
+                spared = frozenset(
+                    {cluster.coordinator_of(target.group)} if spare_coordinator else ()
+                )
+                node = cluster.leader_of_most(target.topics[0], spared)
+            cluster.kill_node(node)
+            time.sleep(TAKEOVER_S)
+            hurt.append(f"killed {what} {node}")
+        else:
+            node = cluster.coordinator_of(target.group)
+            cluster.stop_node(node)
+            hurt.append(f"restarted coordinator {node}")
+        cluster.start_node(node)
+        cluster.wait_in_sync(list(target.topics))
+    return hurt
+
+
+def rolling_restart(target: Target) -> list[str]:
+    """SIGTERM each broker in turn and start it again, the next one only once every
+    replica (the internal topics' too) is back in sync; the controller quorum's leader
+    last, as an operator would, so the quorum elects once."""
+    cluster = target.cluster
+    time.sleep(LEAD_S)
+    leader = cluster.quorum_leader()
+    order = sorted(range(1, REPLICAS + 1), key=lambda node: node == leader)
+    for node in order:
+        target.mark()
+        cluster.stop_node(node)
+        cluster.start_node(node)
+        cluster.wait_in_sync(None)
+    return [f"restarted {node}" for node in order]
+
+
+def controller_leader_kill(target: Target) -> list[str]:
+    """SIGKILL the controller quorum's leader (every node is broker and controller too);
+    start it again once the other two elected a leader."""
+    cluster = target.cluster
+    time.sleep(LEAD_S)
+    target.mark()
+    node = cluster.quorum_leader()
+    cluster.kill_node(node)
+    time.sleep(TAKEOVER_S)
+    cluster.start_node(node)
+    cluster.wait_in_sync(None)
+    return [f"killed quorum leader {node}, then {cluster.quorum_leader()} led"]
+
+
+def two_brokers_down(target: Target, down_s: float = BELOW_MIN_ISR_S) -> list[str]:
+    """SIGKILL both brokers that do not lead most request partitions, for ``down_s``: the
+    one left has no quorum and too few in-sync replicas to take a write, so every
+    producer waits (nothing may fail into a dead letter); then start both again."""
+    cluster = target.cluster
+    time.sleep(LEAD_S)
+    kept = cluster.leader_of_most(target.topics[0])
+    down = [node for node in range(1, REPLICAS + 1) if node != kept]
+    target.mark()
+    for node in down:
+        cluster.kill_node(node)
+    time.sleep(down_s)
+    for node in down:
+        cluster.start_node(node)
+    cluster.wait_in_sync(None)
+    return [f"killed {down[0]} and {down[1]} for {down_s:.0f}s, {kept} left"]
