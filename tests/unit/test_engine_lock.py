@@ -49,6 +49,17 @@ def held(process: subprocess.Popen[str]) -> None:
     assert process.stdout.readline() == "held\n", process.stderr and process.stderr.read()
 
 
+def _until_waiting(process: subprocess.Popen[str]) -> str:
+    """What ``process`` logged up to saying it waits for the lock (or exiting)."""
+    assert process.stderr is not None
+    lines = []
+    for line in process.stderr:
+        lines.append(line)
+        if "another process holds the TensorRT engine cache" in line:
+            break
+    return "".join(lines)
+
+
 @pytest.mark.timeout(60)
 def test_a_second_process_waits_until_the_first_lets_go(tmp_path: Path) -> None:
     folder = tmp_path / "engines"
@@ -58,12 +69,13 @@ def test_a_second_process_waits_until_the_first_lets_go(tmp_path: Path) -> None:
             assert first.stdin is not None and second.stdin is not None
             second.stdin.write("\n")  # once it has the lock it lets go at once
             second.stdin.flush()
-            time.sleep(1.0)  # ample time for the second to start and take a free lock
+            waiting = _until_waiting(second)  # however long its start takes on a busy host
             assert second.poll() is None, "the second process ran while the first held"
             first.stdin.write("\n")
             first.stdin.flush()
             assert first.wait(timeout=30) == 0
-            out, err = second.communicate(timeout=30)
+            out, rest = second.communicate(timeout=30)
+            err = waiting + rest
     assert out == "held\n", err
     assert f"another process holds the TensorRT engine cache {folder}" in err
     assert f"TensorRT engine cache {folder} free after" in err
