@@ -19,11 +19,12 @@ from streamfer_dev.kafka_cluster import KafkaCluster
 
 pytestmark = pytest.mark.integration
 
-SERVED_AGAIN_BOUND_S = 60.0
+SERVED_AGAIN_BOUND_S = 75.0
 """A killed leader's partitions wait until the controller fences it (the broker session
 timeout, 9 s) and the workers' clients refresh their metadata; a restarted coordinator
 moves the group to another broker, whose members rejoin within a session timeout (6 s).
-Each wait may stretch on two busy cores; past this, a partition was stuck."""
+Measured after a leader kill: 27-46 s at load 10 on two cores, once past 60 s at load 40
+(1 of 12 runs); past this, a partition was stuck."""
 
 EXACTLY_ONCE_SERVED_AGAIN_BOUND_S = 80.0
 """Exactly-once, the coordinator's broker killed: librdkafka can wait for good in
