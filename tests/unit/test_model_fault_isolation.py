@@ -2,8 +2,8 @@
 shared processing threads serve the other pipelines, in either priority lane or in one
 shared lane; only its partitions pause, nothing of it is dead-lettered, the worker is
 not ready and names it, and every request is answered, in order, once the model takes
-batches again. The real ``Worker`` and ``ShareWorker``, Pipeline and ONNX engine, around
-the fakes."""
+batches again. The real ``Worker`` (of a consumer group and of a share group), Pipeline
+and ONNX engine, around the fakes."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def test_a_share_worker_serves_a_healthy_pipeline_while_another_is_held(
     classifier: DemoModel,
 ) -> None:
     rig = share_worker(classifier, pipelines=("p", "q"), batch=4, in_flight=4)
-    p = rig.worker._pipelines["p"]
+    p = rig.pipelines["p"]
     engine = switchable(p)
     rig.consumer.waiting += [request(0)]
     rig.worker.run_once()  # p answers one row: it has a row known to be good
