@@ -1,4 +1,4 @@
-"""A fake share consumer (KIP-932) for driving a real ``ShareWorker`` without a broker.
+"""A fake share consumer (KIP-932) for driving a real ``Worker`` in a share group without a broker.
 
 It behaves like confluent-kafka's ``ShareConsumer`` in explicit acknowledgement mode
 where the worker can tell: a poll hands out up to ``max_poll`` records (all that wait
