@@ -11,8 +11,9 @@ or ACCEPT and RELEASE acknowledgements). The processing threads, the stage gate,
 model faults (a parked pipeline) and lanes are the loop's, the same for both kinds.
 
 A share group cannot pause: it holds one poll, at most the in-flight bound, and settles
-it before it polls again, so the bound holds without pausing, and a pipeline whose model
-is at fault holds only its own batches of that poll while the others' are settled.
+it before it polls again, so the bound holds without pausing; a pipeline whose model is
+at fault holds only its own batches of that poll (the others' are accepted as they
+finish), and the next poll waits for them.
 """
 
 from __future__ import annotations
