@@ -298,7 +298,7 @@ def wire_worker(
         group = ShareGroup(config=config, parts=parts, clock=clock)
     else:
         rewind = RewindGate() if config.delivery == "exactly-once" else None
-        threads = stage_threads(rewind or ReportPolling(sink))
+        threads = stage_threads(rewind if rewind is not None else ReportPolling(sink))
         consumer_parts = _consumer_parts(
             config, client, sink, pipelines, threads, rewind, metrics, health, calls, clock
         )
