@@ -1,11 +1,11 @@
 """The composition root: the real parts of a worker, built from its config.
 
 Every model is loaded and warmed and Redis checked before the group is joined, so a
-worker that cannot serve never takes partitions. ``build_worker`` builds the clients and
-pipelines; ``wire_worker`` builds the loop's parts around them, each once and after the
-parts it needs, so nothing is wired late. With ``[kafka] share_group = true`` it builds
-a share consumer instead, and ``wire_share_worker`` the share loop around it. Tests call
-both wirings with fakes.
+worker that cannot serve never takes partitions. ``build_worker`` builds the pipelines
+and the group's client: a consumer (``ConsumerClient``) or, with ``[kafka] share_group =
+true``, a share consumer (``ShareClient``). ``wire_worker``, the one wiring path, builds
+the loop's parts around either, each once and after the parts it needs, so nothing is
+wired late, and returns the one ``Worker``. Tests call it with fakes.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from worker.config import PipelineConfig, WorkerConfig
 from worker.core import Clock, monotonic_clock, wall_clock
 from worker.delivery import (
     AtLeastOnce,
+    BatchGate,
     Committer,
     Delivery,
     DeliveryFamilies,
@@ -58,15 +59,18 @@ from worker.loop import (
     Batcher,
     BatchSteps,
     ConsumerEvents,
+    ConsumerGroup,
+    ConsumerParts,
+    Group,
     LockGate,
     LoopFamilies,
-    LoopParts,
     Membership,
     PausingManager,
     RetiredBatches,
     ShareEvents,
+    ShareGroup,
     ShareParts,
-    ShareWorker,
+    StageThreads,
     Worker,
     bind_lane_gauges,
     lane_threads,
@@ -96,7 +100,14 @@ from worker.pipeline import (
 )
 from worker.registry import framed_decoders, needs_registry, open_registry
 
-__all__ = ["Metrics", "build_worker", "producer_linger_ms", "wire_share_worker", "wire_worker"]
+__all__ = [
+    "ConsumerClient",
+    "Metrics",
+    "ShareClient",
+    "build_worker",
+    "producer_linger_ms",
+    "wire_worker",
+]
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +125,7 @@ def build_worker(
     registry: CollectorRegistry | None = None,
     health: HealthState | None = None,
     reload_requests: threading.Event | None = None,
-) -> Worker | ShareWorker:
+) -> Worker:
     """Build real parts; load and warm every model before the group is joined.
 
     The worker's ``Reloader`` watches the pipelines whose ``model.watch`` is on and looks
@@ -184,20 +195,63 @@ def build_worker(
         watches.append(ModelWatch(p, pipeline.slot, serving, metrics, shown=shown, on_swap=on_swap))
     background.insert(0, Reloader(watches, requests=reload_requests))
     calls = CallWatch(on_stall=health.call_stalled)
-    if config.delivery == "exactly-once":
-        if config.exactly_once_probe:
-            verify_isolation(config.kafka, topic=config.exactly_once_probe_topic, calls=calls)
-        else:
-            log.warning(
-                "exactly_once_probe = false: starting without proof that this broker hides "
-                "aborted records from read_committed readers"
-            )
-        sink = Sink(transactional_producer(config.kafka, limits, calls=calls), limits)
-    else:
-        sink = Sink.from_settings(config.kafka, limits, linger_ms=producer_linger_ms(config))
+    sink = _open_sink(config, limits, calls)
     sink.warm_up(outputs)
-    if config.kafka.share_group:
-        return _share_worker(config, sink, pipelines, metrics, health, abort, background)
+    client = (
+        _share_client(config, metrics, health)
+        if config.kafka.share_group
+        else _consumer_client(config, metrics, health, background)
+    )
+    return wire_worker(
+        config,
+        client=client,
+        sink=sink,
+        pipelines=pipelines,
+        metrics=metrics,
+        health=health,
+        abort=abort,
+        background=background,
+        calls=calls,
+    )
+
+
+def _open_sink(config: WorkerConfig, limits: RecordLimits, calls: CallWatch) -> Sink:
+    """The producer: transactional in exactly-once mode, once the broker is seen to hide
+    aborted records (``verify_isolation``, unless ``exactly_once_probe = false``)."""
+    if config.delivery != "exactly-once":
+        return Sink.from_settings(config.kafka, limits, linger_ms=producer_linger_ms(config))
+    if config.exactly_once_probe:
+        verify_isolation(config.kafka, topic=config.exactly_once_probe_topic, calls=calls)
+    else:
+        log.warning(
+            "exactly_once_probe = false: starting without proof that this broker hides "
+            "aborted records from read_committed readers"
+        )
+    return Sink(transactional_producer(config.kafka, limits, calls=calls), limits)
+
+
+class ConsumerClient(NamedTuple):
+    """A consumer group's client, made with ``events``' callbacks."""
+
+    consumer: Consumer
+    events: ConsumerEvents
+    rejoin: threading.Event | None = None
+    """Set when a static member should leave and join again (``GroupCoverage``)."""
+
+
+class ShareClient(NamedTuple):
+    """A share group's client, made with ``events``' callbacks, and the group's limits."""
+
+    consumer: ShareConsumer
+    events: ShareEvents
+    group: ShareGroupSettings
+
+
+def _consumer_client(
+    config: WorkerConfig, metrics: Metrics, health: HealthState, background: list[Background]
+) -> ConsumerClient:
+    """The consumer with its callbacks (``read_committed`` in exactly-once mode), and the
+    coverage check of a static member."""
     events = ConsumerEvents(health, metrics)
     consumer_settings = consumer_config(
         config.kafka,
@@ -211,131 +265,14 @@ def build_worker(
         given = {**config.kafka.options, **config.kafka.consumer_options}
         consumer_settings.update(share_fetch_options(given))
     consumer = Consumer(consumer_settings)
-    rejoin = _watch_coverage(config, metrics, background)
-    return wire_worker(
-        config,
-        consumer=consumer,
-        events=events,
-        sink=sink,
-        pipelines=pipelines,
-        metrics=metrics,
-        health=health,
-        abort=abort,
-        background=background,
-        calls=calls,
-        rejoin=rejoin,
-    )
+    return ConsumerClient(consumer, events, _watch_coverage(config, metrics, background))
 
 
-def wire_worker(
-    config: WorkerConfig,
-    *,
-    consumer: Consumer,
-    events: ConsumerEvents,
-    sink: Sink,
-    pipelines: Sequence[Pipeline],
-    metrics: Metrics,
-    health: HealthState,
-    abort: threading.Event | None = None,
-    background: Sequence[Background] = (),
-    calls: CallWatch | None = None,
-    rejoin: threading.Event | None = None,
-    clock: Clock = monotonic_clock,
-    wall: Clock = wall_clock,
-) -> Worker:
-    """The ``Worker`` around ``consumer`` (made with ``events``' callbacks) and ``sink``:
-    its batchers, committer, source, processing threads, pausing, delivery mode and
-    membership, in that order, each handed what it needs. ``calls`` runs exactly-once's
-    transactional calls (a ``CallWatch`` reporting stalls to ``health`` by default).
-    ``clock`` times every wait and window; ``wall`` ages records by their timestamps."""
-    by_name = {p.name: p for p in pipelines}
-    batchers: dict[str, Batcher[Message]] = {
-        p.name: Batcher(p.config.batch, clock) for p in pipelines
-    }
-    exactly_once = config.delivery == "exactly-once"
-    committer = Committer(
-        consumer,
-        answers=events.on_commit,
-        transactional=exactly_once,
-        on_done=RetiredBatches({p.name: p.metrics for p in pipelines}, wall=wall),
-        on_rejected=metrics.commit_failures.inc,
-        clock=clock,
-        interval=config.commit_interval_ms / 1000.0,
-    )
-    source = Source(
-        consumer,
-        [t for p in pipelines for t in p.config.request_topics],
-        pin_latest=config.kafka.auto_offset_reset == "latest",
-        rejoin=rejoin,
-    )
-    gate = RewindGate() if exactly_once else ReportPolling(sink)
-    rank = {p.name: p.config.rank for p in pipelines}
-    threads = lane_threads(BatchSteps(by_name, sink, gate), rank, config, metrics)
-    shares = pipeline_shares(config, pipelines)
-    pausing = PausingManager(
-        source,
-        config.in_flight_bound,
-        metrics.paused_partitions.set,
-        shares=shares,
-        on_share=lambda name, held: metrics.in_flight_share_held.labels(name).set(held),
-        topics={p.name: p.config.request_topics for p in pipelines},
-    )
-    shared = [share.pipeline for share in shares]
-    bind_lane_gauges(metrics, pipelines, committer, shared)
-    stages = Stages(sink, threads, committer, by_name, metrics)
-    delivery: Delivery = AtLeastOnce(stages)
-    if isinstance(gate, RewindGate):
-        delivery = Transactional(
-            stages,
-            source,
-            config.kafka,
-            interval_s=config.transaction_interval_ms / 1000.0,
-            timeout_s=config.shutdown_timeout_s,
-            owned=events.owned,
-            drop_buffered=functools.partial(_flush_all, batchers),
-            gate=gate,
-            calls=calls or CallWatch(on_stall=health.call_stalled),
-        )
-    membership = Membership(
-        owned=events.owned,
-        delivery=delivery,
-        batchers=batchers,
-        threads=threads,
-        pausing=pausing,
-        lag=events.lag,
-        metrics=metrics,
-        health=health,
-        revoke_timeout_s=config.revoke_timeout_s,
-        clock=clock,
-    )
-    metrics.ready.set_function(lambda: 0.0 if health.not_ready_reasons() else 1.0)
-    parts = LoopParts(
-        source, batchers, committer, threads, pausing, membership, delivery, events, shared
-    )
-    return Worker(
-        config=config,
-        parts=parts,
-        health=health,
-        abort=abort or threading.Event(),
-        background=background,
-        clock=clock,
-        wall=wall,
-    )
-
-
-def _share_worker(
-    config: WorkerConfig,
-    sink: Sink,
-    pipelines: Sequence[Pipeline],
-    metrics: Metrics,
-    health: HealthState,
-    abort: threading.Event,
-    background: Sequence[Background],
-) -> ShareWorker:
-    """The share consumer and its loop: the group made to start where
-    ``auto_offset_reset`` says and its limits read (``prepare_share_group``), a poll of
-    at most the in-flight bound. Raises ConfigError where the broker serves no share
-    groups or the start cannot be set."""
+def _share_client(config: WorkerConfig, metrics: Metrics, health: HealthState) -> ShareClient:
+    """The share consumer: the group made to start where ``auto_offset_reset`` says and
+    its limits read (``prepare_share_group``), a poll of at most the in-flight bound.
+    Raises ConfigError where the broker serves no share groups or the start cannot be
+    set."""
     group = prepare_share_group(config.kafka)
     route = {t: p.name for p in config.pipelines for t in p.request_topics}
     events = ShareEvents(health, metrics, config.kafka.group_id, route)
@@ -357,64 +294,150 @@ def _share_worker(
         group.delivery_count_limit,
         group.record_lock_s,
     )
-    return wire_share_worker(
-        config,
-        consumer=consumer,
-        events=events,
-        group=group,
-        sink=sink,
-        pipelines=pipelines,
-        metrics=metrics,
-        health=health,
-        abort=abort,
-        background=background,
-    )
+    return ShareClient(consumer, events, group)
 
 
-def wire_share_worker(
+def wire_worker(
     config: WorkerConfig,
     *,
-    consumer: ShareConsumer,
-    events: ShareEvents,
-    group: ShareGroupSettings,
+    client: ConsumerClient | ShareClient,
     sink: Sink,
     pipelines: Sequence[Pipeline],
     metrics: Metrics,
     health: HealthState,
     abort: threading.Event | None = None,
     background: Sequence[Background] = (),
+    calls: CallWatch | None = None,
     clock: Clock = monotonic_clock,
-) -> ShareWorker:
-    """The ``ShareWorker`` around ``consumer`` (made with ``events``' callbacks) and
-    ``sink``: the dead-lettering of refused records, the processing threads (with the
-    record lock's gate), the share source and each pipeline's metrics."""
+    wall: Clock = wall_clock,
+) -> Worker:
+    """The ``Worker`` around ``client`` and ``sink``: the stage gate of the group's kind,
+    the processing threads running ``BatchSteps``, the group (``ConsumerGroup`` or
+    ``ShareGroup``) and the lane gauges, in that order, each handed what it needs.
+    ``calls`` runs exactly-once's transactional calls (a ``CallWatch`` reporting stalls to
+    ``health`` by default). ``clock`` times every wait and window; ``wall`` ages records
+    by their timestamps."""
+    abort = abort or threading.Event()
     by_name = {p.name: p for p in pipelines}
-    refused = RefusedRecords(sink, by_name)
     rank = {p.name: p.config.rank for p in pipelines}
-    gate = LockGate(sink, clock, min(1.0, group.record_lock_s * 0.05))
-    threads = lane_threads(BatchSteps(by_name, sink, gate), rank, config, metrics)
-    source = ShareSource(
+
+    def stage_threads(gate: BatchGate) -> StageThreads:
+        return lane_threads(BatchSteps(by_name, sink, gate), rank, config, metrics)
+
+    group: Group
+    shared: list[str] = []
+    if isinstance(client, ShareClient):
+        lock = LockGate(sink, clock, min(1.0, client.group.record_lock_s * 0.05))
+        threads = stage_threads(lock)
+        refused = RefusedRecords(sink, by_name)
+        source = ShareSource(
+            client.consumer,
+            [t for p in pipelines for t in p.config.request_topics],
+            on_acknowledged=client.events.on_acknowledged,
+        )
+        share_metrics = {p.name: metrics.for_share(p.name) for p in pipelines}
+        events, settings = client.events, client.group
+        parts = ShareParts(
+            source, sink, threads, refused, by_name, events, settings, share_metrics, lock
+        )
+        group = ShareGroup(config=config, parts=parts, clock=clock)
+    else:
+        rewind = RewindGate() if config.delivery == "exactly-once" else None
+        threads = stage_threads(rewind if rewind is not None else ReportPolling(sink))
+        consumer_parts = _consumer_parts(
+            config, client, sink, pipelines, threads, rewind, metrics, health, calls, clock, wall
+        )
+        shared = list(consumer_parts.shared)
+        group = ConsumerGroup(
+            config=config, parts=consumer_parts, abort=abort, clock=clock, wall=wall
+        )
+    bind_lane_gauges(metrics, pipelines, group.records_of, shared)
+    metrics.ready.set_function(lambda: 0.0 if health.not_ready_reasons() else 1.0)
+    return Worker(
+        config=config,
+        group=group,
+        threads=threads,
+        health=health,
+        abort=abort,
+        background=background,
+    )
+
+
+def _consumer_parts(
+    config: WorkerConfig,
+    client: ConsumerClient,
+    sink: Sink,
+    pipelines: Sequence[Pipeline],
+    threads: StageThreads,
+    rewind: RewindGate | None,
+    metrics: Metrics,
+    health: HealthState,
+    calls: CallWatch | None,
+    clock: Clock,
+    wall: Clock,
+) -> ConsumerParts:
+    """A consumer group's parts around ``threads``: its batchers, committer, source,
+    pausing, delivery mode (``Transactional`` where ``rewind`` gates the stages, else
+    ``AtLeastOnce``) and membership, in that order."""
+    consumer, events = client.consumer, client.events
+    by_name = {p.name: p for p in pipelines}
+    batchers: dict[str, Batcher[Message]] = {
+        p.name: Batcher(p.config.batch, clock) for p in pipelines
+    }
+    committer = Committer(
+        consumer,
+        answers=events.on_commit,
+        transactional=rewind is not None,
+        on_done=RetiredBatches({p.name: p.metrics for p in pipelines}, wall=wall),
+        on_rejected=metrics.commit_failures.inc,
+        clock=clock,
+        interval=config.commit_interval_ms / 1000.0,
+    )
+    source = Source(
         consumer,
         [t for p in pipelines for t in p.config.request_topics],
-        on_acknowledged=events.on_acknowledged,
+        pin_latest=config.kafka.auto_offset_reset == "latest",
+        rejoin=client.rejoin,
     )
-    share_metrics = {p.name: metrics.for_share(p.name) for p in pipelines}
-    parts = ShareParts(source, sink, threads, refused, by_name, events, group, share_metrics, gate)
-    worker = ShareWorker(
-        config=config,
-        parts=parts,
+    shares = pipeline_shares(config, pipelines)
+    pausing = PausingManager(
+        source,
+        config.in_flight_bound,
+        metrics.paused_partitions.set,
+        shares=shares,
+        on_share=lambda name, held: metrics.in_flight_share_held.labels(name).set(held),
+        topics={p.name: p.config.request_topics for p in pipelines},
+    )
+    stages = Stages(sink, threads, committer, by_name, metrics)
+    delivery: Delivery = AtLeastOnce(stages)
+    if rewind is not None:
+        delivery = Transactional(
+            stages,
+            source,
+            config.kafka,
+            interval_s=config.transaction_interval_ms / 1000.0,
+            timeout_s=config.shutdown_timeout_s,
+            owned=events.owned,
+            drop_buffered=functools.partial(_flush_all, batchers),
+            gate=rewind,
+            calls=calls or CallWatch(on_stall=health.call_stalled),
+        )
+    membership = Membership(
+        owned=events.owned,
+        delivery=delivery,
+        batchers=batchers,
+        threads=threads,
+        pausing=pausing,
+        lag=events.lag,
+        metrics=metrics,
         health=health,
-        abort=abort or threading.Event(),
-        background=background,
+        revoke_timeout_s=config.revoke_timeout_s,
         clock=clock,
     )
-    for p in pipelines:
-        metrics.pipeline_priority.labels(p.name).set(p.config.rank)
-        metrics.in_flight_records.labels(p.name).set_function(
-            functools.partial(worker.records_of, p.name)
-        )
-    metrics.ready.set_function(lambda: 0.0 if health.not_ready_reasons() else 1.0)
-    return worker
+    shared = [share.pipeline for share in shares]
+    return ConsumerParts(
+        source, batchers, committer, threads, pausing, membership, delivery, events, shared
+    )
 
 
 def producer_linger_ms(config: WorkerConfig) -> int:

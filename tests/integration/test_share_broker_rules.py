@@ -1,5 +1,5 @@
 """What Apache Kafka 4.4's share groups do at the record lock and the delivery limit,
-which the share loop relies on (``worker.loop.share_worker``), shown with confluent-
+which the share loop relies on (``worker.loop.share_group``), shown with confluent-
 kafka's own share consumer: a release or a lock that runs out delivers a record again
 one count higher, and archives it on its last delivery; a member that closes holding a
 record counts its delivery all the same; a member that held a poll past

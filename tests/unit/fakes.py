@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry
 
 from streamfer_dev.modelgen import DemoModel
 from tests.unit.conftest import MemoryStore
-from worker.compose import Metrics, wire_worker
+from worker.compose import ConsumerClient, Metrics, wire_worker
 from worker.config import BatchPolicy, FeatureSpec, ModelSpec, PipelineConfig, WorkerConfig
 from worker.core.tracker import DeliveryTracker
 from worker.core.types import PartitionKey
@@ -470,15 +470,14 @@ def fake_worker(
     consumer.on_commit = events.on_commit
     worker = wire_worker(
         config,
-        consumer=cast(Consumer, consumer),
-        events=events,
+        client=ConsumerClient(cast(Consumer, consumer), events),
         sink=cast(Sink, sink),
         pipelines=pipelines,
         metrics=metrics,
         health=health,
         calls=calls,
     )
-    worker._source.subscribe(worker._membership)
+    worker.group.join()
     return worker
 
 

@@ -1,4 +1,4 @@
-"""A fake share consumer (KIP-932) for driving a real ``ShareWorker`` without a broker.
+"""A fake share consumer (KIP-932) for driving a real ``Worker`` in a share group without a broker.
 
 It behaves like confluent-kafka's ``ShareConsumer`` in explicit acknowledgement mode
 where the worker can tell: a poll hands out up to ``max_poll`` records (all that wait
@@ -30,15 +30,16 @@ from prometheus_client import CollectorRegistry
 
 from streamfer_dev.modelgen import DemoModel
 from tests.unit.fakes import TOPIC, FakeSink, GatedStore
-from worker.compose import Metrics, wire_share_worker
+from worker.compose import Metrics, ShareClient, wire_worker
 from worker.config import BatchPolicy, FeatureSpec, ModelSpec, PipelineConfig, WorkerConfig
 from worker.inference.engine import OnnxEngine
 from worker.kafka.share_group import ShareGroupSettings
 from worker.kafka.sink import Sink
+from worker.loop import Worker
 from worker.loop.share_events import ShareEvents
-from worker.loop.share_worker import ShareWorker
 from worker.models import build_pipeline
 from worker.ops.health import HealthState
+from worker.pipeline import Pipeline
 from worker.pipeline.feeds import FeedPlan
 
 Position = tuple[str, int, int]
@@ -168,11 +169,12 @@ class Clock:
 
 @dataclass
 class ShareRig:
-    worker: ShareWorker
+    worker: Worker
     consumer: FakeShareConsumer
     sink: Any
     store: GatedStore
     metrics: Metrics
+    pipelines: dict[str, Pipeline]
 
 
 def share_worker(
@@ -188,7 +190,7 @@ def share_worker(
     pipelines: Sequence[str] = ("p",),
     **settings: Any,
 ) -> ShareRig:
-    """A real ShareWorker, Pipeline and engine around the fakes, wired as
+    """A real Worker (a share group's), Pipeline and engine around the fakes, wired as
     ``build_worker`` wires one, and subscribed, so tests can drive ``run_once``."""
     data = {
         f"e{i}": {f: repr(float(v)).encode() for f, v in zip(classifier.fields, row, strict=True)}
@@ -234,16 +236,16 @@ def share_worker(
     route = {t: p.name for p in config.pipelines for t in p.request_topics}
     events = ShareEvents(health, metrics, config.kafka.group_id, route)
     sink = sink if sink is not None else FakeSink()
-    worker = wire_share_worker(
+    worker = wire_worker(
         config,
-        consumer=cast(ShareConsumer, consumer),
-        events=events,
-        group=ShareGroupSettings(limit, lock_s),
+        client=ShareClient(
+            cast(ShareConsumer, consumer), events, ShareGroupSettings(limit, lock_s)
+        ),
         sink=cast(Sink, sink),
         pipelines=built,
         metrics=metrics,
         health=health,
         clock=clock,
     )
-    worker._source.subscribe()
-    return ShareRig(worker, consumer, sink, store, metrics)
+    worker.group.join()
+    return ShareRig(worker, consumer, sink, store, metrics, {p.name: p for p in built})

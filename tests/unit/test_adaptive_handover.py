@@ -25,19 +25,19 @@ def test_adaptive_batches_follow_the_model_not_the_window(
     monkeypatch.setattr(fakes, "BatchPolicy", adaptive)
     worker, consumer, sink, store = build_worker(classifier, batch=256, in_flight=4)
     handed: list[int] = []
-    enqueue = worker._delivery.enqueue
+    enqueue = worker.group._delivery.enqueue
 
     def record(job: Job) -> None:
         handed.append(job.records)
         enqueue(job)
 
-    worker._delivery.enqueue = record  # type: ignore[method-assign]
+    worker.group._delivery.enqueue = record  # type: ignore[method-assign]
     consumer.assign((TOPIC, 0))
     turn_until(worker, lambda: bool(consumer.owned))
 
     consumer.produce(0, 1)
     turn_until(worker, lambda: handed == [1])
-    assert len(worker._batchers["p"]) == 0, "a lone record goes to an idle model at once"
+    assert len(worker.group._batchers["p"]) == 0, "a lone record goes to an idle model at once"
     turn_until(worker, lambda: len(sink.delivered_to("res")) == 1)
 
     store.gate.clear()  # the next batch stays in its stage: the model is busy
@@ -47,7 +47,7 @@ def test_adaptive_batches_follow_the_model_not_the_window(
     for _ in range(30):
         worker.run_once()
     assert handed == [1, 1], "while the model is busy, records wait for it"
-    assert len(worker._batchers["p"]) == 3
+    assert len(worker.group._batchers["p"]) == 3
 
     store.gate.set()
     turn_until(worker, lambda: handed == [1, 1, 3])
@@ -66,8 +66,8 @@ def test_in_flight_counts_what_is_not_delivered_yet(
     turn_until(worker, lambda: bool(consumer.owned))
     store.gate.clear()
     consumer.produce(0, 2)
-    turn_until(worker, lambda: worker._delivery.records_in_flight() == 2)
+    turn_until(worker, lambda: worker.group._delivery.records_in_flight() == 2)
     store.gate.set()
     turn_until(worker, lambda: len(sink.delivered_to("res")) == 2)
-    turn_until(worker, lambda: worker._delivery.records_in_flight() == 0)
+    turn_until(worker, lambda: worker.group._delivery.records_in_flight() == 0)
     assert consumer.group_offsets == {}, "no commit answered yet: the count did not wait"

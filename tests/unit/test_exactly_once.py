@@ -77,7 +77,7 @@ def test_batches_held_while_a_transaction_closes_commit_their_offsets_on_revoke(
     consumer.produce(0, 4)
     turn_until(worker, lambda: producer.open is not None)
     consumer.produce(0, 4)  # closes while the first waits: held for the next transaction
-    turn_until(worker, lambda: worker._delivery.records_in_flight() == 8)
+    turn_until(worker, lambda: worker.group._delivery.records_in_flight() == 8)
     consumer.events.append(lambda c: c.revoke(P0))
     threading.Timer(0.3, store.gate.set).start()
     worker.run_once()
@@ -107,7 +107,7 @@ def test_held_batches_count_toward_the_bound(classifier: DemoModel) -> None:
     store.gate.clear()
     consumer.produce(0, 40)
     turn_until(worker, lambda: consumer.paused == {P0})
-    assert worker._delivery.records_in_flight() >= 8
+    assert worker.group._delivery.records_in_flight() >= 8
     assert consumer.positions[P0] < 40, "the partition paused before fetching it all"
     store.gate.set()
     turn_until(worker, lambda: len(producer.sources()) == 40)
@@ -219,7 +219,7 @@ def test_a_record_fetched_before_a_rewind_of_its_partition_is_never_batched(
     consumer.produce(0, 4)
     turn_until(worker, lambda: producer.open is not None)
     consumer.produce(1, 4)
-    polled = worker._source._poll
+    polled = worker.group._source._poll
     first: list[int] = []
 
     def poll(timeout: float) -> Any:
@@ -230,7 +230,7 @@ def test_a_record_fetched_before_a_rewind_of_its_partition_is_never_batched(
             threading.Timer(0.3, store.gate.set).start()
         return msg
 
-    worker._source._poll = poll
+    worker.group._source._poll = poll
     turn_until(worker, lambda: len(producer.aborted) == 1)
     assert first == [0] and consumer.seeks == [(P1, 0)]
     turn_until(worker, lambda: {o for p, o in producer.sources() if p == 1} >= {0, 1, 2, 3})
@@ -275,7 +275,7 @@ def test_a_batch_abandoned_mid_publish_never_reaches_a_later_transaction(
     transaction begins before it is out of the stages, so none of its records commits
     beside its re-consumed copies, and the loop keeps polling meanwhile."""
     worker, producer = abandon_mid_publish(classifier, shutdown_timeout_s=0.3)
-    consumer = cast(FakeConsumer, worker._source.consumer)
+    consumer = cast(FakeConsumer, worker.group._source.consumer)
     polled: list[object] = []
     consumer.events.append(lambda c: polled.append(producer.open))
     worker.run_once()
@@ -293,7 +293,7 @@ def test_a_clean_stop_waits_for_an_abandoned_batch_then_commits_what_it_held(
     worker.stop()
     worker.run()  # drains: the held batches begin once the abandoned one is done
     assert producer.sources() == [(1, i) for i in range(4)]
-    assert cast(FakeConsumer, worker._source.consumer).group_offsets[P1] == 4
+    assert cast(FakeConsumer, worker.group._source.consumer).group_offsets[P1] == 4
 
 
 def test_held_batches_count_toward_a_pipelines_share(
@@ -309,7 +309,7 @@ def test_held_batches_count_toward_a_pipelines_share(
     store.gate.clear()  # the first batch holds its transaction open; the rest are held
     consumer.produce(0, 40)
     turn_until(worker, lambda: consumer.paused == {P0})
-    assert worker._delivery.records_in_flight() == 8, "the share: half of 4 batches of 4"
+    assert worker.group._delivery.records_in_flight() == 8, "the share: half of 4 batches of 4"
     store.gate.set()
     turn_until(worker, lambda: len(producer.sources()) == 40)
     assert answered_once(producer)
@@ -329,7 +329,7 @@ def test_a_refused_begin_transaction_stops_the_worker_naming_the_call(
     with pytest.raises(ProducerUnusable, match="begin_transaction"):
         turn_until(worker, lambda: False)
     with pytest.raises(ProducerUnusable, match="begin_transaction"):
-        worker._delivery.commit()  # again, in case a revoke (which logs, goes on) caught it
+        worker.group._delivery.commit()  # again, in case a revoke (which logs, goes on) caught it
 
 
 BROKER_DOWN = KafkaError(KafkaError._TRANSPORT, "broker down")

@@ -3,7 +3,8 @@ server that cannot answer: its batch is parked while the shared processing threa
 the other pipelines, in either priority lane or in one shared lane; only its partitions
 pause, nothing of it is dead-lettered, the worker is not ready and names it, and every
 request is answered, in order, once the model (or its server) takes batches again. The
-real ``Worker`` and ``ShareWorker``, Pipeline and ONNX engine, around the fakes."""
+real ``Worker`` (of a consumer group and of a share group), Pipeline and ONNX engine,
+around the fakes."""
 
 from __future__ import annotations
 
@@ -87,7 +88,7 @@ def test_a_share_worker_serves_a_healthy_pipeline_while_another_is_held(
     classifier: DemoModel,
 ) -> None:
     rig = share_worker(classifier, pipelines=("p", "q"), batch=4, in_flight=4)
-    p = rig.worker._pipelines["p"]
+    p = rig.pipelines["p"]
     engine = switchable(p)
     rig.consumer.waiting += [request(0)]
     rig.worker.run_once()  # p answers one row: it has a row known to be good

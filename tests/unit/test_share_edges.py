@@ -165,7 +165,7 @@ def test_a_healthy_worker_does_not_push_records_towards_their_last_delivery(
     clock = Clock()
     consumer = FakeShareConsumer(whole=True)
     rig = share_worker(classifier, batch=4, in_flight=2, limit=5, clock=clock, consumer=consumer)
-    rig.worker._budget.observe(8, clock.now - 3.0)
+    rig.worker.group._budget.observe(8, clock.now - 3.0)
     consumer.produce(200)
     for _ in range(3):
         rig.worker.run_once()
@@ -174,7 +174,7 @@ def test_a_healthy_worker_does_not_push_records_towards_their_last_delivery(
     assert consumer.polls == [200, 136]
     assert len(consumer.released()) == 136
     assert sorted(consumer.accepted()) == list(range(200))
-    assert rig.worker._budget.room(4) > 200, rig.worker._budget.room(4)
+    assert rig.worker.group._budget.room(4) > 200, rig.worker.group._budget.room(4)
 
 
 @dataclass

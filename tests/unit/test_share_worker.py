@@ -1,4 +1,4 @@
-"""The share-group loop (``worker.loop.share_worker``) against a fake share consumer: a
+"""The share-group loop (``worker.loop.share_group``) against a fake share consumer: a
 record is accepted only once its result or dead letter is delivered, released when it is
 not (a failed delivery, a stop, the lock budget), a record on its last delivery becomes
 a ``redelivered`` dead letter unprocessed, and a poll is all the worker holds."""
@@ -238,7 +238,7 @@ def test_the_worker_holds_one_poll_of_at_most_the_in_flight_bound(
     classifier: DemoModel,
 ) -> None:
     rig = share_worker(classifier, batch=4, in_flight=2)
-    assert rig.consumer.max_poll == 8  # what wire_share_worker's config asks of librdkafka
+    assert rig.consumer.max_poll == 8  # what wire_worker's config asks of librdkafka
     rig.store.gate.clear()
     rig.consumer.produce(20)
     thread, errors = in_thread(rig.worker.run_once)
@@ -307,7 +307,7 @@ def test_a_poll_beyond_what_the_worker_finishes_in_time_is_partly_released_at_on
     rig = share_worker(
         classifier, batch=4, in_flight=2, lock_s=10.0, clock=clock, consumer=consumer
     )
-    budget = rig.worker._budget
+    budget = rig.worker.group._budget
     budget.observe(8, clock.now - 8.0)  # earlier: 8 records in 8 s, 1 record/s
     assert budget.room(4) == 8  # 80% of a 10 s lock
     consumer.produce(20)
@@ -386,7 +386,7 @@ def test_the_lock_budget_counts_what_was_accepted_not_what_was_released(
     rig.store.gate.set()
     thread.join(10)
     assert rig.consumer.accepted() == [0, 1]
-    assert rig.worker._budget.room(1) == 1  # 2 records / 9 s x 8 s = 1.8
+    assert rig.worker.group._budget.room(1) == 1  # 2 records / 9 s x 8 s = 1.8
 
 
 def test_a_poll_in_flight_accepts_every_delivered_batch_and_names_the_failed_ones() -> None:

@@ -26,7 +26,7 @@ def test_a_batch_is_published_then_committed(classifier: DemoModel) -> None:
     turn_until(worker, lambda: any(o[0].offset == 10 for o in consumer.async_commits))
     assert [orjson.loads(v)["id"] for _, v in sink.sent] == [f"r0-{i}" for i in range(10)]
     consumer.answer(None)
-    assert worker._delivery.records_in_flight() == 0
+    assert worker.group._delivery.records_in_flight() == 0
 
 
 def test_a_new_partition_without_a_committed_offset_is_pinned_before_it_is_fetched(
@@ -55,7 +55,7 @@ def test_the_kept_partition_resumes_when_a_revoke_commits_its_rejected_offsets(
     consumer.produce(2, 4)
     consumer.produce(3, 8)
     turn_until(worker, lambda: len(sink.sent) == 12)
-    turn_until(worker, lambda: not len(worker._committer))
+    turn_until(worker, lambda: not len(worker.group._committer))
     time.sleep(STALLED_COMMIT_S)  # unanswered that long, the commits count again
     turn_until(worker, lambda: consumer.paused == {p2, p3})
     consumer.produce(3, 4)  # more work waits on the kept partition
@@ -65,7 +65,7 @@ def test_the_kept_partition_resumes_when_a_revoke_commits_its_rejected_offsets(
     ]
     worker.run_once()
     assert consumer.sync_commits[-1] == [(TOPIC, 2, 4), (TOPIC, 3, 8)]
-    assert worker._delivery.records_in_flight() == 0
+    assert worker.group._delivery.records_in_flight() == 0
     turn_until(worker, lambda: p3 not in consumer.paused)
     turn_until(worker, lambda: len(sink.sent) == 16)
 
@@ -76,7 +76,7 @@ def test_a_partition_paused_revoked_and_assigned_again_is_fetched(classifier: De
     consumer.assign(p0, p1)
     consumer.produce(0, 4)
     turn_until(worker, lambda: len(sink.sent) == 4)
-    turn_until(worker, lambda: not len(worker._committer))
+    turn_until(worker, lambda: not len(worker.group._committer))
     consumer.answer(ILLEGAL_GENERATION)
     turn_until(worker, lambda: consumer.paused == {p0, p1})
     consumer.revoke(p1)  # its pause stays with the partition, as in librdkafka
@@ -102,8 +102,8 @@ def test_a_revoke_commits_again_what_an_unanswered_commit_covered(classifier: De
     assert (TOPIC, 0, 4) in consumer.sync_commits[-1]
     assert consumer.group_offsets[p0] == 4
     consumer.answer(ILLEGAL_GENERATION)  # the old commit's answer, late
-    assert worker._delivery.records_in_flight() == 0
-    assert worker._delivery.settled()
+    assert worker.group._delivery.records_in_flight() == 0
+    assert worker.group._delivery.settled()
 
 
 def test_a_stop_commits_what_unanswered_commits_covered(classifier: DemoModel) -> None:
@@ -158,9 +158,9 @@ def test_a_fatal_client_error_reported_only_to_error_cb_stops_the_worker(
     unreleased = KafkaError(
         KafkaError.UNRELEASED_INSTANCE_ID, "The instance ID is still used", fatal=True
     )
-    worker._events.on_error(KafkaError(KafkaError._TRANSPORT, "not fatal"))
+    worker.group._events.on_error(KafkaError(KafkaError._TRANSPORT, "not fatal"))
     worker.run_once()  # a passing client error changes nothing
-    worker._events.on_error(unreleased)
+    worker.group._events.on_error(unreleased)
     with pytest.raises(SourceError) as stopped:
         worker.run_once()
     message = str(stopped.value)

@@ -116,17 +116,17 @@ def test_a_bulk_pipeline_at_its_share_pauses_only_its_partitions(classifier: Dem
     append(consumer, BULK, 0, 100)
     append(consumer, BULK, 1, 100)
     turn_until(worker, lambda: consumer.paused == {(BULK, 0), (BULK, 1)})
-    assert worker._committer.records_of("bulk") == 16, "two batches: the share"
+    assert worker.group._committer.records_of("bulk") == 16, "two batches: the share"
     held = metrics.in_flight_share_held.labels("bulk")._value.get()
     assert held == 1
     # interactive records keep being fetched while bulk's partitions stay paused
     append(consumer, LIVE, 0, 6)
     append(consumer, LIVE, 1, 2)
-    turn_until(worker, lambda: worker._committer.records_of("live") == 8)
+    turn_until(worker, lambda: worker.group._committer.records_of("live") == 8)
     for _ in range(20):
         worker.run_once()
     assert consumer.paused == {(BULK, 0), (BULK, 1)}
-    assert worker._committer.records_of("bulk") == 16
+    assert worker.group._committer.records_of("bulk") == 16
     stores["bulk"].gate.set()
     settle(worker, consumer, {key: len(consumer.logs[key]) for key in parts})
     assert consumer.paused == set()
@@ -150,7 +150,7 @@ def test_without_priorities_nothing_pauses_for_a_share(classifier: DemoModel) ->
     consumer.assign(*parts)
     stores["bulk"].gate.clear()
     append(consumer, BULK, 0, 100)
-    turn_until(worker, lambda: worker._committer.records_of("bulk") >= 32)
+    turn_until(worker, lambda: worker.group._committer.records_of("bulk") >= 32)
     assert consumer.paused in (set(), {(LIVE, 0), (BULK, 0)}), "only the whole bound pauses"
     stores["bulk"].gate.set()
     settle(worker, consumer, {(BULK, 0): 100})

@@ -145,7 +145,7 @@ class KafkaSettings(Frozen):
             "Kafka 4.2+) instead of a consumer group: the broker hands the records "
             "of one partition to every member, each acknowledged one by one, so "
             "more workers than partitions all work. At-least-once only; results are"
-            " not in partition order (`worker.loop.share_worker`)."
+            " not in partition order (`worker.loop.share_group`)."
         ),
     )
     share_delivery_count_limit: int | None = Field(

@@ -6,7 +6,7 @@ is that record's fault, not the batch's: its request gets a dead letter instead,
 record refused only for a batch-mate is sent again as it was. ``RefusedRecords`` makes
 the trackers that queue such batches, and serves the queue whenever deliveries are
 served; a batch is not done until that is handled. At-least-once (``AtLeastOnce`` in
-``worker.delivery.mode``) and the share-group loop (``worker.loop.share_worker``) both
+``worker.delivery.mode``) and the share-group loop (``worker.loop.share_group``) both
 deliver through it, on their loop thread.
 """
 

@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 
 from worker.config import WorkerConfig
 from worker.core import Job
-from worker.delivery import Committer
 from worker.loop.metrics import THREAD_STAGES, LoopFamilies
 from worker.loop.pausing import Share
 from worker.loop.threads import OnTake, StageThreads, Step
@@ -55,15 +54,14 @@ def pipeline_shares(config: WorkerConfig, pipelines: Sequence[Pipeline]) -> list
 def bind_lane_gauges(
     metrics: LoopFamilies,
     pipelines: Sequence[Pipeline],
-    committer: Committer,
+    records_of: Callable[[str], int],
     shared: Sequence[str],
 ) -> None:
-    """Each pipeline's priority and records in flight; 0 for "at its share" where it has one."""
+    """Each pipeline's priority and records in flight (``records_of``: those the group
+    holds unsettled); 0 for "at its share" where it has one."""
     for p in pipelines:
         metrics.pipeline_priority.labels(p.name).set(p.config.rank)
-        metrics.in_flight_records.labels(p.name).set_function(
-            functools.partial(committer.records_of, p.name)
-        )
+        metrics.in_flight_records.labels(p.name).set_function(functools.partial(records_of, p.name))
         if p.name in shared:
             metrics.in_flight_share_held.labels(p.name).set(0)
 

@@ -19,7 +19,7 @@ them (the first thread decodes and enriches)."""
 
 @dataclass(frozen=True, slots=True)
 class ShareMetrics:
-    """Pre-bound children of one pipeline in a share group (``worker.loop.share_worker``)."""
+    """Pre-bound children of one pipeline in a share group (``worker.loop.share_group``)."""
 
     accepted: Counter
     released: Counter

@@ -80,6 +80,11 @@ class ShareEvents:
                 assigned,
             )
 
+    @property
+    def member(self) -> bool:
+        """Joined the group (by statistics, or because records came)."""
+        return self._health.joined
+
     def joined(self) -> None:
         """A member of the group: by statistics, or because records came."""
         if not self._health.joined:

@@ -1,25 +1,23 @@
-"""The share-group worker: one member of a KIP-932 share group running the pipelines.
+"""A share group behind the loop's ``Group`` seam: one member of a KIP-932 share group.
 
 A consumer group never uses more workers than its topics have partitions; a share group
 hands the records of one partition to every member, each acquired for the group's
-record lock and acknowledged one by one. ``ShareWorker`` runs the same pipelines,
-processing threads, sink and delivery tracking as ``Worker``, around a ``ShareSource``
-instead of offsets, a committer and rebalances. It is at-least-once: a record is
+record lock and acknowledged one by one. The one loop (``Worker``) runs the same
+pipelines, processing threads, sink and delivery tracking for both; ``ShareGroup``
+acquires records with a ``ShareSource`` poll and settles them by acknowledging, instead
+of offsets, a committer and rebalances. It is at-least-once: a record is
 ACCEPTed only once its result or dead letter is acknowledged by the broker; one not
 delivered is RELEASEd (the broker delivers it again, to any member); results are not in
 partition order.
 
 One poll at a time: in explicit acknowledgement mode every record of a poll must be
 acknowledged before the next, so a poll (``max.poll.records``, the in-flight bound) is
-what the worker holds. The loop thread takes a poll through these steps:
+what the worker holds, and there is nothing to pause. The loop thread takes a poll
+through these steps (``acquire``: 1 to 3, ``settle``: 4 and 5):
 
 1. A record on the group's last allowed delivery (``share.delivery.count.limit``)
-   becomes a ``redelivered`` dead letter (stage ``consume``) before anything runs it:
-   it may be what stopped the members it went to. The broker archives it whatever
-   becomes of it now (released, its lock expired, its member gone), so it is never
-   released: a dead letter that fails for a reason not about the record (the topic not
-   authorised, a delivery timeout) is sent again every ``_RESEND_S``, as an outage,
-   until it is delivered or the worker stops.
+   becomes a ``redelivered`` dead letter before anything runs it, and is never
+   released (``worker.loop.share_last``).
 2. What the worker could not finish within ``LOCK_SHARE`` of the record lock, at the
    rate it finished earlier polls (``LockBudget``), is released at once, for others.
 3. The rest is split into batches (``worker.loop.share_poll.split``), each a ``Job``
@@ -42,30 +40,30 @@ what the worker holds. The loop thread takes a poll through these steps:
    another member meanwhile, at the group's last delivery as a dead letter, and a
    result here too would give a request two outcomes.
 
-Threads are as in ``Worker``: the loop thread owns the share consumer (its callbacks run
+Threads are the loop's: the loop thread owns the share consumer (its callbacks run
 inside its poll and commits, ``ShareEvents``), the three processing threads run the
-batches, delivery reports run wherever the producer is polled. ``stop()`` (a signal)
-lets the poll in flight finish for up to ``shutdown_timeout_s``; what is then left is
-released before the worker leaves the group.
+batches, delivery reports run wherever the producer is polled. ``Worker.stop()`` (a
+signal) lets the poll in flight finish for up to ``shutdown_timeout_s``; what is then
+left is released before the worker leaves the group.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from confluent_kafka import Message
 
 from worker.config import WorkerConfig
-from worker.core import Clock, Deadline, DeliveryTracker, Job, Published, monotonic_clock
+from worker.core import Clock, Deadline, Job, monotonic_clock
 from worker.delivery import RefusedRecords
 from worker.errors import SinkError
 from worker.kafka import ShareGroupSettings, ShareSource, Sink, position
+from worker.loop.group import Turn
 from worker.loop.metrics import ShareMetrics
 from worker.loop.share_events import ShareEvents
+from worker.loop.share_last import LastDeliveries, UnservedLetters
 from worker.loop.share_poll import (
     LockBudget,
     LockGate,
@@ -76,10 +74,8 @@ from worker.loop.share_poll import (
     split,
 )
 from worker.loop.threads import StageThreads
-from worker.loop.worker import Background
-from worker.ops import HealthState
 
-__all__ = ["ShareParts", "ShareWorker", "UnservedLetters"]
+__all__ = ["ShareGroup", "ShareParts"]
 
 log = logging.getLogger(__name__)
 
@@ -87,39 +83,11 @@ _SERVE_S = 0.005
 """How long one turn of waiting for a poll's jobs waits for delivery reports."""
 _QUIET_S = 60.0
 """A repeated warning (released surplus, lock overruns) is logged at most this often."""
-_RESEND_S = 1.0
-"""How long a failed last-delivery dead letter waits before it is sent again."""
-
-
-@dataclass(slots=True)
-class _LastDelivery:
-    """A record on its last delivery, its dead letter's job, and when to send it again."""
-
-    pipeline: str
-    msg: Message
-    count: int
-    resend_at: float | None = None
-
-
-class UnservedLetters(Protocol):
-    """What the share loop asks of a pipeline (``Pipeline``): the dead letter of a request
-    it will not serve, and those of records the broker refused (``RefusedRecords``)."""
-
-    def dead_letter_unserved(
-        self,
-        sink: Sink,
-        tracker: DeliveryTracker,
-        msg: Message,
-        code: str,
-        reason: str,
-        *,
-        delivery_count: int | None = None,
-    ) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
 class ShareParts:
-    """What the share loop drives, built by ``worker.compose.wire_share_worker``."""
+    """What a share group drives, built by ``worker.compose.wire_worker``."""
 
     source: ShareSource
     sink: Sink
@@ -148,30 +116,21 @@ class _Quiet:
             log.warning(message, *args)
 
 
-class ShareWorker:
-    """Runs pipelines for one member of a share group. Not thread-safe except ``stop``."""
+class ShareGroup:
+    """One member of a share group, as the loop's ``Group``. Loop thread only."""
 
     def __init__(
         self,
         *,
         config: WorkerConfig,
         parts: ShareParts,
-        health: HealthState,
-        abort: threading.Event,
-        background: Sequence[Background] = (),
         clock: Clock = monotonic_clock,
     ) -> None:
-        """``abort`` is shared with the pipelines, as ``Worker``'s; ``background`` runs on
-        threads of its own while ``run`` runs (the model reloader, shadow models)."""
         self.config = config
-        self.health = health
-        self._abort = abort
-        self._background = list(background)
         self._source = parts.source
         self._sink = parts.sink
         self._threads = parts.threads
         self._refused = parts.refused
-        self._pipelines = parts.pipelines
         self._events = parts.events
         self._metrics = parts.metrics
         self._gate = parts.gate
@@ -182,12 +141,23 @@ class ShareWorker:
         self._budget = LockBudget(self._lock_s, clock)
         self._clock = clock
         self._poll_s = config.poll_timeout_ms / 1000.0
-        self._stop = threading.Event()
         self._inflight: PollInFlight | None = None
+        self._acquired: tuple[PollInFlight, list[Job]] | None = None
+        """The poll this turn acquired and its batches handed to the stages, to settle."""
         self._alone: list[Message] = []
         """Records of the poll in flight to serve alone, not handed to the stages yet."""
-        self._last: dict[int, _LastDelivery] = {}
-        """The poll's last-delivery dead letters, by ``id`` of their job."""
+        self._warn = _Quiet(clock)
+        self._last = LastDeliveries(
+            limit=self._limit,
+            route=self._route,
+            pipelines=parts.pipelines,
+            sink=parts.sink,
+            tracker=parts.refused.tracker,
+            metrics=parts.metrics,
+            clock=clock,
+            warn=self._warn,
+        )
+        """The poll's last-delivery dead letters."""
         self._sync_acks = False
         """The poll in flight has records to serve alone: its acceptances go out only by
         ``_acknowledged``'s synchronous commit, so that each single starts only once the
@@ -197,14 +167,13 @@ class ShareWorker:
         """From the first look at a stop request: how long the poll in flight may take."""
         self._active_at = clock()
         """When records last came: burst mode stops after a long enough quiet."""
-        self._warn = _Quiet(clock)
 
-    # -- control -------------------------------------------------------------------------
+    def join(self) -> None:
+        """Subscribe; a share group has no rebalance listener."""
+        self._source.subscribe()
 
-    def stop(self) -> None:
-        """Ask the loop to finish; safe from signal handlers and other threads."""
-        self.health.stopping = True
-        self._stop.set()
+    def raise_fatal(self) -> None:
+        self._events.raise_fatal()
 
     def records_of(self, pipeline: str) -> int:
         """Records of ``pipeline`` this member holds (acquired, not acknowledged)."""
@@ -214,49 +183,18 @@ class ShareWorker:
         waiting = sum(1 for m in self._alone if self._route[position(m)[0]] == pipeline)
         return poll.records_of(pipeline) + waiting
 
-    def run(self, *, burst_idle_s: float | None = None) -> None:
-        """Serve until ``stop()``; with ``burst_idle_s`` also stop after that long idle.
+    # -- acquire -------------------------------------------------------------------------
 
-        Raises the ``StreamferError`` that stopped it; what was not delivered is released
-        first, and the broker delivers it again."""
-        self._source.subscribe()
-        for part in self._background:
-            part.start()
-        try:
-            while not self._stop.is_set():
-                self.run_once()
-                if burst_idle_s is not None and self._idle_for(burst_idle_s):
-                    log.info("burst: idle for %.1fs, stopping", burst_idle_s)
-                    break
-        except BaseException:
-            self._abort.set()
-            raise
-        finally:
-            self._close()
-
-    # -- the loop ------------------------------------------------------------------------
-
-    def run_once(self) -> None:
-        """One turn: a poll, and (when it brought records) serving it until each record
-        is acknowledged. Raises the error of a processing stage, a failed delivery
-        (SinkError) or a fatal consumer error."""
-        self._check_health()
+    def acquire(self) -> None:
+        """A poll: its last deliveries dead-lettered, what the lock budget leaves no room
+        for released, the rest cut into batches and handed to the stages (those to serve
+        alone wait for ``settle``)."""
         records = self._source.poll(self._poll_s)
         if not records:
-            self._refused.serve(0)
             return
         self._events.joined()
-        self._active_at = self._clock()
-        self._serve(records)
-
-    def _check_health(self) -> None:
-        self.health.turned()
-        self._threads.check()
-        self._events.raise_fatal()
-
-    def _serve(self, records: list[Message]) -> None:
-        polled_at = self._clock()
-        jobs = self._redelivered(records)
+        self._active_at = polled_at = self._clock()
+        jobs = self._last.dead_letter(records)
         batched, alone = serving_order(records, self._limit)
         kept, surplus = keep_within(batched, self._budget.room(max(self._max_size.values())))
         if surplus:
@@ -265,27 +203,48 @@ class ShareWorker:
         served = [Job.close(name, b, tracker) for name, b in split(kept, route, self._max_size)]
         poll = self._inflight = PollInFlight(jobs + served, polled_at, self._lock_s)
         self._gate.hold(poll)
+        self._acquired = poll, served
         self._alone = list(alone)
         self._sync_acks = bool(alone)
         for job in served:
             self._threads.submit(job)
-        finished = self._wait(poll, served)
+
+    # -- settle --------------------------------------------------------------------------
+
+    def settle(self, turn: Turn) -> None:
+        """Serve the poll just acquired until each record is acknowledged: its batches,
+        then those served alone, then the last deliveries' dead letters. Without one,
+        serve the dead letters of refused records."""
+        acquired, self._acquired = self._acquired, None
+        if acquired is None:
+            self._refused.serve(0)
+            return
+        poll, served = acquired
+        finished = self._wait(turn, poll, served)
         if finished and served:
-            self._budget.observe(poll.accepted_of(served), polled_at)
+            self._budget.observe(poll.accepted_of(served), poll.polled_at)
+        alone = self._sync_acks
         while finished and self._alone:
             started = self._clock()
             self._acknowledged()
             job = self._next_alone(poll)
             self._threads.submit(job)
-            finished = self._wait(poll, [job], release=False)
+            finished = self._wait(turn, poll, [job], release=False)
             self._budget.observe_turn(started)
         if finished:  # the last deliveries' dead letters
-            finished = self._wait(poll, poll.held(), release=False)
+            finished = self._wait(turn, poll, poll.held(), release=False)
         if alone and finished:
             self._acknowledged()
         if not poll.open and not self._alone:
             self._inflight = None
-            self._last = {}
+            self._last.clear()
+
+    def drain(self) -> None:
+        """Nothing to drain: a poll is settled (or its shutdown timeout passed) in the
+        turn that acquired it."""
+
+    def failed(self, exc: BaseException) -> None:
+        """Nothing to hold back: what was not accepted is released on the way out."""
 
     def _next_alone(self, poll: PollInFlight) -> Job:
         """The next turn of serving alone: one record while the rest fit in the lock
@@ -310,72 +269,23 @@ class ShareWorker:
         if refused:
             log.warning("the broker refused acknowledgements: %s", refused)
 
-    def _redelivered(self, records: list[Message]) -> list[Job]:
-        """Count records delivered before; dead-letter those on their last delivery.
-        Returns the jobs of those dead letters (sealed), one per pipeline."""
-        limit, route = self._limit, self._route
-        last: dict[str, list[Message]] = {}
-        for msg in records:
-            count = msg.delivery_count() or 1
-            if count > 1:
-                name = route[position(msg)[0]]
-                self._metrics[name].redeliveries.inc()
-                if count >= limit:
-                    last.setdefault(name, []).append(msg)
-        jobs = []
-        for name, batch in last.items():
-            for msg in batch:  # one job each: a failed dead letter is sent again alone
-                job = Job.close(name, [msg], self._refused.tracker)
-                job.tracker.published = Published([msg])  # refused for itself: again, bare
-                last_delivery = _LastDelivery(name, msg, msg.delivery_count() or limit)
-                self._last[id(job)] = last_delivery
-                self._dead_letter_last(job, last_delivery)
-                job.tracker.seal()
-                jobs.append(job)
-            log.warning(
-                "pipeline %s: %d records on their last allowed delivery (%d): dead-lettered "
-                "unprocessed (code redelivered)",
-                name,
-                len(batch),
-                limit,
-            )
-        return jobs
-
-    def _dead_letter_last(self, job: Job, last: _LastDelivery) -> None:
-        self._pipelines[last.pipeline].dead_letter_unserved(
-            self._sink,
-            job.tracker,
-            last.msg,
-            "redelivered",
-            _last_delivery(last.count, self._limit),
-            delivery_count=last.count,
-        )
-
-    def _resend_last(self, poll: PollInFlight) -> None:
-        """Send again the last-delivery dead letters whose wait is over."""
-        now = self._clock()
-        for job in poll.held():
-            last = self._last.get(id(job))
-            if last is not None and last.resend_at is not None and now >= last.resend_at:
-                last.resend_at = None
-                job.tracker.errors.clear()
-                self._dead_letter_last(job, last)
-
-    def _wait(self, poll: PollInFlight, jobs: Sequence[Job], *, release: bool = True) -> bool:
+    def _wait(
+        self, turn: Turn, poll: PollInFlight, jobs: Sequence[Job], *, release: bool = True
+    ) -> bool:
         """Serve ``poll`` until each of ``jobs`` is acknowledged, releasing at the lock
         budget what has not started (unless ``release`` is False: records served alone
         are never released); after ``stop()``, for up to the shutdown timeout. False: the
         shutdown timeout passed first."""
         lock_deadline = poll.polled_at + self._budget.seconds
         while poll.holds(jobs):
-            self._check_health()
+            turn.check()
             self._refused.serve(_SERVE_S)
             self._settle(poll)
-            self._resend_last(poll)
+            self._last.resend(poll)
             if release and not poll.over_budget and self._clock() >= lock_deadline:
                 poll.over_budget = True
                 self._release_unstarted(poll)
-            if self._stop.is_set():
+            if turn.stopping:
                 if self._stopping is None:
                     self._stopping = Deadline.after(self.config.shutdown_timeout_s, self._clock)
                 elif self._stopping.passed():
@@ -410,24 +320,15 @@ class ShareWorker:
                     self._lock_s,
                 )
         for job in settled.failed:
-            errors = job.tracker.errors
-            last = self._last.get(id(job))
-            if last is None and self._gate.stale(job):
+            if self._last.failed(job):
+                continue
+            if self._gate.stale(job):
                 self._expired(poll, job)
-            elif last is None:
+            else:
+                errors = job.tracker.errors
                 raise SinkError(
                     f"{len(errors)} deliveries of a batch failed, not acknowledging it: "
                     + "; ".join(errors)
-                )
-            elif last.resend_at is None:
-                last.resend_at = self._clock() + _RESEND_S
-                self._warn(
-                    "resend",
-                    "the dead letter of a record on its last delivery failed (%s); it is "
-                    "sent again every %gs and the record held until it is delivered (the "
-                    "broker would archive it)",
-                    "; ".join(errors),
-                    _RESEND_S,
                 )
 
     def _expired(self, poll: PollInFlight, job: Job) -> None:
@@ -479,34 +380,32 @@ class ShareWorker:
             self._budget.seconds,
         )
 
-    def _idle_for(self, seconds: float) -> bool:
+    def idle_for(self, seconds: float) -> bool:
         """Burst mode: a member, holds nothing, and nothing came for ``seconds``."""
         return (
-            self.health.joined
+            self._events.member
             and self._inflight is None
             and self._clock() - self._active_at >= seconds
         )
 
     # -- shutdown ------------------------------------------------------------------------
 
-    def _close(self) -> None:
-        """Stop the processing threads, accept what was delivered, release the rest,
-        send the acknowledgements and leave the group."""
-        self._abort.set()
+    def give_back(self) -> None:
+        """Release the poll's queued jobs (nothing of them was produced) and the records
+        still to serve alone."""
         poll = self._inflight
-        if poll is not None:  # nothing of a queued job was produced: release it now
-            for job in poll.release(self._threads.discard_queued()):
-                self._metrics[job.pipeline].released.inc(self._source.release(job.batch))
-            for msg in self._alone:
-                self._metrics[self._route[position(msg)[0]]].released.inc(
-                    self._source.release([msg])
-                )
-            self._alone = []
-        if not self._threads.close(5.0):
-            log.warning("the processing thread did not finish")
-        for part in self._background:
-            if not part.stop(5.0):
-                log.warning("%s did not finish", type(part).__name__)
+        if poll is None:
+            return
+        for job in poll.release(self._threads.discard_queued()):
+            self._metrics[job.pipeline].released.inc(self._source.release(job.batch))
+        for msg in self._alone:
+            self._metrics[self._route[position(msg)[0]]].released.inc(self._source.release([msg]))
+        self._alone = []
+
+    def leave(self) -> None:
+        """After the processing threads: accept what was delivered, release the rest,
+        send the acknowledgements and leave the group."""
+        poll = self._inflight
         timeout = min(5.0, self.config.shutdown_timeout_s)
         if poll is not None and poll.open:
             try:
@@ -517,7 +416,7 @@ class ShareWorker:
                 log.exception("finishing the last deliveries failed")
             self._give_up(poll)
         self._inflight = None
-        self._last = {}
+        self._last.clear()
         try:
             refused = self._source.commit(timeout)
             if refused:
@@ -530,24 +429,7 @@ class ShareWorker:
     def _give_up(self, poll: PollInFlight) -> None:
         """Release what the stopping worker holds; a last delivery whose dead letter is
         still undelivered is archived by the broker whatever is done now: say which."""
-        lost = [self._last[id(job)] for job in poll.held() if id(job) in self._last]
-        for last in lost:
-            log.error(
-                "stopping before the dead letter of %s[%d]@%d (delivery %d, the share "
-                "group's last) was delivered: the broker archives it with no result and "
-                "no dead letter",
-                *position(last.msg),
-                last.count,
-            )
+        self._last.lost(poll.held())
         for job in poll.release(poll.held()):
-            if id(job) not in self._last:
+            if job not in self._last:
                 self._metrics[job.pipeline].released.inc(self._source.release(job.batch))
-
-
-def _last_delivery(count: int, limit: int) -> str:
-    """The reason of a record's ``redelivered`` dead letter."""
-    return (
-        f"delivered {count} times, the share group's limit (share.delivery.count.limit = "
-        f"{limit}): dead-lettered before it is processed, since the broker archives it after "
-        "this delivery (it may be what stopped the members it was delivered to)"
-    )
