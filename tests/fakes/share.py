@@ -29,7 +29,8 @@ from confluent_kafka import (
 from prometheus_client import CollectorRegistry
 
 from streamfer_dev.modelgen import DemoModel
-from tests.unit.fakes import TOPIC, FakeSink, GatedStore
+from tests.fakes.sink import FakeSink
+from tests.fakes.worker import TOPIC, GatedStore
 from worker.compose import wire_share_worker
 from worker.config import BatchPolicy, FeatureSpec, ModelSpec, PipelineConfig, WorkerConfig
 from worker.inference.engine import OnnxEngine
@@ -155,16 +156,6 @@ class FakeShareConsumer:
 
 def _at(msg: Message) -> Position:
     return cast(str, msg.topic()), cast(int, msg.partition()), cast(int, msg.offset())
-
-
-class Clock:
-    """A clock the test moves on; time goes by only when told."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass

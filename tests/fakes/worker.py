@@ -1,4 +1,5 @@
-"""Fakes of the Kafka clients for driving a real ``Worker`` without a broker.
+"""Fakes of the Kafka clients for driving a real ``Worker`` (or its committer) without a
+broker.
 
 They behave like confluent-kafka where the worker can tell: rebalance callbacks and
 scripted events run inside ``consume``; a paused partition is not fetched and stays
@@ -29,10 +30,10 @@ from confluent_kafka import (
 from prometheus_client import CollectorRegistry
 
 from streamfer_dev.modelgen import DemoModel
-from tests.unit.conftest import MemoryStore
+from tests.fakes.sink import FakeSink, refused_batch
+from tests.fakes.stores import MemoryStore
 from worker.compose import wire_worker
 from worker.config import BatchPolicy, FeatureSpec, ModelSpec, PipelineConfig, WorkerConfig
-from worker.core.tracker import DeliveryTracker
 from worker.core.types import PartitionKey
 from worker.inference.engine import OnnxEngine
 from worker.kafka.call_watch import CallWatch
@@ -68,6 +69,16 @@ class FakeConsumer:
     """Errors the next synchronous commits raise, one each, as during a rebalance."""
     on_commit: Callable[[KafkaError | None, list[TopicPartition]], None] | None = None
     """librdkafka's ``on_commit`` from the consumer's configuration."""
+    on_poll: Callable[[Message | None], None] | None = None
+    """Told what each ``poll`` returns, before the caller sees it."""
+    stored: list[list[tuple[str, int, int]]] = field(default_factory=list)
+    """Every ``store_offsets`` call, sorted."""
+    commits: list[tuple[list[tuple[str, int, int]], bool]] = field(default_factory=list)
+    """Every commit asked for, sorted, with whether it was asynchronous."""
+    fail_with: Exception | None = None
+    """Raised by every commit, before it is recorded."""
+    rejects: dict[PartitionKey, KafkaError] = field(default_factory=dict)
+    """Partitions a synchronous commit answers with an error (as the broker would)."""
 
     # -- the test's hands --------------------------------------------------------------
 
@@ -130,7 +141,10 @@ class FakeConsumer:
 
     def poll(self, timeout: float) -> Message | None:
         got = self.consume(1, timeout)
-        return got[0] if got else None
+        msg = got[0] if got else None
+        if self.on_poll is not None:
+            self.on_poll(msg)
+        return msg
 
     def pause(self, partitions: list[TopicPartition]) -> None:
         self.paused |= {(tp.topic, tp.partition) for tp in partitions}
@@ -139,20 +153,31 @@ class FakeConsumer:
         self.paused -= {(tp.topic, tp.partition) for tp in partitions}
 
     def store_offsets(self, *, offsets: list[TopicPartition]) -> None:
-        return None
+        self.stored.append(_plain(offsets))
 
     def commit(
         self, *, offsets: list[TopicPartition], asynchronous: bool
     ) -> list[TopicPartition] | None:
+        """Like confluent-kafka: an asynchronous commit returns None and is answered later
+        through on_commit; a synchronous one returns its offsets, each with its error, and
+        never reaches on_commit."""
+        if self.fail_with is not None:
+            raise self.fail_with
+        self.commits.append((_plain(offsets), asynchronous))
         if asynchronous:
             self.async_commits.append(offsets)
             return None
         if self.refusals:
             raise KafkaException(self.refusals.pop(0))
-        self.sync_commits.append(sorted((tp.topic, tp.partition, tp.offset) for tp in offsets))
-        for tp in offsets:
-            self.group_offsets[(tp.topic, tp.partition)] = tp.offset
-        return [TopicPartition(tp.topic, tp.partition, tp.offset) for tp in offsets]
+        self.sync_commits.append(_plain(offsets))
+        answers = [
+            Answered(tp.topic, tp.partition, tp.offset, self.rejects.get((tp.topic, tp.partition)))
+            for tp in offsets
+        ]
+        for answer in answers:
+            if answer.error is None:
+                self.group_offsets[(answer.topic, answer.partition)] = answer.offset
+        return cast(list[TopicPartition], answers)
 
     def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
         offsets = self.group_offsets
@@ -180,77 +205,18 @@ class FakeConsumer:
         return None
 
 
-def refused_batch(
-    records: Sequence[tuple[str, bytes | None]], compacted: set[str] | frozenset[str]
-) -> dict[int, KafkaError]:
-    """Which of one produce batch's ``(topic, key)`` records a broker refuses when
-    ``compacted`` topics compact, and with what: once one record of such a topic has no
-    key, Apache Kafka refuses that topic's whole batch; librdkafka reports INVALID_RECORD
-    on the keyless records and ``_INVALID_DIFFERENT_RECORD`` on their batch-mates."""
-    keyless = {topic for topic, key in records if key is None and topic in compacted}
-    return {
-        i: INVALID_RECORD if key is None else INVALID_DIFFERENT_RECORD
-        for i, (topic, key) in enumerate(records)
-        if topic in keyless
-    }
-
-
-INVALID_RECORD = KafkaError(KafkaError.INVALID_RECORD, "Broker: Invalid record")
-INVALID_DIFFERENT_RECORD = KafkaError(
-    KafkaError._INVALID_DIFFERENT_RECORD,
-    "Local: an invalid record in the same batch caused the failure of this message too",
-)
-
-
 @dataclass
-class FakeSink:
-    """Takes records like ``Sink``; each is acknowledged at the next poll or flush, where
-    the records queued since the last one are one produce batch: on a topic in
-    ``compacted`` (the broker's side; the worker knows what ``limit`` says) a keyless
-    record has the broker refuse that topic's whole batch."""
+class Answered:
+    """A partition of a synchronous commit's answer (``TopicPartition.error`` is read-only)."""
 
-    limit: RecordLimits = field(default_factory=RecordLimits.unread)
-    sent: list[tuple[str, bytes]] = field(default_factory=list)
-    unacked: list[tuple[DeliveryTracker, Message]] = field(default_factory=list)
-    compacted: set[str] = field(default_factory=set)
-    delivered: list[Message] = field(default_factory=list)
-    """Every record the broker took, in order."""
+    topic: str
+    partition: int
+    offset: int
+    error: KafkaError | None
 
-    def send(
-        self,
-        tracker: DeliveryTracker,
-        topic: str,
-        value: bytes,
-        key: bytes | None,
-        headers: Headers | None,
-    ) -> bool:
-        tracker.sent += 1
-        self.sent.append((topic, value))
-        report = Message(
-            topic=topic, partition=0, offset=len(self.sent), value=value, key=key, headers=headers
-        )
-        self.unacked.append((tracker, report))
-        return True
 
-    resend = Sink.resend  # the real one, sending through ``send`` above
-
-    def poll(self, timeout: float = 0.0) -> int:
-        acked, self.unacked = self.unacked, []
-        records = [(cast(str, msg.topic()), msg.key()) for _, msg in acked]
-        refused = refused_batch(records, self.compacted)
-        for i, (tracker, msg) in enumerate(acked):
-            if i not in refused:
-                self.delivered.append(msg)
-            tracker.on_delivery(refused.get(i), msg)
-        return len(acked)
-
-    def flush(self, timeout: float) -> int:
-        self.poll()
-        return 0
-
-    def delivered_to(self, topic: str) -> list[dict[str, Any]]:
-        """The bodies of what the broker took on ``topic``."""
-        return [orjson.loads(m.value() or b"") for m in self.delivered if m.topic() == topic]
+def _plain(offsets: list[TopicPartition]) -> list[tuple[str, int, int]]:
+    return sorted((tp.topic, tp.partition, tp.offset) for tp in offsets)
 
 
 @dataclass
@@ -487,3 +453,44 @@ def turn_until(worker: Worker, done: Callable[[], bool], timeout: float = 10.0) 
     while not done():
         assert time.monotonic() < deadline, "the worker did not get there"
         worker.run_once()
+
+
+# --- two pipelines, in two priority lanes -------------------------------------------
+
+LIVE, BULK = "live-req", "bulk-req"
+
+
+def entity_rows(classifier: DemoModel) -> dict[str, dict[str, bytes]]:
+    """The feature store's rows: entities e0 to e19."""
+    return {
+        f"e{i}": {f: repr(float(v)).encode() for f, v in zip(classifier.fields, row, strict=True)}
+        for i, row in enumerate(classifier.features[:20].tolist())
+    }
+
+
+def two_pipeline_config(classifier: DemoModel, *, priorities: bool = True) -> WorkerConfig:
+    """An interactive pipeline (batches of 4) and a bulk one (batches of 8); bound 4 x 8 =
+    32 records, so bulk's default share is 16 (two batches), resuming at 8."""
+
+    def pipeline(name: str, topic: str, batch: int, priority: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "request_topics": [topic],
+            "result_topic": f"{name}-res",
+            "dead_letter_topic": f"{name}-dlq",
+            "features": {"fields": classifier.fields},
+            "model": {"path": str(classifier.path), "name": "demo"},
+            "batch": {"max_batch_size": batch, "max_wait_ms": 1},
+            **({"priority": priority} if priorities else {}),
+        }
+
+    return WorkerConfig.model_validate(
+        {
+            "pipelines": [
+                pipeline("live", LIVE, 4, "interactive"),
+                pipeline("bulk", BULK, 8, "bulk"),
+            ],
+            "max_in_flight_batches": 4,
+            "poll_timeout_ms": 5,
+        }
+    )

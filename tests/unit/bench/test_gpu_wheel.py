@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks.gpu_wheel import SelectError, choose, cuda_major, main, plan
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MIB = 1024 * 1024
 CUDA13 = [
     "flatbuffers",

@@ -14,7 +14,7 @@ import pytest
 
 from benchmarks.pieces import MANIFEST, PieceError, join, main, read_manifest, split, store
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LIMIT = 64 * 1024
 
 

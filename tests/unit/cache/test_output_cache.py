@@ -12,19 +12,18 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from streamfer_dev.modelgen import DemoModel
-from tests.integration.helpers import assert_valid, validator
-from tests.unit.test_pipeline import (
+from tests.fakes.pipeline import (
     NAN_ROW,
     POISON,
     FakeMessage,
-    FakeSink,
     NanEngine,
     PoisonEngine,
-    Sent,
     WrappedEngine,
     inline_row,
     req,
 )
+from tests.fakes.sink import FakeSink, Sent
+from tests.integration.helpers import assert_valid, validator
 from worker.cache.keys import KEY_BYTES
 from worker.cache.memory import ENTRY_OVERHEAD
 from worker.cache.output_cache import OutputCache, open_cache
@@ -38,7 +37,7 @@ from worker.pipeline.hooks import BatchHooks
 from worker.pipeline.steps import Pipeline
 
 if TYPE_CHECKING:
-    from conftest import MemoryStore, StoreFactory
+    from tests.fakes.stores import MemoryStore, StoreFactory
 
 CACHED = b',"cached":true'
 

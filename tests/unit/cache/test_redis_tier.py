@@ -10,6 +10,7 @@ from collections.abc import Callable
 import orjson
 import pytest
 
+from tests.fakes.clock import FakeClock
 from worker.cache.redis_tier import VALUE_FORMAT, RedisCacheTier, decoded_value
 from worker.errors import FeatureStoreError
 
@@ -61,18 +62,10 @@ def tier_of(
     )
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_an_unreachable_redis_is_misses_and_the_tier_rests(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     tries: list[float] = []
     errors: list[tuple[str, int]] = []
 
@@ -102,7 +95,7 @@ def test_an_unreachable_redis_is_misses_and_the_tier_rests(
 
 
 def test_the_rest_is_at_most_30_seconds() -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     tries: list[float] = []
 
     def connect() -> object:

@@ -2,15 +2,8 @@
 
 from __future__ import annotations
 
+from tests.fakes.clock import FakeClock
 from worker.core.deadline import Deadline
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_remaining_and_passed_follow_the_clock() -> None:

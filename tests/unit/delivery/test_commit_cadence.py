@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import TopicPartition
 
-from tests.unit.test_commit import FakeConsumer, deliver, job, sent
+from tests.fakes.jobs import deliver, job, sent
+from tests.fakes.worker import FakeConsumer
 from worker.core.types import PartitionKey
 from worker.delivery.committer import CommitAnswers, Committer
 from worker.loop.pausing import PausingManager

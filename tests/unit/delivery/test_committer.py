@@ -2,99 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import cast
-
 import pytest
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
+from tests.fakes.jobs import deliver, job, sent
+from tests.fakes.worker import FakeConsumer
 from worker.core.job import Job
 from worker.core.tracker import DeliveryTracker
 from worker.core.types import PartitionKey
 from worker.delivery.committer import STALLED_COMMIT_S, CommitAnswers, Committer
 from worker.errors import CommitError, SinkError
-
-
-@dataclass
-class FakeConsumer:
-    """Records what the committer asks of ``confluent_kafka.Consumer``."""
-
-    stored: list[list[tuple[str, int, int]]] = field(default_factory=list)
-    commits: list[tuple[list[tuple[str, int, int]], bool]] = field(default_factory=list)
-    fail_with: Exception | None = None
-    rejects: dict[PartitionKey, KafkaError] = field(default_factory=dict)
-    """Partitions a synchronous commit answers with an error (as the broker would)."""
-
-    def store_offsets(self, *, offsets: list[TopicPartition]) -> None:
-        self.stored.append(_plain(offsets))
-
-    def commit(
-        self, *, offsets: list[TopicPartition], asynchronous: bool
-    ) -> list[TopicPartition] | None:
-        """Like confluent-kafka: an asynchronous commit returns None and is answered later
-        through on_commit; a synchronous one returns its offsets, each with its error, and
-        never reaches on_commit."""
-        if self.fail_with is not None:
-            raise self.fail_with
-        self.commits.append((_plain(offsets), asynchronous))
-        if asynchronous:
-            return None
-        return [
-            cast(
-                TopicPartition,
-                Answered(
-                    tp.topic, tp.partition, tp.offset, self.rejects.get((tp.topic, tp.partition))
-                ),
-            )
-            for tp in offsets
-        ]
-
-
-@dataclass
-class Answered:
-    """A partition of a synchronous commit's answer (``TopicPartition.error`` is read-only)."""
-
-    topic: str
-    partition: int
-    offset: int
-    error: KafkaError | None
-
-
-def _plain(offsets: list[TopicPartition]) -> list[tuple[str, int, int]]:
-    return sorted((tp.topic, tp.partition, tp.offset) for tp in offsets)
-
-
-class FakeMsg:
-    def __init__(self, topic: str = "res", partition: int = 0) -> None:
-        self._topic, self._partition = topic, partition
-
-    def topic(self) -> str:
-        return self._topic
-
-    def partition(self) -> int:
-        return self._partition
-
-
-def sent(n: int) -> DeliveryTracker:
-    """A tracker with ``n`` deliveries outstanding, as ``Sink.send`` leaves it."""
-    tracker = DeliveryTracker()
-    tracker.sent = n
-    tracker.seal()
-    return tracker
-
-
-def job(
-    tracker: DeliveryTracker,
-    offsets: dict[PartitionKey, int],
-    counts: dict[PartitionKey, int] | None = None,
-) -> Job:
-    """A batch in flight without records of its own (``counts`` are what it counts)."""
-    return Job("p", [], tracker, offsets, counts=dict(counts or {}))
-
-
-def deliver(tracker: DeliveryTracker, n: int = 1, err: KafkaError | None = None) -> None:
-    for _ in range(n):
-        tracker.on_delivery(err, FakeMsg())  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -131,7 +48,7 @@ def test_tracker_counts_deliveries() -> None:
 
 def test_tracker_keeps_errors_with_location() -> None:
     t = sent(1)
-    t.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT), FakeMsg("out", 3))  # type: ignore[arg-type]
+    t.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT), Message(topic="out", partition=3))
     assert t.done
     assert len(t.errors) == 1
     assert t.errors[0].startswith("out[3]: ")

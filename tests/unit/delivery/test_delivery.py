@@ -14,7 +14,8 @@ import pytest
 from confluent_kafka import KafkaError, Message
 
 from streamfer_dev.modelgen import DemoModel
-from tests.unit.fakes import TOPIC, FakeSink, build_worker, turn_until
+from tests.fakes.sink import FakeSink
+from tests.fakes.worker import TOPIC, build_worker, turn_until
 from worker.core.tracker import RESENDS_PER_RECORD, DeliveryTracker
 from worker.delivery.mode import AtLeastOnce, Stages
 from worker.kafka.limits import RecordLimits
@@ -98,7 +99,8 @@ def test_a_synchronous_commit_with_a_refused_partition_counts_as_a_commit_failur
     from confluent_kafka import KafkaError
     from prometheus_client import CollectorRegistry, Counter, Gauge
 
-    from tests.unit.test_commit import FakeConsumer, job, sent
+    from tests.fakes.jobs import job, sent
+    from tests.fakes.worker import FakeConsumer
     from worker.delivery.committer import Committer
     from worker.delivery.mode import commit_delivered
 

@@ -19,8 +19,8 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from streamfer_dev.modelgen import DemoModel
-from tests.unit import fakes
-from tests.unit.fakes import TOPIC, FakeConsumer, build_worker, turn_until
+from tests.fakes import worker as fakes
+from tests.fakes.worker import TOPIC, FakeConsumer, build_worker, turn_until
 from worker.config import BatchPolicy, PipelineConfig
 from worker.delivery.transaction_tries import FAILURES_IN_A_ROW
 from worker.errors import ProducerUnusable, SinkError, SourceError
@@ -219,18 +219,15 @@ def test_a_record_fetched_before_a_rewind_of_its_partition_is_never_batched(
     consumer.produce(0, 4)
     turn_until(worker, lambda: producer.open is not None)
     consumer.produce(1, 4)
-    polled = worker._source._poll
     first: list[int] = []
 
-    def poll(timeout: float) -> Any:
-        msg = polled(timeout)
+    def polled(msg: Message | None) -> None:
         if msg is not None and msg.partition() == 1 and not first:
             first.append(msg.offset())
             consumer.events.append(lambda c: c.lose(P0))  # served by the next call
             threading.Timer(0.3, store.gate.set).start()
-        return msg
 
-    worker._source._poll = poll
+    consumer.on_poll = polled
     turn_until(worker, lambda: len(producer.aborted) == 1)
     assert first == [0] and consumer.seeks == [(P1, 0)]
     turn_until(worker, lambda: {o for p, o in producer.sources() if p == 1} >= {0, 1, 2, 3})

@@ -41,7 +41,7 @@ from worker.pipeline.feeds import assemble as assemble_feeds
 from worker.pipeline.steps import Pipeline
 
 if TYPE_CHECKING:
-    from conftest import MemoryStore, StoreFactory
+    from tests.fakes.stores import MemoryStore, StoreFactory
 
 FIELDS = ["a", "b", "c"]
 

@@ -17,7 +17,7 @@ from worker.features import Command, redis_client
 from worker.tools import redis_check
 from worker.tools.redis_check import check_sentinel
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "redis-sentinel.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "how-to" / "redis-sentinel.md"
 
 SENTINELS = {"sentinels": ["s1:26379", "[::1]:26380"], "service_name": "features"}
 

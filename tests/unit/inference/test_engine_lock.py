@@ -12,7 +12,7 @@ import pytest
 
 from worker.inference.engine_lock import LOCK_FILE, engine_cache_lock
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 # Takes the lock, says so (on stdout and in the journal), holds it until a line arrives on
 # stdin (or stdin closes), and notes in the journal when it lets go.

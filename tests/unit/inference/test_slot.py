@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.unit.onnx_models import random_mlp, three_feature_pipeline
-from tests.unit.test_pipeline import FakeMessage, FakeSink
+from tests.fakes.onnx_models import random_mlp, three_feature_pipeline
+from tests.fakes.pipeline import FakeMessage
+from tests.fakes.sink import FakeSink
 from worker.config import ModelSpec, PipelineConfig
 from worker.core.tracker import DeliveryTracker
 from worker.inference.engine import OnnxEngine
@@ -24,7 +25,7 @@ from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.steps import Pipeline
 
 if TYPE_CHECKING:
-    from conftest import StoreFactory
+    from tests.fakes.stores import StoreFactory
 
 FIELDS = ["a", "b", "c"]
 ROWS = {"e0": [0.5, -1.0, 2.0], "e1": [1.5, 0.25, -0.75], "e2": [-2.0, 3.0, 0.0]}

@@ -1,4 +1,4 @@
-"""``TritonEngine`` against a fake server (``tests.unit.triton_fakes``), its config, and
+"""``TritonEngine`` against a fake server (``tests.fakes.triton``), its config, and
 the infer step waiting out a server that cannot answer, with the real Pipeline."""
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from streamfer_dev.modelgen import DemoModel
-from tests.unit import test_pipeline as base
-from tests.unit.test_model_faults import Readiness, rows
-from tests.unit.test_pipeline import FakeSink, WrappedEngine, matrix
-from tests.unit.test_reloader import one_pipeline
-from tests.unit.triton_fakes import FakeTriton, TritonFailure
+from tests.fakes import pipeline as base
+from tests.fakes.pipeline import Readiness, WrappedEngine, matrix, one_pipeline, rows
+from tests.fakes.sink import FakeSink
+from tests.fakes.triton import FakeTriton, TritonFailure
 from worker.config import ModelSpec, PipelineConfig, load_config
 from worker.errors import EngineError, InferenceServerError
 from worker.features import StoreWait
@@ -31,9 +30,6 @@ from worker.models.reloader import Look, ModelWatch, show_model
 from worker.ops.health import HealthState
 from worker.ops.metrics import Metrics
 from worker.pipeline import FeedPlan
-
-config, store, onnx_engine = base.config, base.store, base.onnx_engine
-metrics, make_pipeline, sink = base.metrics, base.make_pipeline, base.sink
 
 
 def spec(**triton: Any) -> ModelSpec:
@@ -253,7 +249,7 @@ def test_a_stopping_worker_ends_the_wait(abort: threading.Event) -> None:
 
 def test_the_docs_example_loads(tmp_path: Path) -> None:
     """The how-to's TOML example is a config the worker accepts."""
-    page = Path(__file__).parents[2] / "docs" / "how-to" / "triton.md"
+    page = Path(__file__).parents[3] / "docs" / "how-to" / "triton.md"
     (block,) = re.findall(r"```toml\n(.*?)```", page.read_text(), flags=re.S)
     path = tmp_path / "worker.toml"
     path.write_text(block)

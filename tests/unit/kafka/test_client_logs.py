@@ -6,15 +6,8 @@ import logging
 
 import pytest
 
+from tests.fakes.clock import FakeClock
 from worker.kafka.client_logs import BROKER_OUTAGES, KAFKA_LOG, BrokerOutages, RepeatFilter
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _record(message: str, level: int = logging.ERROR) -> logging.LogRecord:
@@ -22,7 +15,7 @@ def _record(message: str, level: int = logging.ERROR) -> logging.LogRecord:
 
 
 def test_repeats_differing_only_in_numbers_pass_once_per_window() -> None:
-    clock = Clock()
+    clock = FakeClock(0.0)
     repeats = RepeatFilter(window_s=30.0, clock=clock)
     line = "127.0.0.1:{}/bootstrap: Connect failed: Connection refused (after {}ms in CONNECT)"
     passed = []
@@ -73,7 +66,7 @@ REFUSED = (
 def test_a_broker_restart_is_one_warning_and_one_line_when_it_is_back(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    clock = Clock()
+    clock = FakeClock(0.0)
     outages = BrokerOutages(remind_s=60.0, clock=clock)
     passed = []
     lines = [
@@ -111,7 +104,7 @@ def test_a_broker_restart_is_one_warning_and_one_line_when_it_is_back(
 
 
 def test_real_errors_about_a_broker_stay_errors_and_each_broker_has_its_own_outage() -> None:
-    outages = BrokerOutages(clock=Clock())
+    outages = BrokerOutages(clock=FakeClock(0.0))
     for buf in (
         "127.0.0.1:9094/bootstrap: SSL handshake failed: certificate verify failed",
         "127.0.0.1:9094/1: SASL authentication error: Authentication failed (after 3ms)",
@@ -129,7 +122,7 @@ def test_real_errors_about_a_broker_stay_errors_and_each_broker_has_its_own_outa
 
 
 def test_a_long_outage_is_recalled_once_a_minute_with_what_was_held_back() -> None:
-    clock = Clock()
+    clock = FakeClock(0.0)
     outages = BrokerOutages(remind_s=60.0, clock=clock)
     passed = []
     for i in range(2400):  # 120 s, every 50 ms
@@ -152,7 +145,7 @@ def test_the_kafka_logger_filters_outages_before_repeats() -> None:
 def test_errors_after_a_quiet_spell_are_a_new_outage() -> None:
     """A broker no client reconnects to after its restart never shows UP in statistics;
     its next failure must still be told, not held back as part of the old one."""
-    clock = Clock()
+    clock = FakeClock(0.0)
     outages = BrokerOutages(remind_s=60.0, quiet_s=30.0, clock=clock)
     assert outages.filter(_librdkafka(REFUSED.format(port=9093, id=2)))
     clock.now = 29.0

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from streamfer_dev.modelgen import DemoModel
-from tests.unit import fakes
-from tests.unit.fakes import TOPIC, build_worker, turn_until
+from tests.fakes import worker as fakes
+from tests.fakes.worker import TOPIC, build_worker, turn_until
 from worker.config import BatchPolicy
 from worker.core import Job
 

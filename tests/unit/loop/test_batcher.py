@@ -7,21 +7,9 @@ from typing import Any
 
 import pytest
 
+from tests.fakes.clock import FakeClock
 from worker.config import BatchPolicy
 from worker.loop.batcher import Batcher
-
-
-class FakeClock:
-    """A monotonic clock that only moves when the test says so."""
-
-    def __init__(self, start: float = 100.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, ms: float) -> None:
-        self.now += ms / 1000.0
 
 
 @pytest.fixture

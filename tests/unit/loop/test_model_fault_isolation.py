@@ -17,11 +17,20 @@ from confluent_kafka import Message
 from prometheus_client import CollectorRegistry
 
 from streamfer_dev.modelgen import DemoModel
-from tests.unit.fakes import FakeConsumer, FakeSink, GatedStore, fake_worker, requests
-from tests.unit.share_fakes import request, share_worker
-from tests.unit.test_pipeline import WrappedEngine
-from tests.unit.test_stage_threads import wait_for
-from tests.unit.test_worker_lanes import BULK, LIVE, entity_rows, two_pipeline_config
+from tests.fakes.pipeline import WrappedEngine
+from tests.fakes.share import request, share_worker
+from tests.fakes.sink import FakeSink
+from tests.fakes.waits import wait_for
+from tests.fakes.worker import (
+    BULK,
+    LIVE,
+    FakeConsumer,
+    GatedStore,
+    entity_rows,
+    fake_worker,
+    requests,
+    two_pipeline_config,
+)
 from worker.errors import EngineError
 from worker.inference import LiveModel
 from worker.inference.engine import Feeds, OnnxEngine, Outputs

@@ -13,17 +13,12 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from streamfer_dev.modelgen import DemoModel
-from tests.unit.fakes import TOPIC, FakeSink
-from tests.unit.share_fakes import Clock, FakeShareConsumer, request, share_worker
+from tests.fakes.clock import FakeClock
+from tests.fakes.share import FakeShareConsumer, request, share_worker
+from tests.fakes.sink import FakeSink
+from tests.fakes.worker import TOPIC
 from worker.config import KafkaSettings
 from worker.kafka.share_group import _limits
-
-
-def wait_for(done: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, "not there in time"
-        time.sleep(0.002)
 
 
 @dataclass
@@ -162,7 +157,7 @@ def test_a_healthy_worker_does_not_push_records_towards_their_last_delivery(
     """One slow poll earlier (8 records in 3 s), then fast polls only: the budget learns
     the fast rate, so the broker's whole batches are not released again and again (each
     release is one delivery more, towards the last)."""
-    clock = Clock()
+    clock = FakeClock(1000.0)
     consumer = FakeShareConsumer(whole=True)
     rig = share_worker(classifier, batch=4, in_flight=2, limit=5, clock=clock, consumer=consumer)
     rig.worker._budget.observe(8, clock.now - 3.0)

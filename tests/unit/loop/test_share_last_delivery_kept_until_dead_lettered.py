@@ -13,8 +13,9 @@ import pytest
 from confluent_kafka import KafkaError
 
 from streamfer_dev.modelgen import DemoModel
-from tests.unit.fakes import FakeSink
-from tests.unit.share_fakes import Clock, FakeShareConsumer, request, share_worker
+from tests.fakes.clock import FakeClock
+from tests.fakes.share import FakeShareConsumer, request, share_worker
+from tests.fakes.sink import FakeSink
 
 LIMIT = 5
 LOCK_S = 1000.0
@@ -29,7 +30,7 @@ class DlqDownSink(FakeSink):
     polls do not move it, so however slowly the stage threads run here, the batched
     records are never given up on for the time the loop spun meanwhile."""
 
-    clock: Clock = field(default_factory=Clock)
+    clock: FakeClock = field(default_factory=lambda: FakeClock(1000.0))
     failures: int = 1_000_000
     on_failure: Callable[[], None] = lambda: None
     results: int = 2
@@ -53,7 +54,7 @@ class DlqDownSink(FakeSink):
 def test_a_failed_last_delivery_dead_letter_is_sent_again_until_delivered(
     classifier: DemoModel,
 ) -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     consumer = FakeShareConsumer(max_poll=8, archive_at=LIMIT)
     sink = DlqDownSink(clock=clock, failures=4)
     rig = share_worker(
@@ -75,7 +76,7 @@ def test_a_stop_while_the_dead_letter_fails_names_the_record_the_broker_archives
     """The worker stops (the shutdown timeout passes) with the dead-letter topic still
     refusing: the record is not released (the broker archives it all the same when the
     member leaves), and the log names it."""
-    clock = Clock()
+    clock = FakeClock(1000.0)
     consumer = FakeShareConsumer(max_poll=8, archive_at=LIMIT)
     sink = DlqDownSink(clock=clock)
     rig = share_worker(

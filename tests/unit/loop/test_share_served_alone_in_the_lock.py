@@ -8,11 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 from streamfer_dev.modelgen import DemoModel
-from tests.unit.share_fakes import Clock, request, share_worker
+from tests.fakes.clock import FakeClock
+from tests.fakes.share import request, share_worker
 from worker.loop.share_poll import LockBudget, group_size
 
 
-def slow_passes(rig: Any, clock: Clock, *seconds: float) -> list[list[str]]:
+def slow_passes(rig: Any, clock: FakeClock, *seconds: float) -> list[list[str]]:
     """Each pipeline pass (one Redis fetch) takes the next of ``seconds`` of ``clock``,
     the last one for every pass after."""
     fetched: list[list[str]] = []
@@ -33,7 +34,7 @@ def test_healthy_records_near_the_limit_all_reach_the_model_when_they_do_not_fit
     """Ten healthy records delivered 3 times of 5; the lock budget (8 s of a 10 s lock)
     holds two passes of 3 s: the first is served alone, the rest of the poll together,
     and nothing is released."""
-    clock = Clock()
+    clock = FakeClock(1000.0)
     rig = share_worker(classifier, limit=5, batch=8, lock_s=10.0, clock=clock)
     fetched = slow_passes(rig, clock, 3.0)
     rig.consumer.waiting += [request(i, count=3) for i in range(10)]
@@ -51,7 +52,7 @@ def test_healthy_records_near_the_limit_all_reach_the_model_when_they_do_not_fit
 
 
 def test_a_group_never_exceeds_the_batch_size(classifier: DemoModel) -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     rig = share_worker(classifier, limit=5, batch=2, in_flight=4, lock_s=10.0, clock=clock)
     fetched = slow_passes(rig, clock, 3.0, 0.1)  # one slow turn: the rest must go in one
     rig.consumer.waiting += [request(i, count=4) for i in range(6)]
@@ -62,7 +63,7 @@ def test_a_group_never_exceeds_the_batch_size(classifier: DemoModel) -> None:
 
 
 def test_records_that_fit_alone_are_still_served_one_by_one(classifier: DemoModel) -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     rig = share_worker(classifier, limit=5, batch=4, lock_s=30.0, clock=clock)
     fetched = slow_passes(rig, clock, 1.0)
     rig.consumer.waiting += [request(i, count=3) for i in range(6)]
@@ -75,7 +76,7 @@ def test_records_that_fit_alone_are_still_served_one_by_one(classifier: DemoMode
 def test_a_stop_releases_the_records_not_served_yet(classifier: DemoModel) -> None:
     """A stop lets the turns go on for the shutdown timeout (30 s), then releases what
     is left and leaves the group."""
-    clock = Clock()
+    clock = FakeClock(1000.0)
     rig = share_worker(classifier, limit=5, batch=4, lock_s=1000.0, clock=clock)
     inner = rig.store.get_many
 
@@ -104,7 +105,7 @@ def test_group_size_fills_the_time_left_with_turns() -> None:
 
 
 def test_the_time_of_a_turn_follows_the_slowest_recent_one() -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     budget = LockBudget(10.0, clock)
     assert budget.turn_s is None
     clock.now += 3.0

@@ -15,8 +15,10 @@ import pytest
 from confluent_kafka import AcknowledgeType, KafkaError, Message
 
 from streamfer_dev.modelgen import DemoModel
-from tests.unit.fakes import FakeSink
-from tests.unit.share_fakes import Clock, FakeShareConsumer, request, share_worker
+from tests.fakes.clock import FakeClock
+from tests.fakes.share import FakeShareConsumer, request, share_worker
+from tests.fakes.sink import FakeSink
+from tests.fakes.waits import wait_for
 from worker.core import DeliveryTracker, Job
 from worker.errors import SinkError
 from worker.loop.share_poll import (
@@ -27,13 +29,6 @@ from worker.loop.share_poll import (
     serving_order,
     split,
 )
-
-
-def wait_for(done: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, "not there in time"
-        time.sleep(0.002)
 
 
 def in_thread(target: Callable[[], None]) -> tuple[threading.Thread, list[BaseException]]:
@@ -256,7 +251,7 @@ def test_the_worker_holds_one_poll_of_at_most_the_in_flight_bound(
 def test_at_the_lock_budget_what_no_stage_started_is_released(classifier: DemoModel) -> None:
     """A poll outliving LOCK_SHARE of the record lock gives back the batches still
     queued; the running one goes on while its lock lasts."""
-    clock = Clock()
+    clock = FakeClock(1000.0)
     rig = share_worker(classifier, batch=2, in_flight=4, lock_s=10.0, clock=clock)
     rig.store.gate.clear()
     rig.consumer.produce(8)
@@ -278,7 +273,7 @@ def test_a_batch_still_running_when_its_lock_runs_out_is_not_produced(
     """The broker hands a record whose lock ran out to another member (on the group's
     last delivery, to be dead-lettered there): a result produced here too would give
     the request two outcomes. The batch is released and counted an overrun."""
-    clock = Clock()
+    clock = FakeClock(1000.0)
     rig = share_worker(classifier, batch=2, in_flight=4, lock_s=10.0, clock=clock)
     rig.store.gate.clear()
     rig.consumer.produce(2, count=4)  # limit 5: the next delivery is the last
@@ -302,7 +297,7 @@ def test_a_poll_beyond_what_the_worker_finishes_in_time_is_partly_released_at_on
 ) -> None:
     """The broker may hand out whole producer batches beyond max.poll.records: once the
     worker knows its rate, what it would not finish within the budget goes back."""
-    clock = Clock()
+    clock = FakeClock(1000.0)
     consumer = FakeShareConsumer(whole=True)
     rig = share_worker(
         classifier, batch=4, in_flight=2, lock_s=10.0, clock=clock, consumer=consumer
@@ -343,7 +338,7 @@ def test_split_cuts_each_pipelines_records_into_even_batches() -> None:
 
 
 def test_the_lock_budget_is_unknown_until_it_watched_long_enough() -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     budget = LockBudget(30.0, clock)  # 24 s
     assert budget.room(4) is None
     budget.observe(10, clock.now - 0.5)  # 0.5 s watched of the 2.4 s it needs
@@ -358,7 +353,7 @@ def test_the_lock_budget_is_unknown_until_it_watched_long_enough() -> None:
 def test_the_lock_budget_outgrows_one_slow_poll() -> None:
     """A cold start or a Redis hiccup must not leave the budget stuck low: every later
     poll counts, however short."""
-    clock = Clock()
+    clock = FakeClock(1000.0)
     budget = LockBudget(30.0, clock)  # 24 s
     budget.observe(8, clock.now - 3.0)  # 2.7 records/s
     assert budget.room(64) == 64
@@ -372,7 +367,7 @@ def test_the_lock_budget_counts_what_was_accepted_not_what_was_released(
 ) -> None:
     """2 of 8 records finished in 9 s (the other 6 went back at the budget): the next
     poll may hold what 2 records in 9 s says, not 8."""
-    clock = Clock()
+    clock = FakeClock(1000.0)
     rig = share_worker(classifier, batch=2, in_flight=4, lock_s=10.0, clock=clock)
     rig.store.gate.clear()
     rig.consumer.produce(8)

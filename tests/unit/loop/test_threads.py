@@ -5,10 +5,11 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
+from tests.fakes.waits import wait_for
 from worker.core.job import Job
 from worker.core.parked import Parked
 from worker.core.tracker import DeliveryTracker
@@ -52,13 +53,6 @@ class Recorder:
             self.log(f"published {job.pipeline}")
 
         return infer
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.002)
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The worker's loop, turn by turn, against fake Kafka clients (``tests/unit/fakes.py``):
+"""The worker's loop, turn by turn, against fake Kafka clients (``tests/fakes/worker.py``):
 batches publish and commit, and the bound of records in flight always releases, whatever
 order commit answers and rebalances come in."""
 
@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 from streamfer_dev.modelgen import DemoModel
-from tests.unit.fakes import TOPIC, build_worker, turn_until
+from tests.fakes.worker import TOPIC, build_worker, turn_until
 from worker.delivery.committer import STALLED_COMMIT_S
 from worker.errors import CommitError, SourceError
 

@@ -1,4 +1,4 @@
-"""Priority lanes in a real ``Worker`` against fake Kafka clients (``tests/unit/fakes.py``):
+"""Priority lanes in a real ``Worker`` against fake Kafka clients (``tests/fakes/worker.py``):
 a bulk pipeline at its share of the in-flight bound has only its partitions paused while
 the interactive pipeline's keep flowing, interactive batches go ahead of waiting bulk
 ones, and every request of both is answered once, in order, and committed to the end."""
@@ -6,69 +6,33 @@ ones, and every request of both is answered once, in order, and committed to the
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import orjson
 from prometheus_client import CollectorRegistry
 
 from streamfer_dev.modelgen import DemoModel
-from tests.unit.fakes import (
+from tests.fakes.sink import FakeSink
+from tests.fakes.worker import (
+    BULK,
+    LIVE,
     FakeConsumer,
-    FakeSink,
     GatedStore,
+    entity_rows,
     fake_worker,
     requests,
     turn_until,
+    two_pipeline_config,
 )
-from worker.config import WorkerConfig
 from worker.inference.engine import OnnxEngine
 from worker.loop.worker import Worker
 from worker.ops.metrics import Metrics
 from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.steps import Pipeline
 
-LIVE, BULK = "live-req", "bulk-req"
-
 
 def append(consumer: FakeConsumer, topic: str, partition: int, n: int) -> None:
     log = consumer.logs.setdefault((topic, partition), [])
     log += requests(partition, n, start=len(log), topic=topic)
-
-
-def entity_rows(classifier: DemoModel) -> dict[str, dict[str, bytes]]:
-    """The feature store's rows: entities e0 to e19."""
-    return {
-        f"e{i}": {f: repr(float(v)).encode() for f, v in zip(classifier.fields, row, strict=True)}
-        for i, row in enumerate(classifier.features[:20].tolist())
-    }
-
-
-def two_pipeline_config(classifier: DemoModel, *, priorities: bool = True) -> WorkerConfig:
-    """An interactive pipeline (batches of 4) and a bulk one (batches of 8); bound 4 x 8 =
-    32 records, so bulk's default share is 16 (two batches), resuming at 8."""
-
-    def pipeline(name: str, topic: str, batch: int, priority: str) -> dict[str, Any]:
-        return {
-            "name": name,
-            "request_topics": [topic],
-            "result_topic": f"{name}-res",
-            "dead_letter_topic": f"{name}-dlq",
-            "features": {"fields": classifier.fields},
-            "model": {"path": str(classifier.path), "name": "demo"},
-            "batch": {"max_batch_size": batch, "max_wait_ms": 1},
-            **({"priority": priority} if priorities else {}),
-        }
-
-    return WorkerConfig.model_validate(
-        {
-            "pipelines": [
-                pipeline("live", LIVE, 4, "interactive"),
-                pipeline("bulk", BULK, 8, "bulk"),
-            ],
-            "max_in_flight_batches": 4,
-            "poll_timeout_ms": 5,
-        }
-    )
 
 
 def two_pipeline_worker(

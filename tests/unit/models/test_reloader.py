@@ -19,25 +19,18 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.unit.onnx_models import random_mlp
+from tests.fakes.clock import FakeClock
+from tests.fakes.onnx_models import random_mlp
+from tests.fakes.pipeline import one_pipeline
 from worker.cache import OutputCache, open_cache
-from worker.config import PipelineConfig, RedisSettings, parse_config
+from worker.config import PipelineConfig, RedisSettings
 from worker.inference.engine import file_sha256
 from worker.inference.slot import LiveModel, ModelIdentity, ModelSlot
 from worker.models.parts import load_model
 from worker.models.reloader import Look, ModelWatch, Reloader, show_model
 from worker.ops.metrics import Metrics
 
-FIELDS = ["a", "b", "c"]
 SETTLE_S = 1.0
-
-
-@dataclass
-class Clock:
-    now: float = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass
@@ -48,7 +41,7 @@ class Served:
     slot: ModelSlot
     watch: ModelWatch
     metrics: Metrics
-    clock: Clock
+    clock: FakeClock
     cache: OutputCache | None = None
     shas: dict[str, str] = field(default_factory=dict)
 
@@ -91,25 +84,6 @@ def _age(path: Path, seconds: float = 60.0) -> None:
     os.utime(path, (then, then))
 
 
-def one_pipeline(model: dict[str, Any], cache: dict[str, Any] | None = None) -> PipelineConfig:
-    """Pipeline ``p`` of features ``FIELDS``, batches of 8, serving ``model`` (named m)."""
-    raw = {
-        "pipelines": [
-            {
-                "name": "p",
-                "request_topics": ["req"],
-                "result_topic": "res",
-                "dead_letter_topic": "dlq",
-                "features": {"fields": FIELDS},
-                "batch": {"max_batch_size": 8},
-                "model": {"name": "m", **model},
-                **({"cache": cache} if cache is not None else {}),
-            }
-        ]
-    }
-    return parse_config(raw, environ={}).pipelines[0]
-
-
 def _serve(
     model: dict[str, Any],
     *,
@@ -133,7 +107,7 @@ def _serve(
     identity = slot.for_batch().identity
     shown = show_model(metrics, "p", identity, loaded.engine.providers[0], hide=None)
     built = open_cache(config, RedisSettings(), metrics, loaded.engine)
-    fake = Clock()
+    fake = FakeClock(1000.0)
     watch = ModelWatch(
         config,
         slot,

@@ -8,21 +8,9 @@ import signal
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests.fakes.clock import FakeClock
 from worker.ops import RECOVERY_ENV, Recoveries
 from worker.ops.recovery import RecoveryRecord
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-        self.slept: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds
 
 
 class _Exec:
@@ -39,7 +27,10 @@ class _Exec:
 
 
 def _recoveries(
-    environ: dict[str, str], clock: _Clock, execve: _Exec, registry: CollectorRegistry | None = None
+    environ: dict[str, str],
+    clock: FakeClock,
+    execve: _Exec,
+    registry: CollectorRegistry | None = None,
 ) -> Recoveries:
     return Recoveries(
         environ,
@@ -64,17 +55,17 @@ def test_the_record_reads_back_what_it_wrote_and_ignores_anything_else() -> None
 
 def test_a_fresh_worker_shows_no_recovery_and_a_restarted_one_its_count() -> None:
     fresh = CollectorRegistry()
-    _recoveries({}, _Clock(), _Exec(), fresh)
+    _recoveries({}, FakeClock(), _Exec(), fresh)
     assert _count(fresh) == 0.0
     again = CollectorRegistry()
-    _recoveries({RECOVERY_ENV: "quick=1;call_stalled=2"}, _Clock(), _Exec(), again)
+    _recoveries({RECOVERY_ENV: "quick=1;call_stalled=2"}, FakeClock(), _Exec(), again)
     assert _count(again) == 2.0
 
 
 def test_a_recovery_waits_the_backoff_then_starts_the_same_command_counted(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    clock, execve = _Clock(), _Exec()
+    clock, execve = FakeClock(), _Exec()
     recoveries = _recoveries({"PATH": "/bin"}, clock, execve)
     with caplog.at_level(logging.WARNING):
         recoveries.restart("call_stalled", "send_offsets_to_transaction stalled", lambda: False)
@@ -91,14 +82,14 @@ def test_a_recovery_waits_the_backoff_then_starts_the_same_command_counted(
 
 
 def test_quick_recoveries_back_off_and_a_long_run_starts_the_backoff_afresh() -> None:
-    clock, execve = _Clock(), _Exec()
+    clock, execve = FakeClock(), _Exec()
     _recoveries({RECOVERY_ENV: "quick=3;call_stalled=3"}, clock, execve).restart(
         "call_stalled", "stalled", lambda: False
     )
     assert sum(clock.slept) == pytest.approx(8.0)  # 1 s doubled three times
     assert RecoveryRecord.parse(execve.calls[0][2][RECOVERY_ENV]).quick == 4
 
-    clock, execve = _Clock(), _Exec()
+    clock, execve = FakeClock(), _Exec()
     recoveries = _recoveries({RECOVERY_ENV: "quick=6;call_stalled=6"}, clock, execve)
     clock.now += 61.0  # served a minute before this one
     recoveries.restart("call_stalled", "stalled", lambda: False)
@@ -108,7 +99,7 @@ def test_quick_recoveries_back_off_and_a_long_run_starts_the_backoff_afresh() ->
 
 
 def test_the_backoff_never_passes_thirty_seconds() -> None:
-    clock, execve = _Clock(), _Exec()
+    clock, execve = FakeClock(), _Exec()
     _recoveries({RECOVERY_ENV: "quick=40;call_stalled=40"}, clock, execve).restart(
         "call_stalled", "stalled", lambda: False
     )
@@ -116,7 +107,7 @@ def test_the_backoff_never_passes_thirty_seconds() -> None:
 
 
 def test_a_signal_during_the_backoff_stops_instead_of_starting_again() -> None:
-    clock, execve = _Clock(), _Exec()
+    clock, execve = FakeClock(), _Exec()
     recoveries = _recoveries({RECOVERY_ENV: "quick=2;call_stalled=2"}, clock, execve)
     recoveries.restart("call_stalled", "stalled", lambda: clock.now >= 101.0)
     assert execve.calls == []
@@ -126,7 +117,7 @@ def test_a_signal_during_the_backoff_stops_instead_of_starting_again() -> None:
 def test_a_new_image_that_cannot_start_is_logged_and_handed_back(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    clock, execve = _Clock(), _Exec(fail=True)
+    clock, execve = FakeClock(), _Exec(fail=True)
     before = signal.pthread_sigmask(signal.SIG_BLOCK, set())
     with caplog.at_level(logging.ERROR):
         _recoveries({}, clock, execve).restart("call_stalled", "stalled", lambda: False)
@@ -136,13 +127,13 @@ def test_a_new_image_that_cannot_start_is_logged_and_handed_back(
 
 
 def test_each_reason_is_counted_apart() -> None:
-    clock, execve = _Clock(), _Exec()
+    clock, execve = FakeClock(), _Exec()
     environ = {RECOVERY_ENV: "quick=0;call_stalled=2"}
     _recoveries(environ, clock, execve).restart(
         "producer_unusable", "fenced after the transaction timed out", lambda: False
     )
     registry = CollectorRegistry()
-    _recoveries(execve.calls[0][2], _Clock(), _Exec(), registry)
+    _recoveries(execve.calls[0][2], FakeClock(), _Exec(), registry)
     assert _count(registry) == 2.0
     fenced = {"reason": "producer_unusable"}
     assert registry.get_sample_value("streamfer_recoveries_total", fenced) == 1.0

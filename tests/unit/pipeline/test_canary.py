@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.unit.onnx_models import random_mlp, three_feature_pipeline
-from tests.unit.test_pipeline import FakeMessage, FakeSink, WrappedEngine
+from tests.fakes.onnx_models import random_mlp, three_feature_pipeline
+from tests.fakes.pipeline import FakeMessage, WrappedEngine
+from tests.fakes.sink import FakeSink
 from worker.config import ModelSpec
 from worker.core.tracker import DeliveryTracker
 from worker.errors import EngineError
@@ -24,7 +25,7 @@ from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.steps import Pipeline
 
 if TYPE_CHECKING:
-    from conftest import StoreFactory
+    from tests.fakes.stores import StoreFactory
 
 FIELDS = ["a", "b", "c"]
 

@@ -182,7 +182,7 @@ def test_deep_nesting_under_size_limit_does_not_crash_the_process() -> None:
         "out = decode_requests([deep], RequestShape.simple(['a']), 1 << 20)\n"
         "print(out.rows, [r.code for r in out.rejections])\n"
     )
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     proc = subprocess.run(
         [sys.executable, "-c", script],
         cwd=root,
@@ -349,7 +349,7 @@ def test_invalid_entity_beside_good_ones_refuses_only_its_record(decode: Decode)
 
 def _request_schema_entity() -> dict[str, Any]:
     schema = json.loads(
-        (Path(__file__).resolve().parents[2] / "schemas/request.schema.json").read_text()
+        (Path(__file__).resolve().parents[3] / "schemas/request.schema.json").read_text()
     )
     entity: dict[str, Any] = schema["properties"]["entity"]
     return entity

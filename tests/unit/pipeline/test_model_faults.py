@@ -12,18 +12,19 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from streamfer_dev.modelgen import DemoModel
-from tests.unit import test_pipeline as base
-from tests.unit.test_pipeline import (
+from tests.fakes.pipeline import (
     POISON,
-    FakeSink,
     PipelineFactory,
+    Readiness,
     WrappedEngine,
     handle,
     inline_row,
     matrix,
     messages,
     req,
+    rows,
 )
+from tests.fakes.sink import FakeSink
 from worker.config import ModelSpec, PipelineConfig
 from worker.errors import EngineError
 from worker.inference import LiveModel, ModelIdentity
@@ -34,8 +35,6 @@ from worker.pipeline.model_faults import ModelFault, ModelFaultWait
 from worker.pipeline.steps import Pipeline
 
 # test_pipeline's fixtures: the real engine and store, a recording sink
-config, store, onnx_engine = base.config, base.store, base.onnx_engine
-metrics, make_pipeline, sink = base.metrics, base.make_pipeline, base.sink
 
 DEVICE_ERROR = "CUDA failure 700: an illegal memory access was encountered"
 
@@ -56,19 +55,6 @@ class BreakableEngine(WrappedEngine):
         return self.inner.infer(feeds)
 
 
-class Readiness:
-    """Records a pipeline's ``on_model`` calls."""
-
-    def __init__(self) -> None:
-        self.heard: list[tuple[bool, str | None]] = []
-        self.held = threading.Event()
-
-    def __call__(self, ok: bool, why: str | None) -> None:
-        self.heard.append((ok, why))
-        if not ok:
-            self.held.set()
-
-
 @pytest.fixture(autouse=True)
 def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ModelFaultWait, "RETRY_S", (0.05, 0.2))
@@ -80,12 +66,6 @@ def abort() -> Iterator[threading.Event]:
     event = threading.Event()
     yield event
     event.set()  # a test that failed must not leave a batch waiting
-
-
-def rows(classifier: DemoModel, ids: Sequence[int], start: int = 0) -> list[Any]:
-    return messages(
-        [req(f"r{i}", features=inline_row(classifier, i % 50)) for i in ids], start=start
-    )
 
 
 def in_thread(pipeline: Pipeline, batch: list[Any], sink: FakeSink) -> threading.Thread:

@@ -17,8 +17,9 @@ import pytest
 from jsonschema import Draft202012Validator
 from prometheus_client import CollectorRegistry
 
-from tests.unit.onnx_models import random_mlp, three_feature_pipeline
-from tests.unit.test_pipeline import FakeMessage, FakeSink
+from tests.fakes.onnx_models import random_mlp, three_feature_pipeline
+from tests.fakes.pipeline import FakeMessage
+from tests.fakes.sink import FakeSink
 from worker.config import ModelSpec, PipelineConfig, ShadowSpec
 from worker.core.tracker import DeliveryTracker
 from worker.errors import EngineError
@@ -32,10 +33,10 @@ from worker.pipeline.shadow import Agreement, ShadowRunner
 from worker.pipeline.steps import Pipeline
 
 if TYPE_CHECKING:
-    from conftest import StoreFactory
+    from tests.fakes.stores import StoreFactory
 
 FIELDS = ["a", "b", "c"]
-SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "result.schema.json"
+SCHEMA = Path(__file__).resolve().parents[3] / "schemas" / "result.schema.json"
 
 
 @dataclass

@@ -3,278 +3,41 @@
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
-import numpy.typing as npt
-import orjson
 import pytest
 from confluent_kafka import Message
-from prometheus_client import CollectorRegistry
 
 from streamfer_dev.modelgen import DemoModel
-from worker.config import FeatureSpec, HooksSpec, ModelSpec, PipelineConfig
-from worker.core.tracker import DeliveryTracker
-from worker.errors import ConfigError, EngineError, FeatureStoreError, ModelMismatchError
+from tests.fakes.pipeline import (
+    MAX_RECORD_BYTES,
+    NAN_ROW,
+    POISON,
+    FakeMessage,
+    NanEngine,
+    PipelineFactory,
+    PoisonEngine,
+    WrappedEngine,
+    expected_scores,
+    handle,
+    inline_row,
+    messages,
+    req,
+)
+from tests.fakes.sink import FakeSink, Sent
+from worker.config import HooksSpec, PipelineConfig
+from worker.errors import ConfigError, FeatureStoreError, ModelMismatchError
 from worker.features.stores import RowStore
-from worker.inference.engine import Feeds, InferenceEngine, OnnxEngine, Outputs, TensorInput
+from worker.inference.engine import OnnxEngine
 from worker.kafka.limits import RecordLimits, record_size
-from worker.kafka.sink import Headers
 from worker.ops.metrics import Metrics
 from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.hooks import BatchHooks, load_hooks
-from worker.pipeline.steps import Pipeline
 
 if TYPE_CHECKING:
-    from conftest import MemoryStore, StoreFactory
-
-POISON = -999.0  # f0 value the failing engine refuses
-NAN_ROW = -1.0  # f0 value for which the NaN engine returns NaN scores
-MAX_RECORD_BYTES = 2048
-
-
-class FakeMessage:
-    """The part of ``confluent_kafka.Message`` the pipeline reads."""
-
-    def __init__(
-        self,
-        value: bytes | None,
-        offset: int,
-        *,
-        key: bytes | None = None,
-        topic: str = "req",
-        partition: int = 0,
-        ts_ms: int = 1_700_000_000_000,
-        headers: list[tuple[str, bytes]] | None = None,
-    ) -> None:
-        self._value, self._offset, self._key = value, offset, key
-        self._topic, self._partition, self._ts = topic, partition, ts_ms
-        self._headers = headers
-
-    def headers(self) -> list[tuple[str, bytes]] | None:
-        return self._headers
-
-    def value(self) -> bytes | None:
-        return self._value
-
-    def key(self) -> bytes | None:
-        return self._key
-
-    def topic(self) -> str:
-        return self._topic
-
-    def partition(self) -> int:
-        return self._partition
-
-    def offset(self) -> int:
-        return self._offset
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, self._ts)
-
-    def error(self) -> None:
-        return None
-
-
-@dataclass
-class Sent:
-    topic: str
-    value: bytes
-    key: bytes | None
-    headers: Headers
-
-    @property
-    def body(self) -> dict[str, Any]:
-        doc: dict[str, Any] = orjson.loads(self.value)
-        return doc
-
-    def header(self, name: str) -> str | bytes | None:
-        values = [v for k, v in self.headers if k == name]
-        assert len(values) == 1, f"header {name} appears {len(values)} times"
-        return values[0]
-
-
-@dataclass
-class FakeSink:
-    """Records ``send`` calls and counts them on the tracker like ``Sink.send``; refuses
-    a record over the producer's limit as librdkafka does."""
-
-    sent: list[Sent] = field(default_factory=list)
-    limit: RecordLimits = field(default_factory=RecordLimits.unread)
-
-    def send(
-        self,
-        tracker: DeliveryTracker,
-        topic: str,
-        value: bytes,
-        key: bytes | None,
-        headers: Headers | None,
-    ) -> bool:
-        if record_size(value, key, headers) > self.limit.message_max_bytes:
-            return False
-        tracker.sent += 1
-        self.sent.append(Sent(topic, value, key, list(headers or ())))
-        return True
-
-    def to(self, topic: str) -> list[Sent]:
-        return [s for s in self.sent if s.topic == topic]
-
-    def by_offset(self) -> dict[int, Sent]:
-        out: dict[int, Sent] = {}
-        for s in self.sent:
-            offset = int(s.header("streamfer.source_offset") or b"-1")
-            assert offset not in out, f"offset {offset} got two records"
-            out[offset] = s
-        return out
-
-
-def matrix(feeds: Feeds) -> npt.NDArray[np.float32]:
-    """The demo model's one input."""
-    (only,) = feeds.values()
-    return only
-
-
-class WrappedEngine:
-    """Delegates to the real engine; subclasses break it on purpose."""
-
-    def __init__(self, inner: OnnxEngine) -> None:
-        self.inner = inner
-        self.calls: list[int] = []
-
-    @property
-    def inputs(self) -> Sequence[TensorInput]:
-        return self.inner.inputs
-
-    @property
-    def model_hash(self) -> str:
-        return self.inner.model_hash
-
-    def infer(self, feeds: Feeds) -> Outputs:
-        self.calls.append(len(matrix(feeds)))
-        return self.inner.infer(feeds)
-
-    def warm_up(self, batch_sizes: Sequence[int], example: Any = None) -> None:
-        self.inner.warm_up(batch_sizes, example)
-
-
-class PoisonEngine(WrappedEngine):
-    """Fails the whole call when any row has f0 == POISON."""
-
-    def infer(self, feeds: Feeds) -> Outputs:
-        batch = matrix(feeds)
-        self.calls.append(len(batch))
-        if (batch[:, 0] == POISON).any():
-            raise EngineError("poison row in batch")
-        return self.inner.infer(feeds)
-
-
-class NanEngine(WrappedEngine):
-    """Returns NaN scores for rows whose f0 == NAN_ROW."""
-
-    def infer(self, feeds: Feeds) -> Outputs:
-        out = super().infer(feeds)
-        scores = out["scores"].copy()
-        scores[matrix(feeds)[:, 0] == NAN_ROW] = np.nan
-        return {**out, "scores": scores}
-
-
-# --- fixtures ---------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def onnx_engine(classifier: DemoModel) -> OnnxEngine:
-    return OnnxEngine(ModelSpec(path=classifier.path, name="demo"))
-
-
-@pytest.fixture
-def config(classifier: DemoModel) -> PipelineConfig:
-    return PipelineConfig(
-        name="p",
-        request_topics=["req"],
-        result_topic="res",
-        dead_letter_topic="dlq",
-        features=FeatureSpec(fields=classifier.fields, on_missing_entity="dead_letter"),
-        model=ModelSpec(path=classifier.path, name="demo", version="3"),
-        max_record_bytes=MAX_RECORD_BYTES,
-    )
-
-
-@pytest.fixture
-def store(make_store: StoreFactory, classifier: DemoModel) -> MemoryStore:
-    data = {
-        f"e{i}": {
-            name: repr(float(v)).encode() for name, v in zip(classifier.fields, row, strict=True)
-        }
-        for i, row in enumerate(classifier.features[:50].tolist())
-    }
-    return make_store(data, classifier.fields)
-
-
-@pytest.fixture
-def metrics() -> Metrics:
-    return Metrics(CollectorRegistry())
-
-
-PipelineFactory = Callable[..., Pipeline]
-
-
-@pytest.fixture
-def make_pipeline(
-    config: PipelineConfig, store: MemoryStore, onnx_engine: OnnxEngine, metrics: Metrics
-) -> PipelineFactory:
-    def make(engine: InferenceEngine | None = None, **kw: Any) -> Pipeline:
-        """A pipeline on ``config`` (or ``config=``) and ``onnx_engine`` (or ``engine``)."""
-        cfg: PipelineConfig = kw.pop("config", config)
-        engine = engine if engine is not None else onnx_engine
-        return Pipeline(
-            cfg,
-            store=kw.pop("store", store),
-            engine=engine,
-            plan=FeedPlan.build(cfg, engine.inputs),
-            metrics=metrics.for_pipeline("p"),
-            **kw,
-        )
-
-    return make
-
-
-@pytest.fixture
-def sink() -> FakeSink:
-    return FakeSink()
-
-
-def req(rid: str, entity: str | None = None, features: dict[str, float] | None = None) -> bytes:
-    doc: dict[str, Any] = {"id": rid}
-    if entity is not None:
-        doc["entity"] = entity
-    if features is not None:
-        doc["features"] = features
-    return orjson.dumps(doc)
-
-
-def inline_row(classifier: DemoModel, i: int, f0: float | None = None) -> dict[str, float]:
-    values = classifier.features[i].tolist()
-    row = {name: float(v) for name, v in zip(classifier.fields, values, strict=True)}
-    if f0 is not None:
-        row["f0"] = f0
-    return row
-
-
-def messages(values: Sequence[bytes | None], start: int = 100) -> list[FakeMessage]:
-    return [FakeMessage(v, start + i, key=f"k{i}".encode()) for i, v in enumerate(values)]
-
-
-def handle(
-    pipeline: Pipeline, batch: Sequence[FakeMessage], sink: FakeSink
-) -> tuple[DeliveryTracker, dict[tuple[str, int], int]]:
-    return pipeline.handle(batch, sink)  # type: ignore[arg-type]
-
-
-def expected_scores(engine: OnnxEngine, classifier: DemoModel, rows: list[int]) -> Any:
-    return engine.infer(classifier.features[rows])["scores"].tolist()
-
+    from tests.fakes.stores import MemoryStore
 
 # --- tests ------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from worker.config import WorkerConfig
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PARTIAL = "<!-- partial -->"
 FENCE = re.compile(
     r"^(?P<indent> *)```(?P<lang>\w*)[^\n]*\n(?P<body>.*?)^(?P=indent)```", re.M | re.S

@@ -3,7 +3,7 @@ imported from it, the names it hands out on first use (``worker.core.lazy``) inc
 and the light paths (``import worker``, ``worker.cli`` and ``worker.config``, ``streamfer
 --help``) load none of the heavy libraries a face could drag in.
 
-``tests/unit/test_layers.py`` checks, from the source, that other units import only the
+``tests/unit/project/test_layers.py`` checks, from the source, that other units import only the
 face; this imports it."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "worker"
+PACKAGE = Path(__file__).resolve().parents[3] / "worker"
 FACES = sorted(f"worker.{p.parent.name}" for p in PACKAGE.glob("*/__init__.py"))
 
 HEAVY = ["confluent_kafka", "numpy", "onnxruntime", "prometheus_client", "redis"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "worker"
+PACKAGE = Path(__file__).resolve().parents[3] / "worker"
 
 LAYERS: list[set[str]] = [
     {"errors"},

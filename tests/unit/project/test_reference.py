@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 from streamfer_dev import reference
 from worker.config import parse_config
 
-WORKER = Path(__file__).resolve().parents[2] / "worker"
+WORKER = Path(__file__).resolve().parents[3] / "worker"
 
 
 def test_every_field_flag_metric_and_code_has_a_description() -> None:

@@ -23,8 +23,8 @@ from fastavro import parse_schema, schemaless_writer
 from prometheus_client import CollectorRegistry
 
 from streamfer_dev.modelgen import DemoModel
-from tests.unit.conftest import MemoryStore
-from tests.unit.fakes import TOPIC
+from tests.fakes.stores import MemoryStore
+from tests.fakes.worker import TOPIC
 from worker.config import BatchPolicy, FeatureSpec, ModelSpec, PipelineConfig
 from worker.core.types import DecodedRequests
 from worker.inference.engine import OnnxEngine

@@ -210,7 +210,7 @@ def _docs_example() -> dict[str, Any]:
     import tomllib
     from pathlib import Path
 
-    page = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "schema-registry.md"
+    page = Path(__file__).resolve().parents[3] / "docs" / "how-to" / "schema-registry.md"
     block = re.search(r"```toml\n(.*?)```", page.read_text(), re.S)
     assert block is not None
     return tomllib.loads(block.group(1))

@@ -4,17 +4,18 @@ replay loop over a fake consumer and producer with the real pipeline and ONNX mo
 from __future__ import annotations
 
 import io
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
 import pytest
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import KafkaError
 
 from streamfer_dev.modelgen import DemoModel
+from tests.fakes.clock import FakeClock
+from tests.fakes.replay import FakeProducer, FakeRangeConsumer
 from worker.config import BatchPolicy, FeatureSpec, ModelSpec, PipelineConfig
 from worker.errors import ConfigError, SinkError
 from worker.inference.engine import OnnxEngine
@@ -37,15 +38,7 @@ from worker.replay import (
 from worker.tools.ranges import Bounds, PartitionRange
 
 if TYPE_CHECKING:
-    from conftest import StoreFactory
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+    from tests.fakes.stores import StoreFactory
 
 
 # --- resuming ---------------------------------------------------------------------------
@@ -156,141 +149,6 @@ def test_progress_without_a_terminal_writes_a_line_every_interval() -> None:
 # --- the loop over fakes ----------------------------------------------------------------
 
 
-class FakeMessage:
-    def __init__(
-        self,
-        topic: str,
-        partition: int,
-        offset: int,
-        value: bytes | None,
-        error: KafkaError | None = None,
-        key: bytes | None = None,
-    ) -> None:
-        self._t, self._p, self._o, self._v, self._e = topic, partition, offset, value, error
-        self._k = key if key is not None else b"k%d" % offset
-
-    def topic(self) -> str:
-        return self._t
-
-    def partition(self) -> int:
-        return self._p
-
-    def offset(self) -> int:
-        return self._o
-
-    def value(self) -> bytes | None:
-        return self._v
-
-    def key(self) -> bytes | None:
-        return self._k
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, 1_700_000_000_000 + self._o)
-
-    def error(self) -> KafkaError | None:
-        return self._e
-
-    def headers(self) -> None:
-        return None
-
-
-class FakeConsumer:
-    """Partitions as offset → value maps; a partition's log end is ``ends`` (records may
-    be missing below it, as transaction markers are). Emits EOF at the log end once."""
-
-    def __init__(
-        self,
-        logs: dict[tuple[str, int], dict[int, bytes]],
-        ends: dict[tuple[str, int], int],
-    ) -> None:
-        self.logs, self.ends = logs, ends
-        self.position: dict[tuple[str, int], int] = {}
-        self.paused: set[tuple[str, int]] = set()
-        self.commits: list[dict[tuple[str, int], int]] = []
-        self.stored: dict[tuple[str, int], int] = {}
-        self.consumed = 0
-        self.on_consume: Callable[[FakeConsumer], None] | None = None
-
-    def assign(self, partitions: list[TopicPartition]) -> None:
-        self.position = {(tp.topic, tp.partition): tp.offset for tp in partitions}
-
-    def pause(self, partitions: list[TopicPartition]) -> None:
-        self.paused |= {(tp.topic, tp.partition) for tp in partitions}
-
-    def consume(self, num_messages: int, timeout: float) -> list[Any]:
-        out: list[Any] = []
-        for key in sorted(self.position):
-            if key in self.paused:
-                continue
-            pos = self.position[key]
-            while len(out) < num_messages and pos < self.ends[key]:
-                if pos in self.logs[key]:
-                    out.append(FakeMessage(key[0], key[1], pos, self.logs[key][pos]))
-                pos += 1
-            if pos >= self.ends[key] and self.position[key] < pos and len(out) < num_messages:
-                out.append(FakeMessage(key[0], key[1], pos, None, KafkaError(-191)))
-            self.position[key] = pos
-        self.consumed += 1
-        if self.on_consume is not None:
-            self.on_consume(self)
-        return out
-
-    def store_offsets(self, *, offsets: list[TopicPartition]) -> None:
-        for tp in offsets:
-            self.stored[(tp.topic, tp.partition)] = tp.offset
-
-    def commit(
-        self, *, offsets: list[TopicPartition], asynchronous: bool
-    ) -> list[TopicPartition] | None:
-        assert asynchronous is False, "replay checkpoints synchronously"
-        self.commits.append({(tp.topic, tp.partition): tp.offset for tp in offsets})
-        return None
-
-    def committed(self) -> dict[tuple[str, int], int]:
-        merged: dict[tuple[str, int], int] = {}
-        for c in self.commits:
-            merged.update(c)
-        return merged
-
-
-class FakeProducer:
-    """Delivers on ``poll`` (from any thread, as the worker's stages poll too); a result
-    whose request id is in ``fail`` is refused with ``error``."""
-
-    def __init__(self, fail: set[str] | None = None, error: int = KafkaError.MSG_SIZE_TOO_LARGE):
-        self.pending: list[tuple[str, bytes, bytes | None, list[Any], Any]] = []
-        self.delivered: list[tuple[str, bytes, list[Any]]] = []
-        self.fail = fail or set()
-        self.error = error
-        self._lock = threading.Lock()
-
-    def produce(
-        self, topic: str, value: bytes, key: bytes | None, *, headers: Any, on_delivery: Any
-    ) -> None:
-        with self._lock:
-            self.pending.append((topic, value, key, headers, on_delivery))
-
-    def poll(self, timeout: float = 0) -> int:
-        with self._lock:
-            done, self.pending = self.pending, []
-        for topic, value, key, headers, callback in done:
-            doc = orjson.loads(value)
-            refused = topic == "res.replay.1" and doc.get("id") in self.fail
-            err = KafkaError(self.error) if refused else None
-            callback(err, FakeMessage(topic, 0, 0, value, key=key))
-            if err is None:
-                with self._lock:
-                    self.delivered.append((topic, value, headers))
-        return len(done)
-
-    def flush(self, timeout: float = 0) -> int:
-        self.poll()
-        return 0
-
-    def __len__(self) -> int:
-        return len(self.pending)
-
-
 @pytest.fixture
 def pipeline(classifier: DemoModel, make_store: StoreFactory) -> Pipeline:
     features = classifier.features[:5].tolist()
@@ -329,7 +187,7 @@ def _log(n: int, partition: int, skip: Sequence[int] = (), bad: Sequence[int] = 
 
 def _replay(
     plan: ReplayPlan,
-    consumer: FakeConsumer,
+    consumer: FakeRangeConsumer,
     producer: FakeProducer,
     pipeline: Pipeline,
     positions: dict[tuple[str, int], int] | None = None,
@@ -357,7 +215,7 @@ def test_replay_reads_exactly_its_ranges_and_checkpoints_their_ends(pipeline: Pi
     # p0 holds 20 records but the range is [5, 15): later ones are live traffic.
     # p1's last offsets (6, 7) are transaction markers, so its range ends at EOF.
     logs = {("req", 0): _log(20, 0, bad=[7]), ("req", 1): _log(8, 1, skip=[6, 7])}
-    consumer = FakeConsumer(logs, {("req", 0): 20, ("req", 1): 8})
+    consumer = FakeRangeConsumer(logs, {("req", 0): 20, ("req", 1): 8})
     producer = FakeProducer()
     plan = _plan([PartitionRange("req", 0, 5, 15), PartitionRange("req", 1, 0, 8)])
     replay = _replay(plan, consumer, producer, pipeline)
@@ -385,11 +243,11 @@ def test_stopped_replay_resumes_from_its_checkpoint_without_a_gap(pipeline: Pipe
     logs = {("req", 0): _log(30, 0), ("req", 1): _log(30, 1)}
     ends = {("req", 0): 30, ("req", 1): 30}
     plan = _plan([PartitionRange("req", 0, 0, 30), PartitionRange("req", 1, 10, 30)])
-    first = FakeConsumer(logs, ends)
+    first = FakeRangeConsumer(logs, ends)
     producer = FakeProducer()
     replay = _replay(plan, first, producer, pipeline)
 
-    def stop_after_three(consumer: FakeConsumer) -> None:
+    def stop_after_three(consumer: FakeRangeConsumer) -> None:
         if consumer.consumed == 3:
             replay.stop()
 
@@ -401,7 +259,7 @@ def test_stopped_replay_resumes_from_its_checkpoint_without_a_gap(pipeline: Pipe
     assert checkpoint == {k: v for k, v in replay.checkpoints.items() if k in checkpoint}
 
     positions = resume_positions(plan.ranges, dict(checkpoint))
-    second = FakeConsumer(logs, ends)
+    second = FakeRangeConsumer(logs, ends)
     resumed = _replay(replay_plan := replace(plan), second, producer, pipeline, positions)
     resumed.run()
     assert resumed.complete and replay_plan == plan
@@ -414,7 +272,7 @@ def test_a_result_the_broker_refuses_becomes_its_dead_letter_and_the_replay_goes
     pipeline: Pipeline,
 ) -> None:
     logs = {("req", 0): _log(20, 0)}
-    consumer = FakeConsumer(logs, {("req", 0): 20})
+    consumer = FakeRangeConsumer(logs, {("req", 0): 20})
     producer = FakeProducer(fail={"p0-9"})
     replay = _replay(_plan([PartitionRange("req", 0, 0, 20)]), consumer, producer, pipeline)
     replay.run()
@@ -429,7 +287,7 @@ def test_a_failed_delivery_fails_the_replay_and_is_never_checkpointed(
     pipeline: Pipeline,
 ) -> None:
     logs = {("req", 0): _log(20, 0)}
-    consumer = FakeConsumer(logs, {("req", 0): 20})
+    consumer = FakeRangeConsumer(logs, {("req", 0): 20})
     producer = FakeProducer(fail={"p0-9"}, error=KafkaError._MSG_TIMED_OUT)
     replay = _replay(_plan([PartitionRange("req", 0, 0, 20)]), consumer, producer, pipeline)
     with pytest.raises(SinkError, match="timed out"):

@@ -5,15 +5,8 @@ from __future__ import annotations
 
 import io
 
+from tests.fakes.clock import FakeClock
 from worker.tools.feature_loader import _RowProgress
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Terminal(io.StringIO):

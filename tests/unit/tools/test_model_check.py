@@ -13,7 +13,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from tests.unit.onnx_models import helper_mlp, sklearn_mlp
+from tests.fakes.onnx_models import helper_mlp, sklearn_mlp
 from worker.errors import EngineError
 from worker.tools.model_check import check_model_file, sort_nodes
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import onnxruntime as ort
 import pytest
 
+from tests.fakes.onnx_models import near_tie_mlp
 from tests.integration.recipes import fraud_data, sklearn_pipeline
-from tests.unit.onnx_models import near_tie_mlp
 from worker.cli import main
 from worker.tools.model_inspect import inspect_model
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,7 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.integration.recipes import NUMERIC, fraud_data, torch_style_mlp
-from tests.unit.onnx_models import (
+from tests.fakes.onnx_models import (
     helper_mlp,
     near_tie_mlp,
     regression_mlp,
@@ -32,6 +31,7 @@ from tests.unit.onnx_models import (
     sklearn_regressor,
     write_csv,
 )
+from tests.integration.recipes import NUMERIC, fraud_data, torch_style_mlp
 from worker.cli import main
 from worker.config import ModelSpec
 from worker.inference.engine import OnnxEngine

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import cast
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from tests.fakes.offsets import FakeLookup
 from worker.errors import ConfigError, SourceError
 from worker.tools.offsets import (
     KafkaOffsets,
@@ -16,31 +16,6 @@ from worker.tools.offsets import (
     parse_time,
     plan_reset,
 )
-
-
-class FakeLookup:
-    """Topic ``t`` with 3 partitions; record timestamps are ``1000 * offset``."""
-
-    def __init__(self, marks: dict[int, tuple[int, int]] | None = None) -> None:
-        self.marks = marks or {0: (0, 10), 1: (4, 6), 2: (0, 0)}
-
-    def partitions(self, topic: str) -> list[int]:
-        if topic != "t":
-            raise ConfigError(f"topic {topic!r} does not exist")
-        return sorted(self.marks)
-
-    def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
-        return self.marks[partition]
-
-    def offsets_for_time(
-        self, topic: str, partitions: Sequence[int], time_ms: int
-    ) -> dict[int, int | None]:
-        out: dict[int, int | None] = {}
-        for p in partitions:
-            low, high = self.marks[p]
-            at = max(low, -(-time_ms // 1000))
-            out[p] = at if at < high else None
-        return out
 
 
 @pytest.mark.parametrize(

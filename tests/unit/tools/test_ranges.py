@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.test_offsets import FakeLookup
+from tests.fakes.offsets import FakeLookup
 from worker.errors import ConfigError
 from worker.tools.ranges import (
     Bounds,
