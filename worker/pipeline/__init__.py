@@ -5,9 +5,11 @@ them as three steps, one module each: prepare, infer and publish."""
 from __future__ import annotations
 
 from worker.pipeline.canary import Canary
-from worker.pipeline.feeds import FeedPlan, InputFeed
+from worker.pipeline.codec import decode_requests
+from worker.pipeline.feeds import FeedPlan, InputFeed, assemble
 from worker.pipeline.hooks import BatchHooks, load_hooks
 from worker.pipeline.publish import Unserved
+from worker.pipeline.request_shape import RequestShape
 from worker.pipeline.result_format import result_encoder
 from worker.pipeline.shadow import ShadowRunner
 from worker.pipeline.steps import Pipeline
@@ -18,8 +20,11 @@ __all__ = [
     "FeedPlan",
     "InputFeed",
     "Pipeline",
+    "RequestShape",
     "ShadowRunner",
     "Unserved",
+    "assemble",
+    "decode_requests",
     "load_hooks",
     "result_encoder",
 ]

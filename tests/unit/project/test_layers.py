@@ -2,7 +2,9 @@
 sideways, so the tree shows the architecture and ``docs/architecture.md`` stays true;
 another unit is reached only through its face (``worker.<unit>``, the names of its
 ``__all__``); and no runtime module imports the dev package ``streamfer_dev`` (its
-``demo`` command reaches the command line as a plug-in, ``worker.cli.plugins``).
+``demo`` command reaches the command line as a plug-in, ``worker.cli.plugins``). The code
+beside the runtime, ``benchmarks/`` and the dev package, uses ``worker`` as any other
+program does: through the units' faces only.
 
 Read from the source with ``ast``, not by importing: a lazy import inside a function
 counts as much as one at the top of a module.
@@ -258,6 +260,75 @@ def test_the_face_check_sees_private_modules_and_unexported_names(tmp_path: Path
         "worker.kafka.source",
         "worker.loop.Worker",
         "worker.pipeline.steps",
+    ]
+
+
+BESIDE = sorted(
+    path
+    for folder in ("benchmarks", DEV_PACKAGE)
+    for path in (PACKAGE.parent / folder).rglob("*.py")
+)
+"""The benchmarks and the dev package: programs that use ``worker``, not parts of it."""
+
+PATCHED_IN_PLACE = {"streamfer_dev.injected_aborts": {"worker.kafka.transactions"}}
+"""Modules beside the runtime that reach past a face on purpose, with what they reach: the
+fault harness replaces the producer class ``worker.kafka.transactions`` builds (the worker
+has no switch for injected aborts), so it names that module."""
+
+
+def beside_name(path: Path) -> str:
+    """``benchmarks/run.py`` -> ``benchmarks.run``; ``streamfer_dev/__init__.py`` ->
+    ``streamfer_dev``."""
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def around_the_faces(pairs: set[tuple[str, str | None]]) -> list[str]:
+    """The imports of a program beside ``worker`` that go around a face: a module deeper
+    than ``worker.<unit>``, or a name its face's ``__all__`` does not hold."""
+    found = set()
+    for module, imported_name in pairs:
+        if module != "worker" and not module.startswith("worker."):
+            continue
+        unit = unit_of(module)
+        if module != face_name(unit):
+            found.add(module)
+        elif imported_name is not None and imported_name not in exported(unit):
+            found.add(f"{module}.{imported_name}")
+    return sorted(found)
+
+
+@pytest.mark.parametrize("path", BESIDE, ids=beside_name)
+def test_benchmarks_and_the_dev_package_import_only_faces(path: Path) -> None:
+    name = beside_name(path)
+    around = set(around_the_faces(import_pairs(path, name)))
+    allowed = PATCHED_IN_PLACE.get(name, set())
+    assert allowed <= around, f"{name} no longer reaches {sorted(allowed - around)}: drop it"
+    assert not around - allowed, f"{name} goes around a face: {sorted(around - allowed)}"
+
+
+def test_the_check_beside_worker_sees_private_modules_and_unexported_names(
+    tmp_path: Path,
+) -> None:
+    module = tmp_path / "probe.py"
+    module.write_text(
+        "import worker\n"
+        "import worker.kafka.transactions\n"
+        "from worker.kafka import Sink, sink\n"
+        "from worker.replay.run import Replay\n"
+        "def f():\n"
+        "    from worker.ops.logs import setup_logging\n"
+        "    from worker.ops import setup_logging\n"
+        "    from worker.errors import ConfigError\n"
+    )
+    found = around_the_faces(import_pairs(module, "benchmarks.replay"))
+    assert found == [
+        "worker.kafka.sink",
+        "worker.kafka.transactions",
+        "worker.ops.logs",
+        "worker.replay.run",
     ]
 
 
