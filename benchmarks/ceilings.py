@@ -26,11 +26,10 @@ import redis
 from benchmarks.session import load_session
 from streamfer_dev.harness import percentile
 from worker.config import FeatureSpec, ModelSpec, PipelineConfig
-from worker.core.types import DecodedRequests
-from worker.features.lookups import OneStore
-from worker.features.stores import RedisHashStore, RedisPackedStore
-from worker.inference.engine import TensorInput
-from worker.pipeline.feeds import FeedPlan, assemble
+from worker.core import DecodedRequests
+from worker.features import OneStore, RedisHashStore, RedisPackedStore
+from worker.inference import TensorInput
+from worker.pipeline import FeedPlan, assemble
 
 __all__ = ["BATCH_SIZES", "ort_alone", "redis_alone"]
 

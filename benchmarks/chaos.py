@@ -71,7 +71,7 @@ from streamfer_dev.redis_sentinel import start_redis_sentinel
 from streamfer_dev.stack import Service, free_port, start_kafka, start_redis
 from streamfer_dev.toxiproxy import Toxiproxy, start_toxiproxy
 from worker.errors import StackError
-from worker.kafka.topics import ensure_topics
+from worker.kafka import ensure_topics
 
 __all__ = ["SCENARIOS", "Env", "complete", "run_scenario"]
 

@@ -42,7 +42,7 @@ from benchmarks.models import make_model
 from streamfer_dev.harness import WorkerProcess, produce_requests, worker_config_toml
 from streamfer_dev.modelgen import seed_entities
 from streamfer_dev.stack import free_port, local_kafka, local_redis
-from worker.kafka.topics import ensure_topics
+from worker.kafka import ensure_topics
 
 __all__ = ["main", "measure_start"]
 

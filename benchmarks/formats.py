@@ -37,9 +37,8 @@ from streamfer_dev.harness import WorkerProcess, worker_config_toml
 from streamfer_dev.modelgen import seed_entities
 from streamfer_dev.schema_registry import start_schema_registry
 from streamfer_dev.stack import start_kafka, start_redis
-from worker.kafka.topics import ensure_topics
-from worker.pipeline.codec import decode_requests
-from worker.pipeline.request_shape import RequestShape
+from worker.kafka import ensure_topics
+from worker.pipeline import RequestShape, decode_requests
 from worker.registry import FramedRequests
 
 AVRO_REQUEST = {

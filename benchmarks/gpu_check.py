@@ -151,7 +151,7 @@ def make_fp16(model: Path, out: Path, report: Report | None = None) -> Path | No
     try:
         import onnx
 
-        from worker.tools.model_optimize import convert_fp16
+        from worker.tools import convert_fp16
     except ImportError as exc:
         if report is not None:
             report.skipped.append(("FP16 model", f"cannot convert here: {exc}"))
@@ -177,7 +177,7 @@ def _why_not(provider: str) -> str:
     try:
         import onnxruntime as ort
 
-        from worker.inference.providers import why_not_serving
+        from worker.inference import why_not_serving
 
         return why_not_serving(provider, ort.get_available_providers())
     except ImportError as exc:
@@ -201,8 +201,7 @@ def _gpu_session(path: Path, providers: list[Any], wanted: str) -> tuple[Any, st
 
 def _trt_options(path: Path, cache: Path, fp16: bool = True) -> list[Any]:
     from worker.config import ModelSpec, TensorrtOptions
-    from worker.inference.engine import warm_up_sizes
-    from worker.inference.providers import input_shapes, provider_options
+    from worker.inference import input_shapes, provider_options, warm_up_sizes
 
     spec = ModelSpec(
         path=path,
@@ -284,7 +283,7 @@ def ort_rows(report: Report, model: Path, fp16: Path | None, x: Array, budget_s:
 
 def _engine(path: Path, providers: list[str], cache: Path | None = None, **model: Any) -> Any:
     from worker.config import ModelSpec, TensorrtOptions
-    from worker.inference.engine import OnnxEngine, warm_up_sizes
+    from worker.inference import OnnxEngine, warm_up_sizes
 
     trt = TensorrtOptions(fp16=True, engine_cache_dir=cache, timing_cache_dir=cache)
     spec = ModelSpec(path=path, name="heavy", providers=providers, tensorrt=trt, **model)  # type: ignore[arg-type]
@@ -300,11 +299,10 @@ def engine_rows(
     try:
         import onnxruntime as ort
 
-        from worker.inference.engine import OnnxEngine  # noqa: F401  (needs pydantic and orjson)
+        from worker.inference import OnnxEngine  # noqa: F401  (needs pydantic and orjson)
     except ImportError as exc:
         why = (
-            f"worker.inference.engine does not import: {exc}"
-            " (carry .whl: bash benchmarks/gpu_prepare.sh)"
+            f"worker.inference does not import: {exc} (carry .whl: bash benchmarks/gpu_prepare.sh)"
         )
         report.skipped.append(("streamfer OnnxEngine.infer rows", why))
         return

@@ -50,7 +50,7 @@ from streamfer_dev.harness import (
 )
 from streamfer_dev.modelgen import DemoModel, seed_entities
 from streamfer_dev.stack import local_kafka, local_redis
-from worker.kafka.topics import ensure_topics
+from worker.kafka import ensure_topics
 
 __all__ = ["Options", "main", "run_lanes"]
 

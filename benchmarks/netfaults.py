@@ -20,7 +20,7 @@ from typing import Any, Literal, Protocol
 
 from streamfer_dev.toxiproxy import Toxic
 from worker.config import KafkaSettings
-from worker.kafka.call_watch import CALL_TIMEOUT_S, STALL_MARGIN_S
+from worker.kafka import CALL_TIMEOUT_S, STALL_MARGIN_S
 
 __all__ = [
     "RESTART_S",

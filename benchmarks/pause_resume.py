@@ -22,7 +22,7 @@ from confluent_kafka import Consumer
 from benchmarks.contenders import ROOT
 from streamfer_dev.harness import percentile
 from streamfer_dev.stack import local_kafka
-from worker.kafka.topics import ensure_topics
+from worker.kafka import ensure_topics
 
 __all__ = ["main", "resume_gaps"]
 

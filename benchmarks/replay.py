@@ -19,7 +19,7 @@ import orjson
 from benchmarks.chaos import Env
 from benchmarks.models import MODEL_NAMES, make_model
 from streamfer_dev.harness import produce_requests, worker_config_toml
-from worker.kafka.topics import ensure_topics
+from worker.kafka import ensure_topics
 
 PARTITIONS = 4
 

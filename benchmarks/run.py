@@ -46,7 +46,7 @@ from streamfer_dev.modelgen import DemoModel, seed_entities
 from streamfer_dev.stack import KAFKA_VERSION, local_kafka, local_redis
 from streamfer_dev.triton import start_triton
 from worker.config import BatchPolicy, FeatureSpec
-from worker.kafka.topics import ensure_topics
+from worker.kafka import ensure_topics
 
 __all__ = [
     "ALL_CONTENDERS",

@@ -74,7 +74,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from worker.ops.logs import setup_logging
+    from worker.ops import setup_logging
 
     setup_logging("text", logging.WARNING if args.json else logging.INFO)
     try:

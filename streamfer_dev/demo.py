@@ -34,7 +34,7 @@ from streamfer_dev.harness import (
 from streamfer_dev.modelgen import make_classifier, seed_entities
 from streamfer_dev.stack import Service, local_redis, start_kafka, start_tansu
 from worker.errors import StackError
-from worker.kafka.topics import ensure_topics
+from worker.kafka import ensure_topics
 
 __all__ = ["DemoOptions", "make_requests", "print_report", "run_demo"]
 

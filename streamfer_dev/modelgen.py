@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import redis
 
-from worker.features.stores import pack_vector
+from worker.features import pack_vector
 
 __all__ = ["DemoModel", "feature_names", "make_classifier", "seed_entities"]
 

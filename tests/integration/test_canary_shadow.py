@@ -20,6 +20,7 @@ import pytest
 from benchmarks.fault_models import make_slow_model
 from streamfer_dev.harness import WorkerProcess, percentile, produce_requests
 from tests.conftest import Topics
+from tests.fakes.onnx_models import random_mlp
 from tests.integration.helpers import (
     assert_committed_to_end,
     assert_valid,
@@ -38,7 +39,6 @@ from tests.integration.served_mlp import (
     scores_by_version,
     sha,
 )
-from tests.unit.onnx_models import random_mlp
 from worker.kafka.topics import ensure_topics
 
 pytestmark = pytest.mark.integration

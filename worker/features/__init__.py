@@ -13,7 +13,15 @@ from worker.core import lazy_names
 from worker.features.lookups import OneStore, RedisLookups
 from worker.features.redis_io import Command, RedisClient, redis_client
 from worker.features.sentinel import sentinel_primary
-from worker.features.stores import PROBE_ENTITY, FeatureStore, Fetched, exchange, pack_vector
+from worker.features.stores import (
+    PROBE_ENTITY,
+    FeatureStore,
+    Fetched,
+    RedisHashStore,
+    RedisPackedStore,
+    exchange,
+    pack_vector,
+)
 
 if TYPE_CHECKING:
     from worker.features.store_wait import StoreWait
@@ -25,7 +33,9 @@ __all__ = [
     "Fetched",
     "OneStore",
     "RedisClient",
+    "RedisHashStore",
     "RedisLookups",
+    "RedisPackedStore",
     "StoreWait",
     "exchange",
     "pack_vector",

@@ -16,6 +16,7 @@ from worker.inference.engine import (
     file_sha256,
     warm_up_sizes,
 )
+from worker.inference.providers import input_shapes, provider_options, why_not_serving
 from worker.inference.rows import finite_rows, row_outputs
 from worker.inference.slot import LiveModel, ModelIdentity, ModelSlot
 from worker.inference.triton import TRITON_PROVIDER, TritonEngine
@@ -35,6 +36,9 @@ __all__ = [
     "TritonEngine",
     "file_sha256",
     "finite_rows",
+    "input_shapes",
+    "provider_options",
     "row_outputs",
     "warm_up_sizes",
+    "why_not_serving",
 ]

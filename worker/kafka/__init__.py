@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from worker.core import lazy_names
 from worker.kafka.admin import COORDINATOR_WAIT_S, admin_client, coordinator_settling
-from worker.kafka.call_watch import CallWatch
+from worker.kafka.call_watch import CALL_TIMEOUT_S, STALL_MARGIN_S, CallWatch
 from worker.kafka.client_logs import KAFKA_LOG
 from worker.kafka.group_coverage import GroupCoverage
 from worker.kafka.headers import (
@@ -46,7 +46,7 @@ from worker.kafka.source import (
     is_fatal,
     position,
 )
-from worker.kafka.topics import create_missing
+from worker.kafka.topics import create_missing, ensure_topics
 from worker.kafka.transactions import (
     transactional_id,
     transactional_producer,
@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from worker.kafka.group_reads import ChildGroupReader, child_settings
 
 __all__ = [
+    "CALL_TIMEOUT_S",
     "COORDINATOR_WAIT_S",
     "DEFAULT_MESSAGE_MAX_BYTES",
     "KAFKA_LOG",
@@ -65,6 +66,7 @@ __all__ = [
     "MAX_RESULT_HEADERS_BYTES",
     "NEEDS_A_KEY",
     "RECORD_OVERHEAD",
+    "STALL_MARGIN_S",
     "CallWatch",
     "ChildGroupReader",
     "GroupCoverage",
@@ -83,6 +85,7 @@ __all__ = [
     "create_missing",
     "describe_share_group",
     "end_of_partition",
+    "ensure_topics",
     "fatal_error",
     "headers_size",
     "is_fatal",

@@ -7,14 +7,16 @@ pipeline's parts."""
 from __future__ import annotations
 
 from worker.pipeline.canary import Canary
+from worker.pipeline.codec import decode_requests
 from worker.pipeline.dead_letters import DeadLetters
-from worker.pipeline.feeds import BatchFetcher, FeedPlan, InputFeed
+from worker.pipeline.feeds import BatchFetcher, FeedPlan, InputFeed, assemble
 from worker.pipeline.hooks import BatchHooks, load_hooks
 from worker.pipeline.infer import InferStep
 from worker.pipeline.metrics import PipelineFamilies, PipelineMetrics, ShadowMetrics
 from worker.pipeline.model_faults import ModelFaults, ModelFaultWait
 from worker.pipeline.prepare import PrepareStep
 from worker.pipeline.publish import PublishStep
+from worker.pipeline.request_shape import RequestShape
 from worker.pipeline.result_format import result_encoder
 from worker.pipeline.server_outage import ServerOutage
 from worker.pipeline.shadow import ShadowRunner
@@ -35,10 +37,13 @@ __all__ = [
     "PipelineMetrics",
     "PrepareStep",
     "PublishStep",
+    "RequestShape",
     "ServerOutage",
     "ShadowMetrics",
     "ShadowRunner",
     "Steps",
+    "assemble",
+    "decode_requests",
     "load_hooks",
     "result_encoder",
 ]

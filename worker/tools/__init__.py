@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from worker.tools.feature_loader import load_features
     from worker.tools.kafka_check import CheckLine, check_kafka
     from worker.tools.model_inspect import inspect_model
-    from worker.tools.model_optimize import OptimizeOptions, optimize_model
+    from worker.tools.model_optimize import OptimizeOptions, convert_fp16, optimize_model
     from worker.tools.offsets import (
         KafkaOffsets,
         ResetTarget,
@@ -50,6 +50,7 @@ __all__ = [
     "check_pipeline",
     "check_registry",
     "check_sentinel",
+    "convert_fp16",
     "inspect_model",
     "load_features",
     "lookup_consumer_config",
@@ -72,6 +73,7 @@ __getattr__ = lazy_names(
         "inspect_model": "model_inspect",
         "OptimizeOptions": "model_optimize",
         "optimize_model": "model_optimize",
+        "convert_fp16": "model_optimize",
         "KafkaOffsets": "offsets",
         "ResetTarget": "offsets",
         "lookup_consumer_config": "offsets",
