@@ -14,7 +14,7 @@ import functools
 import logging
 import threading
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from confluent_kafka import Consumer, Message, ShareConsumer
 from prometheus_client import CollectorRegistry
@@ -98,7 +98,7 @@ from worker.pipeline import (
     ShadowRunner,
     result_encoder,
 )
-from worker.registry import framed_decoders, needs_registry, open_registry
+from worker.registry import FramedRequests, framed_decoders, needs_registry, open_registry
 
 __all__ = [
     "ConsumerClient",
@@ -159,40 +159,12 @@ def build_worker(
     watches = []
     background: list[Background] = []
     for p, parts in zip(config.pipelines, loaded, strict=True):
-        shadow = None
-        if parts.shadow is not None and p.shadow is not None:
-            shadow_sink = Sink.from_settings(config.kafka, limits)  # never transactional
-            shadow_sink.warm_up([p.shadow.topic])
-            shadow = ShadowRunner(
-                p, parts.shadow, shadow_sink, metrics.for_shadow(p.name), hooks=parts.hooks
-            )
-            background.append(shadow)
-        cache = open_cache(p, config.redis, metrics, parts.engine)
-        pipeline = build_pipeline(
-            p,
-            store=parts.store,
-            engine=parts.engine,
-            plan=parts.plan,
-            metrics=metrics.for_pipeline(p.name),
-            hooks=parts.hooks,
-            retry_feature_store_s=config.feature_store_retry_s,
-            abort=abort,
-            on_feature_store=health.feature_store,
-            canary=parts.canary,
-            shadow=shadow,
-            cache=cache,
-            framed=decoders.get(p.name),
-            avro_results=result_encoder(p, schema_registry, parts.engine, parts.plan),
-            on_schema_registry=health.schema_registry,
-            on_model=health.model_for(p.name),
-            on_inference_server=health.inference_server_for(p.name),
-        )
+        served = _PipelineParts(config, limits, metrics, health, abort, schema_registry, decoders)
+        pipeline, watch, shadow = served.build(p, parts)
         pipelines.append(pipeline)
-        identity = pipeline.slot.for_batch().identity
-        shown = show_model(metrics, p.name, identity, parts.engine.providers[0], hide=None)
-        serving = LoadedModel(parts.engine, pipeline.plan)
-        on_swap = cache.serve if cache is not None else None
-        watches.append(ModelWatch(p, pipeline.slot, serving, metrics, shown=shown, on_swap=on_swap))
+        watches.append(watch)
+        if shadow is not None:
+            background.append(shadow)
     background.insert(0, Reloader(watches, requests=reload_requests))
     calls = CallWatch(on_stall=health.call_stalled)
     sink = _open_sink(config, limits, calls)
@@ -213,6 +185,59 @@ def build_worker(
         background=background,
         calls=calls,
     )
+
+
+class _PipelineParts(NamedTuple):
+    """What every pipeline of a worker is built with, beside its own loaded parts."""
+
+    config: WorkerConfig
+    limits: RecordLimits
+    metrics: Metrics
+    health: HealthState
+    abort: threading.Event
+    schema_registry: Any | None
+    """``open_registry``'s client, where a pipeline's formats need one."""
+    decoders: Mapping[str, FramedRequests]
+
+    def build(
+        self, p: PipelineConfig, parts: _Loaded
+    ) -> tuple[Pipeline, ModelWatch, ShadowRunner | None]:
+        """``p``'s pipeline with its shadow (a producer of its own, never transactional),
+        output cache and canary, and the reloader's watch on its model."""
+        config, metrics, health = self.config, self.metrics, self.health
+        shadow = None
+        if parts.shadow is not None and p.shadow is not None:
+            shadow_sink = Sink.from_settings(config.kafka, self.limits)  # never transactional
+            shadow_sink.warm_up([p.shadow.topic])
+            shadow = ShadowRunner(
+                p, parts.shadow, shadow_sink, metrics.for_shadow(p.name), hooks=parts.hooks
+            )
+        cache = open_cache(p, config.redis, metrics, parts.engine)
+        pipeline = build_pipeline(
+            p,
+            store=parts.store,
+            engine=parts.engine,
+            plan=parts.plan,
+            metrics=metrics.for_pipeline(p.name),
+            hooks=parts.hooks,
+            retry_feature_store_s=config.feature_store_retry_s,
+            abort=self.abort,
+            on_feature_store=health.feature_store,
+            canary=parts.canary,
+            shadow=shadow,
+            cache=cache,
+            framed=self.decoders.get(p.name),
+            avro_results=result_encoder(p, self.schema_registry, parts.engine, parts.plan),
+            on_schema_registry=health.schema_registry,
+            on_model=health.model_for(p.name),
+            on_inference_server=health.inference_server_for(p.name),
+        )
+        identity = pipeline.slot.for_batch().identity
+        shown = show_model(metrics, p.name, identity, parts.engine.providers[0], hide=None)
+        serving = LoadedModel(parts.engine, pipeline.plan)
+        on_swap = cache.serve if cache is not None else None
+        watch = ModelWatch(p, pipeline.slot, serving, metrics, shown=shown, on_swap=on_swap)
+        return pipeline, watch, shadow
 
 
 def _open_sink(config: WorkerConfig, limits: RecordLimits, calls: CallWatch) -> Sink:

@@ -21,8 +21,10 @@ from worker.errors import (
 )
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from worker.config import WorkerConfig
-    from worker.ops import Recoveries
+    from worker.ops import HealthState, Recoveries
 
 __all__ = ["cmd_run"]
 
@@ -36,7 +38,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     from worker.config import load_config
     from worker.ops import (
         PROCESSES_ENV,
-        HealthServer,
         HealthState,
         Recoveries,
         follow_supervisor,
@@ -75,16 +76,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     recoveries = Recoveries(os.environ, registry)
     health = HealthState(liveness_timeout_s=config.liveness_timeout_s)
     if config.metrics.port is not None:
-        reload = reload_requests.set if config.metrics.reload_endpoint else None
-        server = HealthServer(
-            health, registry, config.metrics.host, config.metrics.port, reload=reload
-        ).start()
-        log.info(
-            "metrics, /healthz and /readyz%s on http://%s:%d",
-            " (and POST /reload)" if reload is not None else "",
-            config.metrics.host,
-            server.port,
-        )
+        _serve_probes(config, health, registry, reload_requests)
 
     def stopping() -> bool:
         return health.stopping
@@ -121,6 +113,29 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 1
     log.info("stopped cleanly")
     return 0
+
+
+def _serve_probes(
+    config: WorkerConfig,
+    health: HealthState,
+    registry: CollectorRegistry,
+    reload_requests: threading.Event,
+) -> None:
+    """``/metrics``, ``/healthz``, ``/readyz`` (and ``POST /reload`` where the config
+    allows it) on ``config.metrics``' port, from before the models load."""
+    from worker.ops import HealthServer
+
+    assert config.metrics.port is not None
+    reload = reload_requests.set if config.metrics.reload_endpoint else None
+    server = HealthServer(
+        health, registry, config.metrics.host, config.metrics.port, reload=reload
+    ).start()
+    log.info(
+        "metrics, /healthz and /readyz%s on http://%s:%d",
+        " (and POST /reload)" if reload is not None else "",
+        config.metrics.host,
+        server.port,
+    )
 
 
 def _recover(

@@ -7,7 +7,7 @@ from __future__ import annotations
 from worker.models.assembly import build_pipeline
 from worker.models.candidates import load_candidates
 from worker.models.metrics import ModelFamilies
-from worker.models.parts import LoadedModel, open_parts
+from worker.models.parts import LoadedModel, Parts, open_parts
 from worker.models.reloader import ModelWatch, Reloader, show_model
 from worker.models.server_start import when_served
 
@@ -15,6 +15,7 @@ __all__ = [
     "LoadedModel",
     "ModelFamilies",
     "ModelWatch",
+    "Parts",
     "Reloader",
     "build_pipeline",
     "load_candidates",

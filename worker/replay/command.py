@@ -27,8 +27,8 @@ from worker.config import KafkaSettings, PipelineConfig, WorkerConfig
 from worker.core import PartitionKey
 from worker.errors import ConfigError, SourceError, StreamferError
 from worker.kafka import admin_client, create_missing, producer_config
-from worker.models import build_pipeline, open_parts
-from worker.pipeline import PipelineFamilies, result_encoder
+from worker.models import Parts, build_pipeline, open_parts
+from worker.pipeline import Pipeline, PipelineFamilies, result_encoder
 from worker.registry import framed_decoders, needs_registry, open_registry
 from worker.replay.pace import Progress, RateLimiter
 from worker.replay.plan import (
@@ -259,7 +259,8 @@ def _run_locked(
         update={"path": model_path, "version": plan.model_version, "sha256": pinned}
     )
     # the engine refuses a file whose hash differs from the pinned one
-    engine, feed_plan, features, hooks = open_parts(pipeline_cfg, config.redis, model=model)
+    parts = open_parts(pipeline_cfg, config.redis, model=model)
+    engine, features = parts.engine, parts.store
     try:
         if not resuming:
             plan = replace(plan, model_sha256=engine.model_hash)
@@ -275,27 +276,8 @@ def _run_locked(
         features.close()
         raise
     abort = threading.Event()
-    replayed = pipeline_cfg.model_copy(
-        update={
-            "result_topic": plan.output_topic,
-            "dead_letter_topic": plan.dead_letter_topic,
-            "model": model,
-        }
-    )
-    only = config.model_copy(update={"pipelines": [replayed]})
-    schema_registry = open_registry(config.schema_registry) if needs_registry(only) else None
-    framed = framed_decoders(only, schema_registry)
-    pipeline = build_pipeline(
-        replayed,
-        store=features,
-        engine=engine,
-        plan=feed_plan,
-        metrics=PipelineFamilies().for_pipeline(plan.pipeline),
-        hooks=hooks,
-        retry_feature_store_s=30.0,
-        abort=abort,
-        framed=framed.get(pipeline_cfg.name),
-        avro_results=result_encoder(replayed, schema_registry, engine, feed_plan),
+    pipeline = _replay_pipeline(
+        config, plan, pipeline_cfg.model_copy(update={"model": model}), parts, abort
     )
     sink = ReplaySink(
         Producer(producer_config(config.kafka)), plan.replay_id, plan.dead_letter_topic
@@ -336,6 +318,48 @@ def _run_locked(
     finally:
         sink.flush(5.0)
         features.close()
+    return _summary(plan, positions, replay, engine.model_hash, started, error, resuming)
+
+
+def _replay_pipeline(
+    config: WorkerConfig,
+    plan: ReplayPlan,
+    pipeline_cfg: PipelineConfig,
+    parts: Parts,
+    abort: threading.Event,
+) -> Pipeline:
+    """The pipeline ``plan`` runs: ``pipeline_cfg`` writing to the replay's own topics,
+    with the registry's decoders and result encoder where its formats need them."""
+    replayed = pipeline_cfg.model_copy(
+        update={"result_topic": plan.output_topic, "dead_letter_topic": plan.dead_letter_topic}
+    )
+    only = config.model_copy(update={"pipelines": [replayed]})
+    schema_registry = open_registry(config.schema_registry) if needs_registry(only) else None
+    framed = framed_decoders(only, schema_registry)
+    return build_pipeline(
+        replayed,
+        store=parts.store,
+        engine=parts.engine,
+        plan=parts.plan,
+        metrics=PipelineFamilies().for_pipeline(plan.pipeline),
+        hooks=parts.hooks,
+        retry_feature_store_s=30.0,
+        abort=abort,
+        framed=framed.get(pipeline_cfg.name),
+        avro_results=result_encoder(replayed, schema_registry, parts.engine, parts.plan),
+    )
+
+
+def _summary(
+    plan: ReplayPlan,
+    positions: dict[PartitionKey, int],
+    replay: Replay,
+    model_hash: str,
+    started: float,
+    error: str | None,
+    resuming: bool,
+) -> ReplaySummary:
+    """What the run did, partition by partition, for the summary line or JSON."""
     return ReplaySummary(
         replay_id=plan.replay_id,
         pipeline=plan.pipeline,
@@ -344,7 +368,7 @@ def _run_locked(
         model={
             "name": plan.model_name,
             "version": plan.model_version,
-            "sha256": engine.model_hash,
+            "sha256": model_hash,
             "path": plan.model_path,
         },
         partitions=[
