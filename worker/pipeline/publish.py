@@ -141,20 +141,7 @@ class PublishStep:
         at = scored.rows
         batch, good, failed = at.batch, at.good, scored.failed
         rows, ids = at.decoded.rows, at.decoded.ids
-        n = len(good)
-        cached = scored.settled
-        outs: Iterable[object]
-        if cached is None:
-            finite = finite_rows(scored.outputs, n)
-            for i in failed:
-                finite[i] = False
-            refused = set(np.flatnonzero(~finite).tolist())
-            outs = row_outputs(scored.outputs, n)
-            marks: Iterable[bytes] = itertools.repeat(b"", n)
-        else:
-            refused = {i for i, value in enumerate(cached.encoded) if value is None}
-            outs = [None if v is None else orjson.Fragment(v) for v in cached.encoded]
-            marks = [_CACHED if hit else b"" for hit in cached.reused]
+        refused, outs, marks = _answers(scored, len(good))
         # What every result of the batch shares is encoded once: the body is the
         # per-record part with this tail spliced in before its closing brace.
         # A canary's rows name it: a second shared tail, picked per row by the split.
@@ -271,3 +258,19 @@ class PublishStep:
             published.rows,
             model=published.model,
         )
+
+
+def _answers(scored: Scored, n: int) -> tuple[set[int], Iterable[object], Iterable[bytes]]:
+    """Of the batch's ``n`` rows that reached the model: those it refused (a failed row,
+    or a non-finite answer), each row's outputs, and the mark spliced into a result the
+    output cache served."""
+    cached = scored.settled
+    if cached is None:
+        finite = finite_rows(scored.outputs, n)
+        for i in scored.failed:
+            finite[i] = False
+        refused = set(np.flatnonzero(~finite).tolist())
+        return refused, row_outputs(scored.outputs, n), itertools.repeat(b"", n)
+    refused = {i for i, value in enumerate(cached.encoded) if value is None}
+    outs = [None if v is None else orjson.Fragment(v) for v in cached.encoded]
+    return refused, outs, [_CACHED if hit else b"" for hit in cached.reused]
