@@ -2,7 +2,8 @@
 # Lint, type-check, build the documentation and run every test against real Apache Kafka
 # and redis-server, which the suite starts itself (or KAFKA_BOOTSTRAP_SERVERS /
 # REDIS_URL); then the unit tests on the lowest dependency versions allowed
-# (scripts/floors.sh). Flags go to pytest.
+# (scripts/floors.sh). Flags go to pytest; the 40 slowest tests are listed at the end, to keep
+# the suite inside its time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap.sh
@@ -17,7 +18,7 @@ NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir build/site
 python -c 'from streamfer_dev.triton import server_python; server_python()' ||
     echo "streamfer: no Triton server here; the Triton tests will skip" >&2
 set +e
-python -m pytest -q "$@"
+python -m pytest -q --durations=40 "$@"
 rc=$?
 set -e
 if [ "$rc" = 5 ]; then
