@@ -5,7 +5,9 @@ rows and its fault named in dead letters and readiness."""
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,11 +25,12 @@ from tests.fakes.stores import MemoryStore
 from worker.compose import Metrics
 from worker.config import ModelSpec, PipelineConfig, parse_config
 from worker.errors import ConfigError, EngineError, ModelMismatchError
-from worker.inference import ModelGraph, OnnxEngine, ServingEngine
+from worker.inference import LiveModel, ModelGraph, ModelSlot, OnnxEngine, ServingEngine
 from worker.inference.engine import Feeds, Outputs
 from worker.models import build_pipeline
 from worker.models.graph import open_graph
 from worker.models.parts import load_model
+from worker.models.reloader import Look, ModelWatch, show_model
 from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.model_faults import ModelFaultWait
 
@@ -352,3 +355,41 @@ def test_a_step_at_fault_holds_the_batch_and_readiness_names_the_step(
     assert not held.is_alive()
     assert len([s for s in sink.sent if s.topic == "res"]) == 16
     assert readiness.heard[-1] == (True, None)
+
+
+def _settled(path: Path) -> Path:
+    then = time.time() - 60
+    os.utime(path, (then, then))
+    return path
+
+
+def test_a_steps_new_version_reloads_the_graph_and_a_misfit_one_is_refused(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
+    versions = tmp_path / "two"
+    _settled(random_mlp(versions / "1" / "model.onnx", seed=2))
+    steps = ensemble_steps(models)
+    steps[1]["model"] = {"path": versions, "name": "two"}
+    config = graph_config(steps)
+    metrics = Metrics(CollectorRegistry())
+    loaded = load_model(config, config.model, warm_up=[1])
+    slot = ModelSlot(LiveModel.of(config.model, loaded.engine))
+    shown = show_model(metrics, "p", slot.for_batch().identity, "cpu", hide=None)
+    watch = ModelWatch(config, slot, loaded, metrics, shown=shown)
+    assert watch.polls  # a step's directory of versions is followed
+    assert slot.for_batch().identity.version == "1+1+1"
+    assert watch.look() is Look.IDLE
+
+    _settled(random_mlp(versions / "2" / "model.onnx", seed=9))
+    assert watch.look() is Look.LOADED
+    live = slot.for_batch()
+    assert live.identity.version == "1+2+1"
+    outputs = live.engine.infer({"one.input": ROWS, "two.input": ROWS[:, ::-1].copy()})
+    second = by_hand(versions / "2" / "model.onnx", {"input": ROWS[:, ::-1].copy()})
+    assert np.array_equal(outputs["second"], second)
+    assert watch.look() is Look.IDLE
+
+    _settled(random_mlp(versions / "3" / "model.onnx", n_in=4, seed=3))
+    assert watch.look() is Look.REFUSED
+    assert slot.for_batch().identity.version == "1+2+1"
+    assert watch.look() is Look.IDLE  # not tried again until it changes
