@@ -59,8 +59,9 @@ class ModelGraph:
             for result, (src, out) in publish.items()
         }
         last = self._steps[-1]
-        self._outputs = {f: f"{last.name}.{f}" for f in last.engine.outputs}
-        self._outputs.update({r: f"{s}.{o}" for r, (s, o) in self._publish.items()})
+        names = {step.name: step.engine.outputs for step in self._steps}
+        self._outputs = {f: f"{last.name}.{onnx}" for f, onnx in names[last.name].items()}
+        self._outputs.update({r: f"{s}.{names[s][o]}" for r, (s, o) in self._publish.items()})
         self._inputs = [
             replace(i, name=f"{step.name}.{i.name}")
             for step in self._steps
@@ -92,7 +93,8 @@ class ModelGraph:
 
     @property
     def outputs(self) -> dict[str, str]:
-        """Result field -> ``step.output``."""
+        """Result field -> ``step.output``, the output as its model names it (the key of
+        ``output_types``)."""
         return dict(self._outputs)
 
     @property

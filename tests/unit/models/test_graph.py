@@ -111,6 +111,8 @@ def test_an_ensemble_scores_the_batch_as_the_models_run_by_hand(models: dict[str
     second = by_hand(models["two"], {"input": ROWS[:, ::-1].copy()})
     mean = by_hand(models["mean"], {"x": first, "y": second})
     assert set(outputs) == {"mean", "second"}
+    assert engine.outputs == {"mean": "avg.mean", "second": "two.probabilities"}
+    assert engine.output_types["avg.mean"] == "tensor(float)"
     assert np.array_equal(outputs["mean"], mean)
     assert np.array_equal(outputs["second"], second)
     assert [i.name for i in plan.inputs] == ["one.input", "two.input"]
