@@ -387,8 +387,10 @@ class PipelineConfig(Frozen):
         try:
             steps = _STEPS.validate_python(data["steps"])
         except ValidationError:
-            return data
-        return {**data, "model": graph_model(steps)} if steps else data
+            steps = []
+        # invalid steps are reported under steps; model has nothing to add to that
+        stand_in = {"name": "steps", "path": "steps"}
+        return {**data, "model": graph_model(steps) if steps else stand_in}
 
     @model_validator(mode="after")
     def _steps_are_a_graph(self) -> PipelineConfig:

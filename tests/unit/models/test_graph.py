@@ -395,3 +395,11 @@ def test_a_steps_new_version_reloads_the_graph_and_a_misfit_one_is_refused(
     assert watch.look() is Look.REFUSED
     assert slot.for_batch().identity.version == "1+2+1"
     assert watch.look() is Look.IDLE  # not tried again until it changes
+
+
+def test_an_invalid_step_is_reported_under_steps_alone(models: dict[str, Path]) -> None:
+    steps = ensemble_steps(models)
+    del steps[1]["name"]
+    with pytest.raises(ConfigError) as raised:
+        graph_config(steps)
+    assert str(raised.value).splitlines()[1:] == ["  pipelines[0].steps[1].name: Field required"]
