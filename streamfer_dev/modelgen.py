@@ -4,6 +4,8 @@
 (569 rows, 30 features, bundled with scikit-learn, so nothing is downloaded) and converts
 it with skl2onnx to a float32 ONNX model whose probabilities are a plain tensor.
 ``seed_entities`` writes each row's features to a Redis hash, one entity per row.
+``make_mean`` writes the smallest ensemble head: the mean of several equal inputs, for
+a graph that averages two classifiers' probabilities.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import redis
 
 from worker.features import pack_vector
 
-__all__ = ["DemoModel", "feature_names", "make_classifier", "seed_entities"]
+__all__ = ["DemoModel", "feature_names", "make_classifier", "make_mean", "seed_entities"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,25 @@ def make_classifier(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(onx.SerializeToString())
     return DemoModel(path, feature_names(x.shape[1]), x)
+
+
+def make_mean(path: Path, inputs: list[str], width: int, output: str = "mean") -> Path:
+    """An ONNX model of float32 inputs ``inputs``, each ``[batch, width]``, whose one
+    output ``output`` is their element-wise mean (ONNX's Mean operator)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Mean", inputs, [output])],
+        "mean",
+        [helper.make_tensor_value_info(i, TensorProto.FLOAT, ["batch", width]) for i in inputs],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, ["batch", width])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(model.SerializeToString())
+    return path
 
 
 def seed_entities(

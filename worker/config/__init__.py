@@ -34,6 +34,7 @@ from worker.config.pipeline import (
 from worker.config.redaction import LIBRDKAFKA_SECRET_OPTIONS, redacted
 from worker.config.redis_url import redis_url_problem
 from worker.config.schema_registry import SchemaRegistrySettings
+from worker.config.steps import StepSpec, check_steps, graph_model, step_reference
 from worker.config.targets import import_target
 from worker.config.worker_config import MetricsSettings, WorkerConfig, is_loopback
 
@@ -61,10 +62,13 @@ __all__ = [
     "RequestMapping",
     "SchemaRegistrySettings",
     "ShadowSpec",
+    "StepSpec",
     "TensorrtOptions",
     "TritonSettings",
     "WorkerConfig",
     "canary_buckets",
+    "check_steps",
+    "graph_model",
     "import_target",
     "is_loopback",
     "list_versions",
@@ -72,4 +76,5 @@ __all__ = [
     "parse_config",
     "redacted",
     "redis_url_problem",
+    "step_reference",
 ]

@@ -7,12 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, ValidationError, model_validator
+from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError, model_validator
 
 from worker.config.base import Frozen, owners
 from worker.config.candidates import CanarySpec, ShadowSpec
 from worker.config.inputs import FeatureSpec, LookupSpec, RequestMapping
 from worker.config.model_spec import ModelSpec
+from worker.config.steps import StepSpec, check_steps, graph_model
 
 __all__ = [
     "PRIORITY_NAMES",
@@ -84,6 +85,7 @@ class BatchPolicy(Frozen):
 
 
 _HOOK = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+_STEPS = TypeAdapter(list[StepSpec])
 
 
 class HooksSpec(Frozen):
@@ -199,7 +201,22 @@ class PipelineConfig(Frozen):
         default_factory=list,
         description="Several named Redis lookups, all fetched in one round trip per batch.",
     )
-    model: ModelSpec = Field(description="The ONNX model and how its inputs are fed.")
+    model: ModelSpec = Field(
+        description=(
+            "The ONNX model and how its inputs are fed; with steps, set from them "
+            "(`worker.config.steps.graph_model`)."
+        )
+    )
+    steps: list[StepSpec] | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "Several models run on each batch in order, instead of [pipelines.model]; "
+            "each step's inputs come from features, request fields or earlier steps' "
+            "outputs, and results carry the last step's outputs (and those a step "
+            "publishes)."
+        ),
+    )
     canary: CanarySpec | None = Field(
         default=None,
         description=(
@@ -357,6 +374,36 @@ class PipelineConfig(Frozen):
             if not same:
                 raise ValueError("give either features or lookups, not both")
         return {**data, "lookups": [one]}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _steps_are_the_model(cls, data: Any) -> Any:
+        """A pipeline of ``steps`` serves them as one model (``graph_model``); its own
+        errors, under ``steps``, say what to fix when they are not valid."""
+        if not isinstance(data, dict) or data.get("steps") is None:
+            return data
+        if data.get("model") is not None:
+            raise ValueError("give either model or steps, not both")
+        try:
+            steps = _STEPS.validate_python(data["steps"])
+        except ValidationError:
+            steps = []
+        # invalid steps are reported under steps; model has nothing to add to that
+        stand_in = {"name": "steps", "path": "steps"}
+        return {**data, "model": graph_model(steps) if steps else stand_in}
+
+    @model_validator(mode="after")
+    def _steps_are_a_graph(self) -> PipelineConfig:
+        if self.steps is None:
+            return self
+        check_steps(self.steps)
+        beside = [name for name in ("canary", "shadow") if getattr(self, name) is not None]
+        if beside:
+            raise ValueError(
+                f"steps with a {' and a '.join(beside)}: a candidate stands in for one "
+                "model, not a graph; turn it off"
+            )
+        return self
 
     @model_validator(mode="after")
     def _lookups_are_unambiguous(self) -> PipelineConfig:

@@ -16,6 +16,7 @@ from pydantic import (
 from worker.config.candidates import CandidateSpec
 from worker.config.model_spec import ModelSpec, TritonSettings
 from worker.config.model_versions import resolve_version
+from worker.config.steps import graph_model
 from worker.config.worker_config import WorkerConfig
 from worker.errors import ConfigError
 
@@ -66,33 +67,44 @@ def read_secret_files(cfg: WorkerConfig, base_dir: Path, source: str) -> WorkerC
 def resolve_and_check_models(cfg: WorkerConfig, base_dir: Path, source: str) -> WorkerConfig:
     pipelines = []
     for i, p in enumerate(cfg.pipelines):
-        update = _model_source(p.model, base_dir, f"{source}: pipelines[{i}].model")
-        trt = p.model.tensorrt
-        dirs = {
-            name: folder if folder.is_absolute() else base_dir / folder
-            for name in ("engine_cache_dir", "timing_cache_dir")
-            if (folder := getattr(trt, name)) is not None
-        }
-        if dirs:
-            update["tensorrt"] = trt.model_copy(update=dirs)
-        if "TensorrtExecutionProvider" in p.model.providers:
-            for name, folder in dirs.items():
-                problem = _unwritable(folder)
-                if problem is not None:
-                    raise ConfigError(
-                        f"{source}: pipelines[{i}].model.tensorrt.{name}: {folder} {problem}"
-                    )
-        model = p.model.model_copy(update=update)
+        where = f"{source}: pipelines[{i}]"
+        steps = [
+            step.model_copy(
+                update={"model": _resolved(step.model, base_dir, f"{where}.steps[{k}].model")}
+            )
+            for k, step in enumerate(p.steps or ())
+        ]
+        model = graph_model(steps) if steps else _resolved(p.model, base_dir, f"{where}.model")
         candidates = {
-            role: _candidate_source(spec, p.model, base_dir, f"{source}: pipelines[{i}].{role}")
+            role: _candidate_source(spec, p.model, base_dir, f"{where}.{role}")
             for role, spec in (("canary", p.canary), ("shadow", p.shadow))
             if spec is not None
         }
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = {"steps": steps} if steps else {}
         if p.result_schema is not None and not p.result_schema.is_absolute():
             extra["result_schema"] = base_dir / p.result_schema
         pipelines.append(p.model_copy(update={"model": model, **candidates, **extra}))
     return cfg.model_copy(update={"pipelines": pipelines})
+
+
+def _resolved(model: ModelSpec, base_dir: Path, where: str) -> ModelSpec:
+    """``model`` with its file (or version), Triton files and TensorRT folders resolved
+    against ``base_dir``; raises ConfigError naming the field ``where`` is."""
+    update = _model_source(model, base_dir, where)
+    trt = model.tensorrt
+    dirs = {
+        name: folder if folder.is_absolute() else base_dir / folder
+        for name in ("engine_cache_dir", "timing_cache_dir")
+        if (folder := getattr(trt, name)) is not None
+    }
+    if dirs:
+        update["tensorrt"] = trt.model_copy(update=dirs)
+    if "TensorrtExecutionProvider" in model.providers:
+        for name, folder in dirs.items():
+            problem = _unwritable(folder)
+            if problem is not None:
+                raise ConfigError(f"{where}.tensorrt.{name}: {folder} {problem}")
+    return model.model_copy(update=update)
 
 
 def _model_source(model: ModelSpec, base_dir: Path, where: str) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from worker.inference.engine import (
     file_sha256,
     warm_up_sizes,
 )
+from worker.inference.model_graph import GraphStep, ModelGraph
 from worker.inference.providers import input_shapes, provider_options, why_not_serving
 from worker.inference.rows import finite_rows, row_outputs
 from worker.inference.slot import LiveModel, ModelIdentity, ModelSlot
@@ -25,8 +26,10 @@ __all__ = [
     "ONNX_DTYPES",
     "TRITON_PROVIDER",
     "Feeds",
+    "GraphStep",
     "InferenceEngine",
     "LiveModel",
+    "ModelGraph",
     "ModelIdentity",
     "ModelSlot",
     "OnnxEngine",

@@ -15,6 +15,7 @@ from typing import NamedTuple
 from worker.config import ModelSpec, PipelineConfig, RedisSettings
 from worker.features import RedisLookups
 from worker.inference import OnnxEngine, ServingEngine, TritonEngine, warm_up_sizes
+from worker.models.graph import open_graph
 from worker.models.metrics import ModelFamilies
 from worker.pipeline import BatchHooks, FeedPlan, load_hooks
 
@@ -49,7 +50,11 @@ def load_model(
     device) beside the batches being served. Raises ``ModelMismatchError`` or
     ``EngineError`` as ``open_parts`` says."""
     buckets = warm_up_sizes(config.batch.max_batch_size)
-    engine = open_engine(config.name, spec, buckets, metrics)
+    engine: ServingEngine
+    if config.steps:
+        engine = open_graph(config, lambda step: open_engine(config.name, step, buckets, metrics))
+    else:
+        engine = open_engine(config.name, spec, buckets, metrics)
     plan = FeedPlan.build(config.model_copy(update={"model": spec}), engine.inputs)
     engine.warm_up(buckets if warm_up is None else warm_up, engine.example(plan.widths()))
     return LoadedModel(engine, plan)

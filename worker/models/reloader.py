@@ -31,6 +31,11 @@ server, and a candidate is the highest version the server has ready
 ``triton.version``. It is loaded, checked, warmed and swapped in the same way, and a
 refused version is not tried again until the worker restarts. A server that cannot
 answer the look is left to the batches' own wait.
+
+A model graph (``[[pipelines.steps]]``) is looked at step by step
+(``worker.models.graph.step_candidates``): a new file or version of any step opens the
+whole graph again with it, checked and swapped in as one model; a step's directory is
+followed when its ``watch`` is on.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ from worker.inference import (
     file_sha256,
 )
 from worker.models.fit import ModelFit
+from worker.models.graph import StepFiles, step_candidates
 from worker.models.metrics import ModelFamilies
 from worker.models.parts import LoadedModel, load_model
 
@@ -166,6 +172,9 @@ class ModelWatch:
         self._refused_versions: set[str] = set()
         """Server versions refused (a model on Triton)."""
         self._missing_logged = False
+        now = step_candidates(config) if config.steps else None
+        self._steps_live: StepFiles | None = now[1] if now is not None else None
+        self._steps_refused: dict[StepFiles, None] = {}
 
     @property
     def name(self) -> str:
@@ -173,6 +182,8 @@ class ModelWatch:
 
     @property
     def polls(self) -> bool:
+        if self._config.steps:
+            return any(bool(step.model.watch) for step in self._config.steps)
         return bool(self._config.model.watch)
 
     @property
@@ -182,6 +193,8 @@ class ModelWatch:
     def look(self) -> Look:
         """Look at the source once; load, check, warm and swap in a settled candidate.
         Blocks while a candidate loads; never raises for a bad candidate."""
+        if self._config.steps:
+            return self._look_at_steps()
         if self._config.model.triton is not None:
             return self._look_at_server()
         candidate = self._candidate()
@@ -248,6 +261,41 @@ class ModelWatch:
             )
             return Look.REFUSED
         self._serve(spec, loaded, version, live.identity, started)
+        return Look.LOADED
+
+    def _look_at_steps(self) -> Look:
+        """A graph: a step's new version (or changed file) reloads the graph with it,
+        loaded, checked and warmed as at start-up; the other steps are opened again."""
+        found = step_candidates(self._config)
+        if found is None or found[1] == self._steps_live or found[1] in self._steps_refused:
+            return Look.IDLE
+        config, files = found
+        was = self._steps_live or (None,) * len(files)
+        changed = [f[4] for f, old in zip(files, was, strict=True) if f is not None and f != old]
+        newest = max(changed, default=0)
+        if self._wall() - newest / 1e9 < self._settle_s:
+            return Look.SETTLING
+        live = self._slot.for_batch().identity
+        started = time.perf_counter()
+        try:
+            loaded = self._load(config, config.model)
+            self._fit.check(ModelFit.of(loaded), "the live model's")
+        except Exception as exc:  # onnxruntime raises its own untyped errors too
+            self._steps_refused[files] = None
+            self._refused_count.inc()
+            log.error(
+                "pipeline %s: model graph %s version %s refused (%s); version %s keeps "
+                "serving, and it is not tried again until a step's file changes",
+                self.name,
+                config.model.name,
+                config.model.version,
+                str(exc).strip().splitlines()[0][:500] if str(exc).strip() else type(exc).__name__,
+                live.version,
+            )
+            return Look.REFUSED
+        self._steps_live, self._config = files, config
+        version = getattr(loaded.engine, "served_version", None) or config.model.version
+        self._serve(config.model, loaded, str(version), live, started)
         return Look.LOADED
 
     def _candidate(self) -> tuple[str, Path] | None:

@@ -1,0 +1,105 @@
+"""A pipeline's steps opened as one engine: ``open_graph``.
+
+Each step's model opens as ``[pipelines.model]`` would (an ONNX file or a Triton model,
+its calls counted under the pipeline), and the graph is checked before it serves: every
+input of every step's model fed, by an input it has, and each earlier output it reads
+of a type and shape that input takes (``ModelGraph.check``). A mismatch is a
+``ModelMismatchError`` naming the step, so the worker exits 2 at start-up and ``check``
+says what to fix. ``step_candidates`` is what the reloader looks at for a graph: each
+step's newest file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from worker.config import (
+    ModelSpec,
+    PipelineConfig,
+    StepSpec,
+    graph_model,
+    list_versions,
+    step_reference,
+)
+from worker.errors import ModelMismatchError
+from worker.inference import GraphStep, ModelGraph, ServingEngine
+
+__all__ = ["StepFiles", "open_graph", "step_candidates"]
+
+
+def open_graph(
+    config: PipelineConfig, open_engine: Callable[[ModelSpec], ServingEngine]
+) -> ModelGraph:
+    """The engines of ``config.steps``, each opened by ``open_engine``, as one
+    ``ModelGraph``, checked."""
+    steps = []
+    publish: dict[str, tuple[str, str]] = {}
+    for spec in config.steps or ():
+        engine = open_engine(spec.model)
+        steps.append(_step(spec, engine))
+        publish.update({result: (spec.name, out) for result, out in spec.publish.items()})
+    graph = ModelGraph(steps, publish)
+    graph.check()
+    return graph
+
+
+def _step(spec: StepSpec, engine: ServingEngine) -> GraphStep:
+    """``spec`` on ``engine``; raises ModelMismatchError for an input fed by nothing or
+    one the model does not have."""
+    has = [i.name for i in engine.inputs]
+    unknown = sorted(set(spec.inputs) - set(has))
+    if unknown:
+        raise ModelMismatchError(
+            f"steps.{spec.name}.inputs: model {spec.model.where} has no input "
+            f"{', '.join(unknown)} (its inputs: {', '.join(has)})"
+        )
+    missing = [name for name in has if name not in spec.inputs]
+    if missing:
+        raise ModelMismatchError(
+            f"steps.{spec.name}: input {', '.join(missing)} of model {spec.model.where} is "
+            "fed by nothing; name its features or an earlier step's output in the step's inputs"
+        )
+    wired = {}
+    for name, source in spec.inputs.items():
+        if isinstance(source, str):
+            ref = step_reference(source)
+            assert ref is not None  # the config's validation made sure
+            wired[name] = ref
+    version = getattr(engine, "served_version", None) or spec.model.version
+    fed = tuple(name for name in has if name not in wired)
+    return GraphStep(spec.name, engine, str(version), fed, wired)
+
+
+StepFiles = tuple[tuple[str, Path, int, int, int] | None, ...]
+"""Each step's file as ``stat`` sees it, (version, path, inode, size, mtime); None for a
+step on a Triton server."""
+
+
+def step_candidates(config: PipelineConfig) -> tuple[PipelineConfig, StepFiles] | None:
+    """``config`` with each step's model at its newest file now (the highest version of
+    its directory, or its file), and what those files are; None while one has none."""
+    steps: list[StepSpec] = []
+    files: list[tuple[str, Path, int, int, int] | None] = []
+    for step in config.steps or ():
+        spec = step.model
+        if spec.triton is not None:
+            steps.append(step)
+            files.append(None)
+            continue
+        if spec.version_dir is not None:
+            versions = list_versions(spec.version_dir)
+            if not versions:
+                return None
+            version, path = versions[-1].name, versions[-1].path
+        else:
+            version, path = spec.version, spec.file
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        files.append((version, path, st.st_ino, st.st_size, st.st_mtime_ns))
+        model = spec.model_copy(update={"path": path, "version": version})
+        steps.append(step.model_copy(update={"model": model}))
+    update = {"steps": steps, "model": graph_model(steps)}
+    return config.model_copy(update=update), tuple(files)
