@@ -106,3 +106,14 @@ def test_replay_runs_on_the_server_and_a_resume_checks_its_version(
     out = replayed(kafka_bootstrap, second, ids)
     assert set(out.results) == ids and out.duplicates() == 0
     check_exact(out, expected, {"2"})
+
+    # a file given instead runs in the worker, as the local engine: the same scores
+    local = _summary(
+        streamfer(*replay, "--model", str(models["1"]), "--model-version", "11", "--json")
+    )
+    assert local["model"]["version"] == "11" and local["model"]["path"] == str(models["1"])
+    out = replayed(kafka_bootstrap, local, ids)
+    assert set(out.results) == ids
+    for doc in out.result_docs:
+        got = np.asarray(doc["outputs"]["scores"], dtype=np.float32)
+        assert np.array_equal(got, expected["1"][int(doc["id"][1:])]), doc["id"]

@@ -62,6 +62,8 @@ def replay_spec(pipeline_cfg: PipelineConfig, plan: ReplayPlan, current: bool) -
             "version": plan.model_version,
             "sha256": None if current else pinned,
             "watch": False,
+            "engine": "onnxruntime",  # a file given for a model a server runs live
+            "triton": None,
         }
     )
 

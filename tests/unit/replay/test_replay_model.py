@@ -57,12 +57,17 @@ def test_a_plan_on_a_server_records_it_and_the_version_it_serves() -> None:
     assert pinned.model_version == "3" and len(asked) == 1, "a pinned version asks nobody"
 
 
-def test_a_file_given_instead_runs_in_the_worker(tmp_path: Path) -> None:
+def test_a_file_given_instead_runs_in_the_worker_pinned_by_its_hash(tmp_path: Path) -> None:
     model = tmp_path / "m.onnx"
     model.write_bytes(b"onnx")
     plan = plan_of(ReplayOptions(model_path=model, model_version="9"))
     assert plan.server is None and plan.model_path == str(model)
     assert plan.model_version == "9"
+    plan = replace(plan, model_sha256="ab" * 32)
+    spec = replay_spec(config(ON_SERVER).pipelines[0], plan, current=False)
+    assert (spec.engine, spec.triton, spec.path) == ("onnxruntime", None, model)
+    assert spec.sha256 == "ab" * 32 and spec.version == "9"
+    assert replay_spec(config(ON_SERVER).pipelines[0], plan, current=True).sha256 is None
 
 
 def test_a_replay_runs_the_planned_version_or_with_current_model_the_served_one() -> None:
