@@ -44,6 +44,7 @@ KAFKA_CONTENDERS = (
     "streamfer_2p",
     "streamfer_cache",
     "streamfer_triton",
+    "streamfer_triton_1",
     "streamfer_share",
     "streamfer_share_2w",
     "naive",
@@ -157,8 +158,9 @@ def launch(name: str, job: Job) -> Launched:
         return _streamfer(name, job, 1, processes=2)
     if name == "streamfer_cache":
         return _streamfer(name, job, 1, cache=True)
-    if name == "streamfer_triton":
-        return _streamfer(name, job, 1)
+    if name in ("streamfer_triton", "streamfer_triton_1"):
+        # streamfer_triton_1: the same worker sending a batch's calls one at a time
+        return _streamfer(name, job, 1, calls_in_flight=1 if name.endswith("_1") else None)
     if name in ("streamfer_share", "streamfer_share_2w"):
         return _streamfer(name, job, 2 if name.endswith("_2w") else 1, share_group=True)
     if name == "streamfer_baseline":
@@ -303,6 +305,7 @@ def _streamfer(
     processes: int = 1,
     cache: bool = False,
     share_group: bool = False,
+    calls_in_flight: int | None = None,
 ) -> Launched:
     config = _config_file(name, job, share_group=share_group)
     env = {
@@ -311,6 +314,8 @@ def _streamfer(
         "STREAMFER_PIPELINES__0__SOURCE_HEADERS": "true" if job.source_headers else "false",
         "STREAMFER_PIPELINES__0__CACHE__ENABLED": "true" if cache else "false",
     }
+    if calls_in_flight is not None:
+        env["STREAMFER_PIPELINES__0__MODEL__TRITON__MAX_CALLS_IN_FLIGHT"] = str(calls_in_flight)
     launched = Launched(name, members_per_log=processes)
     args = ("--processes", str(processes)) if processes > 1 else ()
     for i in range(workers):

@@ -68,6 +68,7 @@ DEFAULT_CONTENDERS = tuple(
         "streamfer_baseline",
         "streamfer_cache",
         "streamfer_triton",
+        "streamfer_triton_1",
         "streamfer_share",
         "streamfer_share_2w",
         "relay",
@@ -81,7 +82,9 @@ has fewer partitions than workers (``--partitions 1``), the earlier commit's, wh
 ``--baseline-ref`` adds, the latency curve's own (``benchmarks.latency``), and the
 worker whose model runs on a Triton server (``streamfer_triton``: the server, from
 ``streamfer_dev.triton``, serves the same model file on the same machine; the worker's CPU
-is its own, the server's is not counted)."""
+is its own, the server's is not counted; ``streamfer_triton_1`` is that worker sending
+a batch's calls one at a time, beside the default four in flight, which only differ
+where ``--triton-max-batch-size`` splits a batch)."""
 SLOW_CONTENDERS = ("naive", "faust")
 ORT_CEILING_BUDGET_S = 2.0
 """How long ONNX Runtime alone is timed at the contenders' batch size."""
@@ -121,6 +124,11 @@ class Options:
     """Latency ends at the reader's receipt of a result, not at its CreateTime."""
     request_linger_ms: float | None = None
     """The request producer's ``linger.ms`` (None: the harness's 5 ms)."""
+    triton_instances: int = 1
+    """Instances of the Triton server's model (``streamfer_triton``)."""
+    triton_max_batch_size: int | None = None
+    """The Triton server's ``max_batch_size`` (None: ``max_batch_size``): below it, a
+    worker's batch goes as several calls."""
     baseline_ref: str | None = None
     """A commit whose worker runs as ``streamfer_baseline`` beside today's (git archive of
     it into the run's folder): what a change cost, measured in the same run."""
@@ -149,11 +157,12 @@ def run_benchmark(
             baseline_root = _source_tree(opts.baseline_ref, work / "baseline")
         model = make_model(opts.model, work)
         triton_url = None
-        if "streamfer_triton" in opts.contenders:
+        if any(c.startswith("streamfer_triton") for c in opts.contenders):
             progress("triton server")
             server = start_triton(
                 [f"{MODEL_NAMES[opts.model]}:1:{model.path}"],
-                max_batch_size=opts.max_batch_size,
+                max_batch_size=opts.triton_max_batch_size or opts.max_batch_size,
+                instances=opts.triton_instances,
             )
             stack.callback(server.stop)
             triton_url = server.url
@@ -195,7 +204,7 @@ def run_benchmark(
         def job_for(name: str, tag: str) -> Job:
             where = Stack(bootstrap, redis_url, work, model, f"bench-{run_id}")
             job = job_on(where, tag, opts, baseline_root)
-            if name == "streamfer_triton":
+            if name.startswith("streamfer_triton"):
                 job = replace(job, triton_url=triton_url)
             return job
 
@@ -266,6 +275,8 @@ def run_benchmark(
         "layout": opts.layout,
         "batch_mode": opts.batch_mode,
         "max_in_flight_batches": opts.max_in_flight,
+        "triton_instances": opts.triton_instances,
+        "triton_max_batch_size": opts.triton_max_batch_size,
         "source_headers": opts.source_headers,
         "warmup_s": _warmup_s(opts),
         "consumer_options": dict(opts.consumer_options),
@@ -526,6 +537,19 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-batch-size", type=int, default=256)
     parser.add_argument("--max-wait-ms", type=float, default=BatchPolicy().max_wait_ms)
     parser.add_argument(
+        "--triton-instances",
+        type=int,
+        default=1,
+        help="instances of the Triton server's model (streamfer_triton; default 1)",
+    )
+    parser.add_argument(
+        "--triton-max-batch-size",
+        type=int,
+        default=None,
+        help="the Triton server's max_batch_size (default: --max-batch-size); below it a "
+        "batch goes as several calls",
+    )
+    parser.add_argument(
         "--layout",
         choices=["hash", "packed"],
         default="hash",
@@ -666,6 +690,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         repeat_share=args.repeat_share,
         distinct=args.distinct,
         baseline_ref=args.baseline_ref,
+        triton_instances=max(1, args.triton_instances),
+        triton_max_batch_size=args.triton_max_batch_size,
     )
 
     def progress(name: str) -> None:

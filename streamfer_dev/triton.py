@@ -144,10 +144,12 @@ def start_triton(
     grpc_port: int | None = None,
     refuse_above: float | None = None,
     max_batch_size: int = 256,
+    instances: int = 1,
     timeout: float = 120.0,
 ) -> TritonServer:
     """A server of ``models`` (``NAME:VERSION:PATH``), ready once every model answers
-    readiness; on ``grpc_port`` when given (a restart keeps its address)."""
+    readiness; on ``grpc_port`` when given (a restart keeps its address); ``instances``
+    of each model serve calls side by side."""
     python = server_python()
     server = TritonServer(
         grpc_port or free_port(),
@@ -168,6 +170,8 @@ def start_triton(
         str(server.ports[1]),
         "--max-batch-size",
         str(max_batch_size),
+        "--instances",
+        str(instances),
         *(a for m in models for a in ("--model", m)),
         *(["--refuse-above", str(refuse_above)] if refuse_above is not None else []),
     ]

@@ -10,6 +10,9 @@ gives as one value a row (``[batch]``) is declared as Triton's ONNX Runtime back
 declares it: ``dims: [1]`` with ``reshape: { shape: [] }`` (PyTriton has no reshape of
 its own, so its config generator is wrapped to add it).
 
+``--instances N`` gives each model N instances (one bound function and ONNX Runtime
+session each), so calls in flight are served side by side.
+
 ``--refuse-above X`` makes every model refuse a request holding a number above X (the
 server answers it with an error, as a model that rejects its input does), so the tests
 can see the worker's per-row path against a real server. It stops on SIGTERM.
@@ -104,6 +107,7 @@ def main() -> None:
     )
     parser.add_argument("--max-batch-size", type=int, default=256, help="the models' largest batch")
     parser.add_argument("--refuse-above", type=float, default=None, help="refuse numbers above")
+    parser.add_argument("--instances", type=int, default=1, help="instances of each model")
     args = parser.parse_args()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -118,11 +122,12 @@ def main() -> None:
     with Triton(config=config) as triton:
         for spec in args.model:
             name, version, path = spec.split(":", 2)
-            infer, inputs, outputs = _serving(path, args.refuse_above)
+            served = [_serving(path, args.refuse_above) for _ in range(args.instances)]
+            _infer, inputs, outputs = served[0]
             triton.bind(
                 model_name=name,
                 model_version=int(version),
-                infer_func=infer,
+                infer_func=[infer for infer, _i, _o in served],
                 inputs=inputs,
                 outputs=outputs,
                 config=ModelConfig(

@@ -94,6 +94,7 @@ class FakeSink:
         self.unacked.append((tracker, report))
         return True
 
+    _queue = send  # no stamp here: the headers given are the record's
     resend = Sink.resend  # the real one, sending through ``send`` above
 
     def poll(self, timeout: float = 0.0) -> int:

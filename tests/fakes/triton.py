@@ -115,9 +115,14 @@ class FakeTriton:
 
     def get_model_metadata(self, model: str, version: str = "", **_call: Any) -> _Described:
         self._fail()
+        if version and version not in self.versions:
+            raise TritonFailure(
+                "NOT_FOUND", f"Request for unknown model: '{model}' version {version} is not found"
+            )
         return _Described(
             {
                 "name": model,
+                "platform": "python",
                 "versions": self.versions,
                 "inputs": [_Tensor("x", "FP32", [-1, self.width])],
                 "outputs": [_Tensor("score", "FP32", [-1, 1])],

@@ -178,8 +178,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if args.resume and any(v is not None for v in bounded + changed):
             raise ConfigError(
                 "--resume takes the plan it saved; give only --max-rate, --nice, "
-                "--state-dir, --dry-run and --json with it"
+                "--state-dir, --current-model, --dry-run and --json with it"
             )
+        if args.current_model and not args.resume:
+            raise ConfigError("--current-model goes with --resume")
         bounds = Bounds(
             from_time_ms=parse_time(args.from_time) if args.from_time else None,
             to_time_ms=parse_time(args.to_time) if args.to_time else None,
@@ -196,6 +198,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             dead_letter_topic=args.dead_letter_topic,
             model_path=args.model,
             model_version=args.model_version,
+            current_model=args.current_model,
             max_rate=args.max_rate,
             nice=args.nice,
             state_dir=args.state_dir,

@@ -133,7 +133,17 @@ def _add_replay_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     replay.add_argument(
         "--model", type=Path, help="another ONNX file than live (needs --model-version)"
     )
-    replay.add_argument("--model-version", help="version stamped on results and in the topic name")
+    replay.add_argument(
+        "--model-version",
+        help="version stamped on results and in the topic name; for a model on a Triton "
+        "server, the version of it there to run (default: the one it serves)",
+    )
+    replay.add_argument(
+        "--current-model",
+        action="store_true",
+        help="with --resume: go on with the model as it is now (another file hash, the "
+        "version a Triton server serves now) instead of refusing it; results name it",
+    )
     replay.add_argument("--max-rate", type=float, help="records per second (default: unbounded)")
     replay.add_argument(
         "--nice",

@@ -1,7 +1,7 @@
 """Models run beside a pipeline's own on the same features: a canary that scores a share
 of the records instead, and a shadow that scores a copy of every batch. Each is a
-``ModelSpec`` of the pipeline's model with another file, or another version on the
-Triton server that runs it (``CandidateSpec.model_spec``)."""
+``ModelSpec`` of the pipeline's model with another file, or another model or version on
+the Triton server that runs it (``CandidateSpec.model_spec``)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,16 @@ class CandidateSpec(Frozen):
         description=(
             "The candidate model: an ONNX file, or a directory of numbered versions"
             " (its highest is taken). None where the pipeline's model is on a Triton"
-            " server: the candidate is another version of it there (``version``)."
+            " server: the candidate is another version of it there (``version``), or"
+            " another model there (``server_model``)."
+        ),
+    )
+    server_model: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "Where the pipeline's model is on a Triton server: the candidate's model name"
+            " on that server (A/B by name); None: the pipeline's model, another version."
         ),
     )
     version: str | None = Field(
@@ -54,7 +63,8 @@ class CandidateSpec(Frozen):
         default=None,
         min_length=1,
         description=(
-            "The model name the candidate's results carry; None: the pipeline model's name."
+            "The model name the candidate's results carry; None: its server_model, else"
+            " the pipeline model's name."
         ),
     )
     sha256: str | None = Field(
@@ -66,11 +76,14 @@ class CandidateSpec(Frozen):
     def model_spec(self, primary: ModelSpec) -> ModelSpec:
         """The candidate as a ``ModelSpec`` (once the config is loaded: ``model`` names a
         file, or the primary is on a server, and ``version`` is set)."""
-        if primary.triton is not None:  # the same model on the same server, another version
+        if primary.triton is not None:  # another version or model on the same server
+            served = {"version": self.version}
+            if self.server_model is not None:
+                served["model"] = self.server_model
             return primary.model_copy(
                 update={
-                    "triton": primary.triton.model_copy(update={"version": self.version}),
-                    "name": self.name or primary.name,
+                    "triton": primary.triton.model_copy(update=served),
+                    "name": self.name or self.server_model or primary.name,
                     "watch": False,
                 }
             )

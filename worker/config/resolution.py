@@ -154,18 +154,23 @@ def _candidate_source(
 ) -> CandidateSpec:
     """``model`` as a file and ``version`` set: a directory of versions resolves to its
     highest (or pinned) one; a file needs ``version``. Beside a model on a Triton server
-    the candidate is a version of it there: ``version`` only. Raises ConfigError naming
-    the field."""
+    the candidate is a version of it there, or of another model there (``server_model``):
+    no file. Raises ConfigError naming the field."""
     if primary.triton is not None:
         if spec.model is not None or spec.sha256 is not None:
             field = "model" if spec.model is not None else "sha256"
             raise ConfigError(
                 f"{where}.{field}: the pipeline's model is on a Triton server; its candidate "
-                "is another version of it there: give only version"
+                "is another version of it there (or another model there): give version "
+                "(and server_model)"
             )
         if spec.version is None:
             raise ConfigError(f"{where}.version: name the version of the model on the server")
         return spec
+    if spec.server_model is not None:
+        raise ConfigError(
+            f"{where}.server_model: the pipeline's model is no Triton server's; give model"
+        )
     if spec.model is None:
         raise ConfigError(f"{where}.model: the candidate ONNX file (or a directory of versions)")
     path = spec.model if spec.model.is_absolute() else base_dir / spec.model

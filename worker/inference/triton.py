@@ -164,6 +164,9 @@ class TritonEngine:
             metadata.SerializeToString(deterministic=True)
             + config.SerializeToString(deterministic=True)
         ).hexdigest()
+        self.signature = _signature(metadata)
+        """SHA-256 of what the model takes and gives (see ``_signature``): a replay's
+        resume checks it, where ``model_hash`` would change with every server start."""
         self.provider = TRITON_PROVIDER
         self.providers = [TRITON_PROVIDER]
         self.requested = [TRITON_PROVIDER]
@@ -375,6 +378,19 @@ class TritonEngine:
             1000 * (time.perf_counter() - started),
             self.max_batch_size,
         )
+
+
+def _signature(metadata: Any) -> str:
+    """SHA-256 of the model's platform, inputs and outputs (names, datatypes, shapes) as
+    its metadata lists them: the same wherever this version of the model is served. The
+    config is left out (a server may rewrite it on each start, as PyTriton does its
+    workspace path, or with its instance count), and so is the list of versions."""
+    described = [
+        str(getattr(metadata, "platform", "")),
+        [[t.name, t.datatype, [int(d) for d in t.shape]] for t in metadata.inputs],
+        [[t.name, t.datatype, [int(d) for d in t.shape]] for t in metadata.outputs],
+    ]
+    return hashlib.sha256(repr(described).encode()).hexdigest()
 
 
 def _per_row_scalars(config: Any, batched: bool) -> frozenset[str]:

@@ -86,7 +86,7 @@ class ChildGroupReader:
             _pipe(child.stdin).flush()
             ready, _, _ = select.select([out], [], [], self._answer_s)
             line = out.readline() if ready else ""
-        except OSError:
+        except (OSError, ValueError):  # ValueError: ``close`` ran under this read
             line = ""
         if not line:
             self.close()

@@ -122,6 +122,17 @@ class Sink:
         by the producer, never produced."""
         if self._stamp is not None:
             headers = [*(headers or ()), self._stamp]
+        return self._queue(tracker, topic, value, key, headers)
+
+    def _queue(
+        self,
+        tracker: DeliveryTracker,
+        topic: str,
+        value: bytes,
+        key: bytes | None,
+        headers: Headers | None,
+    ) -> bool:
+        """``send`` of a record whose headers are final (stamped once already)."""
         if key is None and topic in self.limit.compacted:
             tracker.sent += 1
             tracker.refused_by_producer(topic, f"{NEEDS_A_KEY}, and this record has none")
@@ -153,8 +164,8 @@ class Sink:
             tracker.fail(f"{record.topic()}: refused with its batch-mates again and again")
             return
         tracker.resent += 1
-        headers = cast("Headers | None", record.headers())
-        self.send(tracker, str(record.topic()), record.value() or b"", record.key(), headers)
+        headers = cast("Headers | None", record.headers())  # stamped when first sent
+        self._queue(tracker, str(record.topic()), record.value() or b"", record.key(), headers)
 
     def warm_up(self, topics: list[str], timeout: float = 10.0) -> None:
         """Fetch the topics' metadata now, so the first batch does not wait for it (about

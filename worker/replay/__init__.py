@@ -1,7 +1,8 @@
 """Replay and backfill: run a bounded slice of history through a pipeline, resumably.
 
 ``plan``: the ranges, output topics and model a replay keeps across resumes, and the
-state directory that holds them. ``run``: a replay on the live worker's engine, with
+state directory that holds them. ``model``: the model it runs (a file, or a version on a
+Triton server), checked again on resume. ``run``: a replay on the live worker's engine, with
 its bounded source and checkpoints. ``pace``: its rate limit and progress line.
 ``command``: ``streamfer replay`` itself.
 """

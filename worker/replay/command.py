@@ -3,7 +3,8 @@
 A replay is one process of its own: ``--max-rate`` bounds the load it puts on Kafka and
 Redis, and ``--nice`` (10 by default) lowers its CPU priority so live workers on the
 same host come first. The model and the feature store are opened before the plan is
-saved, so one that cannot serve fails before anything is written.
+saved, so one that cannot serve fails before anything is written; a resume checks that
+the model is still the plan's (``worker.replay.model``).
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
+from dataclasses import asdict, dataclass
 from typing import Any, TextIO, cast
 
 import orjson
@@ -27,9 +27,10 @@ from worker.config import KafkaSettings, PipelineConfig, WorkerConfig
 from worker.core import PartitionKey
 from worker.errors import ConfigError, SourceError, StreamferError
 from worker.kafka import admin_client, create_missing, producer_config
-from worker.models import Parts, build_pipeline, open_parts
+from worker.models import Parts, build_pipeline
 from worker.pipeline import Pipeline, PipelineFamilies, result_encoder
 from worker.registry import framed_decoders, needs_registry, open_registry
+from worker.replay.model import open_model, served_version
 from worker.replay.pace import Progress, RateLimiter
 from worker.replay.plan import (
     ReplayOptions,
@@ -116,6 +117,14 @@ def _ensure_output_topics(settings: KafkaSettings, topics: Sequence[tuple[str, s
     create_missing(admin, new, timeout=30, error=SourceError, logger=log)
 
 
+def _model_doc(plan: ReplayPlan) -> dict[str, str | None]:
+    """The plan's model as the dry run and the summary show it; a Triton server's too."""
+    doc = {"name": plan.model_name, "version": plan.model_version, "path": plan.model_path}
+    if plan.server is not None:
+        doc |= {"server": plan.server, "server_model": plan.server_model}
+    return doc
+
+
 def _dry_run_doc(plan: ReplayPlan, positions: dict[PartitionKey, int]) -> dict[str, Any]:
     parts: list[dict[str, Any]] = []
     for r in plan.ranges:
@@ -135,7 +144,7 @@ def _dry_run_doc(plan: ReplayPlan, positions: dict[PartitionKey, int]) -> dict[s
         "pipeline": plan.pipeline,
         "output_topic": plan.output_topic,
         "dead_letter_topic": plan.dead_letter_topic,
-        "model": {"path": plan.model_path, "name": plan.model_name, "version": plan.model_version},
+        "model": _model_doc(plan),
         "partitions": parts,
         "records": sum(p["records"] for p in parts),
     }
@@ -213,7 +222,11 @@ def run_replay(
     )
     offsets = KafkaOffsets(consumer)
     try:
-        plan = store.load(replay_id) if resuming else new_plan(config, opts, offsets, replay_id)
+        plan = (
+            store.load(replay_id)
+            if resuming
+            else new_plan(config, opts, offsets, replay_id, served_version)
+        )
         pipeline_cfg = pick_pipeline(config, plan.pipeline)
         committed = offsets.committed([r.key for r in plan.ranges])
         if not resuming and any(v is not None for v in committed.values()):
@@ -251,19 +264,12 @@ def _run_locked(
     lock."""
     if opts.nice:
         os.nice(opts.nice)
-    model_path = Path(plan.model_path)
-    pinned = plan.model_sha256
-    if pinned is None and model_path == pipeline_cfg.model.path:
-        pinned = pipeline_cfg.model.sha256
-    model = pipeline_cfg.model.model_copy(
-        update={"path": model_path, "version": plan.model_version, "sha256": pinned}
+    parts, model, plan = open_model(
+        pipeline_cfg, config.redis, plan, resuming=resuming, current=opts.current_model
     )
-    # the engine refuses a file whose hash differs from the pinned one
-    parts = open_parts(pipeline_cfg, config.redis, model=model)
     engine, features = parts.engine, parts.store
     try:
-        if not resuming:
-            plan = replace(plan, model_sha256=engine.model_hash)
+        if not resuming or opts.current_model:
             store.save(plan)
         _ensure_output_topics(
             config.kafka,
@@ -365,12 +371,7 @@ def _summary(
         pipeline=plan.pipeline,
         output_topic=plan.output_topic,
         dead_letter_topic=plan.dead_letter_topic,
-        model={
-            "name": plan.model_name,
-            "version": plan.model_version,
-            "sha256": model_hash,
-            "path": plan.model_path,
-        },
+        model={**_model_doc(plan), "sha256": model_hash},
         partitions=[
             PartitionReport(
                 r.topic,

@@ -3,10 +3,11 @@
 Bounds (times through ``offsets_for_times``, offsets, partitions, or the whole topic)
 resolve into one offset range per partition (``worker.tools.ranges``), every end fixed when
 the replay is planned, so live traffic arriving meanwhile does not extend it. The plan
-(ranges, output topics, model file, version and hash) is a small JSON file in the state
-directory, written before the first record is read: the ranges must not change on
-resume, and a file is readable by an operator, whereas commit metadata would scatter it
-over partitions and cap it at the broker's metadata limit. Progress itself is the
+(ranges, output topics, and the model: its file and hash, or its Triton server, name,
+version and signature) is a small JSON file in the state directory, written before the
+first record is read: the ranges must not change on resume, and a file is readable by an
+operator, whereas commit metadata would scatter it over partitions and cap it at the
+broker's metadata limit. Progress itself is the
 committed offsets of the replay's own group (``replay_group``).
 """
 
@@ -16,7 +17,7 @@ import contextlib
 import fcntl
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from worker.config import PipelineConfig, WorkerConfig
+from worker.config import ModelSpec, PipelineConfig, WorkerConfig
 from worker.core import PartitionKey
 from worker.errors import ConfigError
 from worker.tools import Bounds, OffsetLookup, PartitionRange, resolve_ranges
@@ -82,6 +83,7 @@ class ReplayOptions:
     dead_letter_topic: str | None = None
     model_path: Path | None = None
     model_version: str | None = None
+    current_model: bool = False
     max_rate: float | None = None
     nice: int = 10
     state_dir: Path = Path(".streamfer/replays")
@@ -100,13 +102,20 @@ class ReplayPlan:
     pipeline: str
     output_topic: str
     dead_letter_topic: str
-    model_path: str
+    model_path: str | None
+    """The ONNX file it runs; None for a model on a Triton server."""
     model_name: str
     model_version: str
     model_sha256: str | None
     ranges: tuple[PartitionRange, ...]
     bounds: dict[str, Any]
     created_at: str
+    server: str | None = None
+    """The Triton server that runs its model (host:port), or None for a file."""
+    server_model: str | None = None
+    """The model's name on that server."""
+    model_signature: str | None = None
+    """``TritonEngine.signature`` of the version it runs, checked on resume."""
 
     @property
     def group(self) -> str:
@@ -137,23 +146,37 @@ def pick_pipeline(config: WorkerConfig, name: str | None) -> PipelineConfig:
 
 
 def new_plan(
-    config: WorkerConfig, opts: ReplayOptions, lookup: OffsetLookup, replay_id: str
+    config: WorkerConfig,
+    opts: ReplayOptions,
+    lookup: OffsetLookup,
+    replay_id: str,
+    served: Callable[[ModelSpec], str] | None = None,
 ) -> ReplayPlan:
-    """Check the options and resolve the bounds into fixed ranges; raises ``ConfigError``."""
+    """Check the options and resolve the bounds into fixed ranges; raises ``ConfigError``.
+
+    A pipeline on a Triton server replays on it (unless ``--model`` gives a file): the
+    version ``--model-version`` pins, the config's, or else the one ``served`` says the
+    server serves now."""
     p = pick_pipeline(config, opts.pipeline)
     if opts.model_path is not None and opts.model_version is None:
         raise ConfigError("--model needs --model-version, so its results can be told apart")
-    version = opts.model_version or p.model.version
-    if opts.model_path is None and p.model.path is None:
-        raise ConfigError(
-            f"pipeline {p.name!r} runs its model on {p.model.engine}; replay runs an ONNX file "
-            "in the worker: give it with --model and --model-version"
+    triton = p.model.triton if opts.model_path is None else None
+    server_model = None
+    if triton is not None:
+        server_model = triton.model or p.model.name
+        version = opts.model_version or triton.version
+        if version is None:
+            if served is None:
+                raise ConfigError(f"pipeline {p.name!r}: which version of {server_model}?")
+            version = served(p.model)
+        model_path = None
+    else:
+        version = opts.model_version or p.model.version
+        model_path = (
+            opts.model_path.expanduser().resolve() if opts.model_path is not None else p.model.file
         )
-    model_path = (
-        opts.model_path.expanduser().resolve() if opts.model_path is not None else p.model.file
-    )
-    if not model_path.is_file():
-        raise ConfigError(f"model file not found: {model_path}")
+        if not model_path.is_file():
+            raise ConfigError(f"model file not found: {model_path}")
     output = opts.output_topic or default_output_topic(p.result_topic, version)
     dead = opts.dead_letter_topic or default_output_topic(p.dead_letter_topic, version)
     if output == dead:
@@ -170,13 +193,15 @@ def new_plan(
         pipeline=p.name,
         output_topic=output,
         dead_letter_topic=dead,
-        model_path=str(model_path),
+        model_path=None if model_path is None else str(model_path),
         model_name=p.model.name,
         model_version=version,
         model_sha256=None,
         ranges=tuple(ranges),
         bounds=opts.bounds.describe(),
         created_at=datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        server=None if triton is None else triton.url,
+        server_model=server_model,
     )
 
 

@@ -369,12 +369,27 @@ def test_a_canary_is_another_version_of_the_model_on_the_server() -> None:
     assert served.served_version == "2"
 
 
+def test_a_canary_may_be_another_model_on_the_server_and_its_results_name_it() -> None:
+    config = candidate_config({"server_model": "fraud_b", "version": "3"})
+    assert config.canary is not None
+    model = config.canary.model_spec(config.model)
+    assert model.triton is not None and model.triton.url == "h:1"
+    assert (model.triton.model, model.triton.version, model.name) == ("fraud_b", "3", "fraud_b")
+    named = candidate_config({"server_model": "fraud_b", "version": "3", "name": "next"})
+    assert named.canary is not None and named.canary.model_spec(named.model).name == "next"
+
+
 @pytest.mark.parametrize(
     ("candidate", "model", "problem"),
     [
         ({"model": "v2.onnx", "version": "2"}, None, "canary.model: the pipeline's model is on"),
         ({}, None, "canary.version: name the version of the model on the server"),
         ({"version": "2"}, {"path": "m.onnx"}, "canary.model: the candidate ONNX"),
+        (
+            {"model": "v2.onnx", "server_model": "b"},
+            {"path": "m.onnx"},
+            "canary.server_model: the pipeline's model is no Triton server's",
+        ),
     ],
 )
 def test_a_candidate_names_what_it_lacks(

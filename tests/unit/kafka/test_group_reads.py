@@ -68,3 +68,19 @@ def test_the_child_gets_the_client_options_and_never_a_logger() -> None:
     assert got["conf"]["bootstrap.servers"] == "b:9092"
     assert got["conf"]["security.protocol"] == "SSL"
     assert got["group"] == "g" and got["topics"] == ["t"]
+
+
+def test_a_read_whose_pipes_are_closed_under_it_fails_as_a_failed_read() -> None:
+    """Shutdown closes the reader while the coverage thread reads: the read raises
+    ``OSError`` like any failed read, never ``ValueError`` from a closed file."""
+    r = reader()
+    try:
+        r.read()
+        child = r._child
+        assert child is not None and child.stdout is not None
+        child.stdout.close()  # what ``close`` on the stopping thread does mid-read
+        with pytest.raises(OSError, match="died or did not answer"):
+            r.read()
+        assert r._child is None
+    finally:
+        r.close()

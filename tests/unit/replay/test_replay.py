@@ -7,17 +7,19 @@ import io
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, Message, Producer
 
 from streamfer_dev.modelgen import DemoModel
 from tests.fakes.clock import FakeClock
+from tests.fakes.pipeline import FakeMessage
 from tests.fakes.replay import FakeProducer, FakeRangeConsumer
 from worker.compose import Metrics
 from worker.config import BatchPolicy, FeatureSpec, ModelSpec, PipelineConfig
+from worker.core import DeliveryTracker
 from worker.errors import ConfigError, SinkError
 from worker.inference.engine import OnnxEngine
 from worker.models import build_pipeline
@@ -295,3 +297,17 @@ def test_a_failed_delivery_fails_the_replay_and_is_never_checkpointed(
         replay.run()
     assert not replay.complete
     assert consumer.committed().get(("req", 0), 0) <= 9
+
+
+def test_a_resent_record_carries_the_replay_id_once() -> None:
+    """A record re-sent as it was (a batch-mate's refusal failed it) keeps its headers,
+    the replay's id among them, and gains no second one."""
+    producer = FakeProducer()
+    sink = ReplaySink(cast(Producer, producer), "r1", "dlq.replay.1")
+    tracker = DeliveryTracker("demo")
+    sink.send(tracker, "res.replay.1", b'{"id": "a"}', b"k", [("streamfer.source_offset", b"7")])
+    topic, value, key, headers, _on_delivery = producer.pending[0]
+    assert headers == [("streamfer.source_offset", b"7"), (REPLAY_ID_HEADER, b"r1")]
+    sent = FakeMessage(value, 0, key=key, topic=topic, headers=headers)
+    sink.resend(tracker, cast(Message, sent))
+    assert producer.pending[1][3] == headers
