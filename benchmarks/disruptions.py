@@ -176,7 +176,9 @@ class _TimedEvent:
             self._timer.join()
 
     def stop(self) -> None:
-        """Stop what the event started, if anything."""
+        """Not to happen any more (the run failed first), and what it started stopped."""
+        if self._timer is not None:
+            self._timer.cancel()
 
     def _fire(self) -> None:
         raise NotImplementedError
@@ -213,6 +215,7 @@ class _Join(_TimedEvent):
         self.window_ms = (started, started)
 
     def stop(self) -> None:
+        super().stop()
         if self.joiner is not None:
             self.joiner.stop()
 
