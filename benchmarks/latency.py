@@ -29,23 +29,27 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
-import redis
 
+from benchmarks.charts import latency_chart
 from benchmarks.contenders import Launched
+from benchmarks.disruptions import (
+    DisruptionOptions,
+    format_disruption,
+    run_disruption,
+    seeded_stack,
+    stored_layout,
+)
 from benchmarks.measure import summarize
-from benchmarks.models import ModelKind, make_model
-from benchmarks.run import Measured, Options, Stack, job_on, measure_contender
+from benchmarks.models import ModelKind
+from benchmarks.run import Measured, Options, job_on, measure_contender
 from streamfer_dev.harness import percentile
-from streamfer_dev.modelgen import seed_entities
-from streamfer_dev.stack import KAFKA_VERSION, local_kafka, local_redis
+from streamfer_dev.stack import KAFKA_VERSION, local_kafka
 
 __all__ = [
     "CONTENDERS",
@@ -184,17 +188,9 @@ def run_curve(
     curves: dict[str, list[Step]] = {}
     with contextlib.ExitStack() as stack:
         bootstrap = stack.enter_context(local_kafka())
-        redis_url = stack.enter_context(local_redis())
-        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="streamfer-lat-")))
-        run_id = uuid.uuid4().hex[:8]
-        model = make_model(opts.model, work)
-        client = redis.Redis.from_url(redis_url)
-        layout = "packed" if opts.layout == "packed" else "hash"
-        entities = seed_entities(client, model, prefix=f"{run_id}-", layout=layout)
-        client.close()
+        where, run_id, entities = seeded_stack(stack, bootstrap, opts.model, opts.layout)
+        layout = stored_layout(opts.layout)
         tags = iter(range(1_000_000))
-
-        where = Stack(bootstrap, redis_url, work, model, f"lat-{run_id}")
         on_launch = _pin_to_cpu1 if pinned else (lambda _l: None)
 
         def measure(name: str, rate: float, seconds: float) -> tuple[Measured, Options]:
@@ -211,7 +207,7 @@ def run_curve(
             )
             job = job_on(where, f"{name}-{next(tags)}", run_opts)
             done = measure_contender(
-                name, job, run_opts.records, len(entities), run_opts, run_id, on_launch
+                name, job, run_opts.records, entities, run_opts, run_id, on_launch
             )
             return done, run_opts
 
@@ -305,30 +301,19 @@ def _git_head() -> str:
 
 def draw_chart(report: dict[str, Any], path: Path) -> None:
     """p50 (dashed) and p99 (solid) against rate, one colour per contender, log scales."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for i, (name, steps) in enumerate(report["curves"].items()):
-        colour = f"C{i}"
-        rates = [s["rate"] for s in steps]
-        for key, style in (("p99_ms", "-"), ("p50_ms", "--")):
-            values = [s[key] if s[key] is not None else float("nan") for s in steps]
-            label = f"{name} {key.removesuffix('_ms')}"
-            ax.plot(rates, values, style, color=colour, marker="o", label=label)
-    ax.axhline(report["slo_ms"], color="grey", linewidth=0.8, linestyle=":")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("requests/s (steady, open loop)")
-    ax.set_ylabel("request to result, ms")
-    ax.set_title(f"latency against rate: {report['date']}, commit {report['commit']}")
-    ax.legend(fontsize="small")
-    ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    title = f"latency against rate: {report['date']}, commit {report['commit']}"
+    with latency_chart(
+        path, title, "requests/s (steady, open loop)", "request to result, ms"
+    ) as ax:
+        for i, (name, steps) in enumerate(report["curves"].items()):
+            colour = f"C{i}"
+            rates = [s["rate"] for s in steps]
+            for key, style in (("p99_ms", "-"), ("p50_ms", "--")):
+                values = [s[key] if s[key] is not None else float("nan") for s in steps]
+                label = f"{name} {key.removesuffix('_ms')}"
+                ax.plot(rates, values, style, color=colour, marker="o", label=label)
+        ax.axhline(report["slo_ms"], color="grey", linewidth=0.8, linestyle=":")
+        ax.set_xscale("log")
 
 
 def format_curve(report: dict[str, Any]) -> str:
@@ -413,6 +398,25 @@ def _parser() -> argparse.ArgumentParser:
         help="write the report to OUT.json and the chart to OUT.png",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--scenario",
+        choices=["curve", "catch-up", "join"],
+        default="curve",
+        help="curve: step the rate; catch-up: stop the broker for --pause-s under a steady "
+        "--rate; join: a second member joins under it (benchmarks.disruptions)",
+    )
+    parser.add_argument(
+        "--runs", type=int, default=1, help="catch-up, join: runs per contender (default 1)"
+    )
+    parser.add_argument(
+        "--rate", type=float, default=2000.0, help="catch-up: requests/s (default 2000)"
+    )
+    parser.add_argument(
+        "--pause-s",
+        type=float,
+        default=5.0,
+        help="catch-up: seconds the broker is stopped, 10 s into the run (default 5)",
+    )
     return parser
 
 
@@ -423,6 +427,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         print(f"unknown contenders {unknown}; choose from {list(CONTENDERS)}", file=sys.stderr)
         return 2
+    if args.scenario != "curve":
+        return _disruption(args, chosen)
     if args.step_s <= args.warmup_s:
         print("--step-s must be longer than --warmup-s", file=sys.stderr)
         return 2
@@ -446,6 +452,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     report = run_curve(opts, progress)
     print(orjson.dumps(report).decode() if args.json else format_curve(report))
+    return 0
+
+
+def _disruption(args: argparse.Namespace, chosen: tuple[str, ...]) -> int:
+    """The catch-up or join scenario, pinned like the curve (without the relay)."""
+    pinned = not args.no_pin and (os.cpu_count() or 1) >= 2
+    if pinned:
+        os.sched_setaffinity(0, {0})
+    report = run_disruption(
+        DisruptionOptions.from_args(args, tuple(c for c in chosen if c != "relay")),
+        _pin_to_cpu1 if pinned else (lambda _l: None),
+        lambda m: print(f"{args.scenario}: {m}", file=sys.stderr, flush=True),
+    )
+    print(orjson.dumps(report).decode() if args.json else format_disruption(report))
     return 0
 
 

@@ -15,6 +15,11 @@ bounded only by the worker's in-flight bound, so that its small batches are all 
 the moment the model is free. An exception in any stage stops
 them all and is re-raised on the loop thread by ``check()``.
 
+All stages share one lock, but each waits on a condition of its own, and a change wakes
+only the stage it can let go on: a job handed to a stage wakes that stage, room made in
+a stage's queue (a take, a job parked there) wakes the stage before it if jobs wait
+there. A hand-off so costs one thread switch, not one per stage, at every small batch.
+
 A step that cannot go on yet raises ``Parked`` (``worker.core.parked``: its pipeline's
 model is at fault). The stage sets the job aside and serves other pipelines' jobs; the
 same step runs again when the wait it named is over. Until the parked job goes on, the
@@ -96,7 +101,10 @@ class StageThreads:
         self._holding: dict[str, Job] = {}
         """Pipelines with a parked job, and that job (while it is tried again too)."""
         self._finished = [False] * stages
-        self._cond = threading.Condition()
+        self._lock = threading.RLock()
+        self._wake = [threading.Condition(self._lock) for _ in range(stages)]
+        """Per stage: what its thread waits on when it has nothing it may take."""
+        self._wakes = [0] * stages
         self._closed = False
         self._error: BaseException | None = None
         self._threads = [
@@ -108,15 +116,15 @@ class StageThreads:
 
     def submit(self, job: Job) -> None:
         lane = self._lane(job)
-        with self._cond:
+        with self._lock:
             self._queues[0].append(lane, (job, None), self._clock())
-            self._cond.notify_all()
+            self._wake[0].notify()
 
     def pending(self, lane_at_least: int | None = None) -> int:
         """Jobs queued for, running in or parked at any stage; with ``lane_at_least``,
         only those of that lane or a higher one that would go before a job of that lane
         (not parked ones, nor those waiting behind them)."""
-        with self._cond:
+        with self._lock:
             jobs = self._unfinished()
             waiting = set(self._holding)
         if lane_at_least is None:
@@ -127,28 +135,28 @@ class StageThreads:
     def parked(self) -> frozenset[str]:
         """Pipelines with a job parked at a stage (or being tried again there): nothing
         of theirs goes on meanwhile."""
-        with self._cond:
+        with self._lock:
             return frozenset(self._holding)
 
     def unfinished(self) -> list[Job]:
         """The jobs queued for or running in any stage."""
-        with self._cond:
+        with self._lock:
             return self._unfinished()
 
     def busy_with(self, partitions: set[PartitionKey]) -> bool:
         """Whether an unfinished job holds records of any of ``partitions``."""
-        with self._cond:
+        with self._lock:
             jobs = self._unfinished()
         return any(partitions.intersection(job.offsets) for job in jobs)
 
     def discard_queued(self) -> list[Job]:
         """Remove the jobs waiting between stages (a rewind); the last stage produces, so
         nothing of theirs was produced. A job running in a stage still finishes."""
-        with self._cond:
+        with self._lock:
             dropped = [job for queue in reversed(self._queues) for job, _step in queue]
             for queue in self._queues:
                 queue.clear()
-            self._cond.notify_all()
+            self._notify_all()
             return dropped
 
     def check(self) -> None:
@@ -158,12 +166,17 @@ class StageThreads:
 
     def close(self, timeout: float) -> bool:
         """Stop after the queued jobs; True if every thread finished within ``timeout``."""
-        with self._cond:
+        with self._lock:
             self._closed = True
-            self._cond.notify_all()
+            self._wake[0].notify()
         for thread in self._threads:
             thread.join(timeout)
         return not any(thread.is_alive() for thread in self._threads)
+
+    def wakes(self) -> list[int]:
+        """Per stage, how often its thread woke from waiting for a job it may take."""
+        with self._lock:
+            return list(self._wakes)
 
     def _unfinished(self) -> list[Job]:
         queued = [job for queue in self._queues for job, _step in queue]
@@ -171,7 +184,8 @@ class StageThreads:
         return queued + aside + [job for job in self._running if job is not None]
 
     def _stage(self, index: int) -> None:
-        cond = self._cond
+        lock, wake = self._lock, self._wake[index]
+        downstream = self._wake[index + 1] if index + 1 < len(self._wake) else None
         inbox = self._queues[index]
         outbox = self._queues[index + 1] if index + 1 < len(self._queues) else None
         here = self._parked[index]
@@ -191,7 +205,7 @@ class StageThreads:
             return outbox.count(lane, lambda it: it[0].pipeline not in after) < ahead
 
         while True:
-            with cond:
+            with lock:
                 while True:
                     if self._error is not None:
                         taken = None
@@ -203,39 +217,41 @@ class StageThreads:
                         not inbox and not here and self._upstream_done(index)
                     ):
                         self._finished[index] = True
-                        cond.notify_all()
+                        if downstream is not None:
+                            downstream.notify()
                         return
-                    cond.wait(self._next_due(here))
+                    wake.wait(self._next_due(here))
+                    self._wakes[index] += 1
                 job, step = taken.item
                 self._running[index] = job
-                cond.notify_all()  # room in this stage's inbox
+                self._made_room(index)
             try:
                 if on_take is not None and taken.waited_s >= 0.0:
                     on_take(index, job, taken.waited_s, taken.aged)
                 following = self._start(job) if step is None else step()
             except Parked as parked:
-                with cond:
+                with lock:
                     self._running[index] = None
                     if self._error is None:  # not stopped meanwhile
                         again = step if step is not None else functools.partial(self._start, job)
                         due = clock() + parked.after_s
                         here[job.pipeline] = _Aside(job, again, taken.lane, due)
                         self._holding[job.pipeline] = job
-                    cond.notify_all()
+                    self._made_room(index)  # its pipeline's jobs leave the lane's room
                 continue
             except BaseException as exc:  # surfaced on the loop thread by check()
                 self._stop_with(exc)
                 return
-            with cond:
+            with lock:
                 self._running[index] = None
                 if self._holding.get(job.pipeline) is job:
                     del self._holding[job.pipeline]
                 if following is not None:
-                    if outbox is None:
+                    if outbox is None or downstream is None:
                         self._stop_with(RuntimeError("a job returned work after its last stage"))
                         return
                     outbox.append(taken.lane, (job, following), clock())
-                cond.notify_all()
+                    downstream.notify()
             # the values the step held go now, not at the next take: a published batch
             # lets go of the engine it ran on
             del taken, step, following
@@ -255,11 +271,17 @@ class StageThreads:
             return None
         return max(0.0, min(aside.due for aside in here.values()) - self._clock())
 
+    def _made_room(self, index: int) -> None:
+        """Wake the stage before ``index`` (the caller holds the lock) if it has jobs,
+        which may have waited for room at ``index``; with none it waits for a job."""
+        if index > 0 and self._queues[index - 1]:
+            self._wake[index - 1].notify()
+
     def _upstream_done(self, index: int) -> bool:
         return self._closed if index == 0 else self._finished[index - 1]
 
     def _stop_with(self, exc: BaseException) -> None:
-        with self._cond:
+        with self._lock:
             if self._error is None:
                 self._error = exc
             self._running = [None] * len(self._running)
@@ -268,4 +290,9 @@ class StageThreads:
             self._holding.clear()
             for queue in self._queues:
                 queue.clear()
-            self._cond.notify_all()
+            self._notify_all()
+
+    def _notify_all(self) -> None:
+        """Wake every stage (the caller holds the lock): an error, or every queue cleared."""
+        for wake in self._wake:
+            wake.notify()

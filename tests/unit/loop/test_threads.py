@@ -5,10 +5,11 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
+from tests.fakes.clock import FakeClock
 from tests.fakes.waits import wait_for
 from worker.core.job import Job
 from worker.core.parked import Parked
@@ -269,19 +270,32 @@ def test_the_top_lane_is_prepared_as_it_comes_while_the_model_is_busy() -> None:
     ]
 
 
+def submit_mixed(
+    proc: StageThreads, rng: random.Random, count: int, pause: Callable[[], None]
+) -> dict[str, list[str]]:
+    """Submit ``count`` jobs of the live and bulk pipelines in a random mix, calling
+    ``pause`` after each; the tags each pipeline was sent, in order."""
+    sent: dict[str, list[str]] = {"live": [], "bulk": []}
+    for _ in range(count):
+        pipeline = rng.choice(["live", "bulk"])
+        job = lane_job(pipeline, len(sent[pipeline]))
+        sent[pipeline].append(tag(job))
+        proc.submit(job)
+        pause()
+    return sent
+
+
 def test_every_pipeline_keeps_its_order_however_jobs_interleave() -> None:
     recorder = LaneRecorder(infer_s=0.001)
     proc = lanes_threads(recorder)
     rng = random.Random(5)
-    submitted: dict[str, list[str]] = {"live": [], "bulk": []}
+
+    def pause() -> None:
+        if rng.random() < 0.3:
+            time.sleep(0.001)
+
     try:
-        for _ in range(120):
-            pipeline = rng.choice(["live", "bulk"])
-            job = lane_job(pipeline, len(submitted[pipeline]))
-            submitted[pipeline].append(tag(job))
-            proc.submit(job)
-            if rng.random() < 0.3:
-                time.sleep(0.001)
+        submitted = submit_mixed(proc, rng, 120, pause)
         wait_for(lambda: proc.pending() == 0)
     finally:
         proc.close(5.0)
@@ -401,3 +415,193 @@ def test_close_waits_for_a_parked_job() -> None:
     stages.held.clear()
     assert proc.close(5.0)
     assert stages.of("published") == ["a0"]
+
+
+# --- waking the stage that can go on --------------------------------------------------
+
+
+def test_a_hand_off_wakes_only_the_stage_that_takes_the_job() -> None:
+    """The model holds bulk0; jobs submitted meanwhile wake the first stage and queue
+    for the model. The idle publish stage has nothing it could take, so nothing wakes
+    it; afterwards it wakes at most once per job handed to it."""
+    recorder = LaneRecorder()
+    recorder.gates["bulk0"] = threading.Event()
+    proc = lanes_threads(recorder)
+    try:
+        proc.submit(lane_job("bulk", 0))
+        wait_for(lambda: recorder.of("infer") == ["bulk0"])
+        for n in (1, 2):
+            proc.submit(lane_job("bulk", n))
+        wait_for(lambda: recorder.of("prepare") == ["bulk0", "bulk1", "bulk2"])
+        time.sleep(0.05)  # room for a wrong wake to happen
+        assert proc.wakes()[2] == 0, "the publish stage was woken with nothing to take"
+        recorder.gates["bulk0"].set()
+        wait_for(lambda: proc.pending() == 0)
+        time.sleep(0.05)
+        assert all(n <= 3 for n in proc.wakes()), "at most once per job a stage takes"
+    finally:
+        proc.close(5.0)
+    proc.check()
+    assert recorder.of("publish") == ["bulk0", "bulk1", "bulk2"]
+
+
+@pytest.mark.parametrize("held", ["infer", "publish"])
+def test_a_stage_waiting_for_room_goes_on_when_the_next_stage_takes(held: str) -> None:
+    """With one job of room between stages, the stage before a held one stops taking;
+    when the held job goes on, the stage after it makes room and must wake it (nothing
+    else would: no timer, no new job)."""
+    recorder = Recorder()
+    gate = threading.Event()
+    if held == "infer":
+        original = recorder.prepare
+
+        def prepare(job: Job) -> Step:
+            infer = original(job)
+
+            def held_infer() -> Step:
+                if job.pipeline == "p0":
+                    assert gate.wait(10)
+                return infer()
+
+            return held_infer
+
+        start = prepare
+    else:
+        recorder.gates["p0"] = gate
+        start = recorder.prepare
+    proc = StageThreads(start, stages=3, ahead=1)
+    try:
+        for n in range(6):
+            if n:
+                recorder.gate(f"p{n}").set()
+            proc.submit(job(n))
+        # p0 held; one job waits between each two stages up to it
+        last = "p1" if held == "infer" else "p2"
+        wait_for(lambda: f"prepare {last}" in recorder.events)
+        time.sleep(0.05)
+        assert "prepare p3" not in recorder.events, "no room: the first stage waits"
+        gate.set()
+        recorder.gate("p0").set()
+        wait_for(lambda: proc.pending() == 0, timeout=5)
+    finally:
+        proc.close(5.0)
+    proc.check()
+    published = [e.split()[1] for e in recorder.events if e.startswith("published")]
+    assert published == [f"p{n}" for n in range(6)]
+
+
+def test_no_hand_off_is_lost_however_stages_interleave() -> None:
+    """Random step times, parked jobs and one job of room between stages: every job of
+    both pipelines comes through in its order and every thread ends (a lost wake leaves a
+    stage waiting for good, and this times out)."""
+    rng = random.Random(11)
+    lock = threading.Lock()
+    published: list[str] = []
+
+    def pause() -> None:
+        with lock:
+            s = rng.choice((0.0, 0.0, 0.0002, 0.001))
+        if s:
+            time.sleep(s)
+
+    def start(job: Job) -> Step:
+        tries = {"infer": 0}
+        name = tag(job)
+        pause()
+
+        def infer() -> Step:
+            pause()
+            with lock:
+                park = tries["infer"] == 0 and rng.random() < 0.1
+            tries["infer"] += 1
+            if park:
+                raise Parked("model not ready", 0.001)
+            return publish
+
+        def publish() -> None:
+            pause()
+            with lock:
+                published.append(name)
+
+        return infer
+
+    proc = StageThreads(start, stages=3, ahead=1, lane=lambda job: LANES[job.pipeline])
+    try:
+        sent = submit_mixed(proc, rng, 300, pause)
+        wait_for(lambda: proc.pending() == 0, timeout=30)
+    finally:
+        assert proc.close(5.0), "a stage thread did not end"
+    proc.check()
+    for pipeline, order in sent.items():
+        assert [t for t in published if t.startswith(pipeline)] == order
+
+
+def test_an_error_ends_every_stage_thread_waiting_or_not() -> None:
+    """The publish stage fails while the others wait for a job or for room: all end."""
+    recorder = Recorder()
+
+    def start(job: Job) -> Step:
+        infer = recorder.prepare(job)
+
+        def failing() -> Step:
+            following = infer()
+            if job.pipeline == "p1":
+                raise RuntimeError("the model failed on p1")
+            return following
+
+        return failing
+
+    for n in range(4):
+        recorder.gate(f"p{n}").set()
+    proc = StageThreads(start, stages=3, ahead=1)
+    for n in range(4):
+        proc.submit(job(n))
+    wait_for(lambda: proc.pending() == 0)
+    with pytest.raises(RuntimeError, match="failed on p1"):
+        proc.check()
+    assert proc.close(5.0), "a stage thread kept waiting after the error"
+
+
+def test_a_job_parked_at_the_model_makes_room_for_other_pipelines_at_once() -> None:
+    """a1 fills the one place in front of the model while a0 runs there, so b0 waits
+    for room; when a0 parks (its model at fault for an hour on the clock), a's jobs
+    leave the lane's room and b0 must go on now, not when a0 is tried again."""
+    clock = FakeClock()
+    entered, gate = threading.Event(), threading.Event()
+    prepared: list[str] = []
+    tries: list[str] = []
+    published: list[str] = []
+
+    def start(job: Job) -> Step:
+        name = f"{job.pipeline}{min(job.offsets.values()) - 1}"
+        prepared.append(name)
+
+        def infer() -> Step:
+            if name == "a0":
+                entered.set()
+                assert gate.wait(10)
+                tries.append(name)
+                if len(tries) == 1:
+                    raise Parked("waiting for its model", 3600.0)
+            return lambda: published.append(name)
+
+        return infer
+
+    proc = StageThreads(start, stages=3, ahead=1, clock=clock)
+    try:
+        for name, n in (("a", 0), ("a", 1), ("b", 0)):
+            proc.submit(Job(name, [], DeliveryTracker(name), {(f"t{name}", 0): n + 1}))
+        assert entered.wait(10)
+        wait_for(lambda: prepared == ["a0", "a1"])
+        time.sleep(0.05)
+        assert prepared == ["a0", "a1"], "no room for b0 while a0 runs and a1 waits"
+        gate.set()
+        wait_for(lambda: published == ["b0"], timeout=5)
+        assert proc.parked() == {"a"}
+        clock.advance(3_600_000)
+        proc.discard_queued()  # a1 waits to be prepared again; a0 goes on
+        wait_for(lambda: published == ["b0", "a0"], timeout=5)
+    finally:
+        gate.set()
+        assert proc.close(5.0)
+    proc.check()
