@@ -179,12 +179,14 @@ def share_leader_then_coordinator_kill(target: Target) -> list[str]:
     """For a share group: SIGKILL the broker leading most request partitions, start it
     again once the others took over and every replica is in sync, then SIGKILL the
     broker keeping the share state of most request partitions (the share coordinator)
-    and start it again. Records a worker held when its acknowledgement could not land
+    and start it again; each after ``LEAD_S`` of load, so that both fall inside a load
+    that outlasts them. Records a worker held when its acknowledgement could not land
     are delivered again once their lock expires: at least once, none lost."""
     cluster = target.cluster
     requests = target.topics[0]
     hurt: list[str] = []
-    for n in target.spread(2):
+    for n in range(2):
+        time.sleep(LEAD_S)
         if n == 0:
             node, what = cluster.leader_of_most(requests), "leader of most request partitions"
         else:
