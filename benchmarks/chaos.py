@@ -55,7 +55,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPar
 
 from benchmarks import cluster_faults, netfaults
 from benchmarks.fault_models import make_poison_model, make_slow_model
-from benchmarks.served_again import OffsetHistory
+from benchmarks.served_again import OffsetHistory, answered_after, request_times
 from streamfer_dev.harness import (
     WorkerProcess,
     committed_offsets,
@@ -70,8 +70,9 @@ from streamfer_dev.redis_sentinel import SERVICE_NAME as SENTINEL_SERVICE
 from streamfer_dev.redis_sentinel import start_redis_sentinel
 from streamfer_dev.stack import Service, free_port, start_kafka, start_redis
 from streamfer_dev.toxiproxy import Toxiproxy, start_toxiproxy
+from worker.config import KafkaSettings
 from worker.errors import StackError
-from worker.kafka import ensure_topics
+from worker.kafka import ensure_topics, transactional_id
 
 __all__ = ["SCENARIOS", "Env", "complete", "run_scenario"]
 
@@ -100,6 +101,8 @@ class Env:
     broker's session timeout set to the same ``SESSION_TIMEOUT_MS``."""
     harness_restarts: bool = False
     """Network-fault scenarios: restart a worker that exits (else its exit fails the run)."""
+    session_timeout_ms: int = SESSION_TIMEOUT_MS
+    """The workers' ``session_timeout_ms`` (classic groups)."""
 
     @classmethod
     @contextlib.contextmanager
@@ -479,6 +482,9 @@ class Run:
     static: bool | None = None
     """Static membership of the workers; None: exactly-once runs use it (a replacement
     then fences its predecessor at once), at-least-once ones do not."""
+    share: bool = False
+    """The workers form a share group: nothing to commit, so no committed offsets to
+    check or watch; ``served_again_s`` comes from when requests were answered."""
     """How long a partition may sit short of its log end; None: no liveness check (a
     scenario that holds partitions still on purpose)."""
 
@@ -523,12 +529,13 @@ class Run:
                 fields=self.env.model.fields,
                 max_batch_size=max_batch_size,
                 max_wait_ms=10,
-                session_timeout_ms=SESSION_TIMEOUT_MS,
+                session_timeout_ms=self.env.session_timeout_ms,
                 top=top + "shutdown_timeout_s = 60\n" + extra_top,
                 kafka_extra=f"max_poll_interval_ms = {max_poll_interval_ms}\n{kafka_extra}",
                 max_record_bytes=max_record_bytes,
                 group_protocol=self.env.group_protocol,
                 redis_table=redis_table,
+                share_group=self.share,
             )
         )
         static = self.exactly_once if self.static is None else self.static
@@ -585,7 +592,7 @@ class Run:
         committed offsets."""
         watch = (
             None
-            if self.stall_s is None
+            if self.stall_s is None or self.share
             else ProgressWatch(self.env.bootstrap, self.group, self.requests_topic, self.stall_s)
         )
         readout = read_outcomes(
@@ -602,6 +609,10 @@ class Run:
             self.history.stop()
             served = [self.history.after(f / 1000) for f in self.faults]
             extra = {"served_again_s": served, **extra}
+        elif self.share:
+            produced = request_times(self.env.bootstrap, self.requests_topic)
+            served = [answered_after(f, produced, readout.result_times) for f in self.faults]
+            extra = {"served_again_s": served, **extra}
         lost = [i for i in good if i not in readout.results] + [
             p for p in bad_positions if p not in readout.dead_letters
         ]
@@ -614,13 +625,7 @@ class Run:
             for ts in sorted(times)[1:]:
                 before = [f for f in self.faults if f <= ts]
                 per_fault[before[-1] if before else 0] += 1
-        committed = committed_offsets(self.env.bootstrap, self.group, self.requests_topic)
-        ends = end_offsets(self.env.bootstrap, self.requests_topic)
-        short = {
-            str(p): {"committed": committed[p], "log_end": ends[p]}
-            for p in ends
-            if not (committed[p] == ends[p] or (committed[p] < 0 and ends[p] == 0))
-        }
+        short = {} if self.share else self._short_of_log_end()
         return {
             "scenario": self.name,
             "records": self.records,
@@ -644,6 +649,15 @@ class Run:
             "exit_codes": fleet_codes,
             "elapsed_s": round(time.monotonic() - self.started, 1),
             **extra,
+        }
+
+    def _short_of_log_end(self) -> dict[str, dict[str, int]]:
+        committed = committed_offsets(self.env.bootstrap, self.group, self.requests_topic)
+        ends = end_offsets(self.env.bootstrap, self.requests_topic)
+        return {
+            str(p): {"committed": committed[p], "log_end": ends[p]}
+            for p in ends
+            if not (committed[p] == ends[p] or (committed[p] < 0 and ends[p] == 0))
         }
 
 
@@ -826,18 +840,20 @@ def cluster_scenario(
     exactly_once: bool = False,
     name: str,
     seconds: float = 60.0,
+    share: bool = False,
 ) -> dict[str, Any]:
     """On the three-node cluster, 2 workers under a steady load of ``records`` over
     ``seconds`` while ``fault`` (``benchmarks.cluster_faults``) hurts brokers.
     ``served_again_s`` per fault; ``hurt``, what it did; from the workers' logs,
     ``connection_errors_logged`` (ERROR lines about a lost connection: a broker outage
     is one warning, ``outage_warnings``), ``back_lines`` and ``recoveries`` (starts again
-    in place, ``worker.ops.recovery``)."""
-    run = Run(env, name, records, exactly_once=exactly_once)
+    in place, ``worker.ops.recovery``). ``share``: the workers form a share group."""
+    run = Run(env, name, records, exactly_once=exactly_once, share=share)
     fleet = run.fleet()
     requests, good, _ = run.requests()
     run.start_workers(fleet, 2)
-    run.track_recovery()
+    if not share:
+        run.track_recovery()
     stream = run.stream(requests, rate=records / seconds)
     target = cluster_faults.Target(
         env.cluster,
@@ -845,6 +861,7 @@ def cluster_scenario(
         (run.requests_topic, run.results_topic),
         run.fault,
         functools.partial(_spread, stream),
+        _transactional_ids(env, run, fleet),
     )
     hurt = fault(target)
     stream.join()
@@ -857,7 +874,22 @@ def cluster_scenario(
     report["outage_warnings"] = sum(1 for line in logs if "is unreachable (" in line)
     report["back_lines"] = sum(1 for line in logs if "is up again after" in line)
     report["recoveries"] = sum(1 for line in logs if RECOVERED_LOGGED in line)
+    report["share_group"] = share
     return report
+
+
+def _transactional_ids(env: Env, run: Run, fleet: Fleet) -> tuple[str, ...]:
+    """The exactly-once workers' transactional ids (static members': one per slot)."""
+    if not (run.exactly_once and fleet.static):
+        return ()
+    return tuple(
+        transactional_id(
+            KafkaSettings(
+                bootstrap_servers=env.bootstrap, group_id=run.group, group_instance_id=f"slot-{s}"
+            )
+        )
+        for s in fleet.slots
+    )
 
 
 def broker_failover_scenario(
@@ -1158,6 +1190,31 @@ SCENARIOS: dict[str, tuple[Scenario, int, str]] = {
         "exactly-once: SIGKILL the group coordinator's broker (every session times out), "
         "then restart the new coordinator's (--cluster)",
     ),
+    "cluster-transaction-coordinator-kill-exactly-once": (
+        lambda env, n: cluster_scenario(
+            env,
+            n,
+            cluster_faults.transaction_coordinator_kill,
+            exactly_once=True,
+            name="cluster-transaction-coordinator-kill-exactly-once",
+        ),
+        6_000,
+        "exactly-once: SIGKILL the broker coordinating a worker's transactional.id while "
+        "a transaction is open, then start it again (--cluster)",
+    ),
+    "cluster-share-failover": (
+        lambda env, n: cluster_scenario(
+            env,
+            n,
+            cluster_faults.share_leader_then_coordinator_kill,
+            name="cluster-share-failover",
+            share=True,
+            seconds=90.0,
+        ),
+        9_000,
+        "a share group: SIGKILL the leader of most request partitions, then the share "
+        "coordinator's broker (--cluster)",
+    ),
     "sentinel-failover": (
         sentinel_failover_scenario,
         6_000,
@@ -1284,6 +1341,14 @@ def main(argv: list[str] | None = None) -> int:
         help="network-fault scenarios: restart a worker that exits, as a supervisor would "
         "(by default nothing restarts it and its exit fails the run)",
     )
+    parser.add_argument(
+        "--session-timeout-ms",
+        type=int,
+        default=SESSION_TIMEOUT_MS,
+        help="the workers' session_timeout_ms (classic groups; the stall check keeps its "
+        "own bound): on three brokers, below the 9 s a SIGKILLed broker takes to be fenced "
+        "every member's session can time out",
+    )
     args = parser.parse_args(argv)
     if args.list:
         for name, (_, records, text) in SCENARIOS.items():
@@ -1300,6 +1365,7 @@ def main(argv: list[str] | None = None) -> int:
     with Env.start(net=any(n.startswith("net-") for n in names), cluster=args.cluster) as env:
         env.group_protocol = args.group_protocol
         env.harness_restarts = args.harness_restarts
+        env.session_timeout_ms = args.session_timeout_ms
         for name in names:
             for _ in range(args.repeat):
                 report = run_scenario(name, args.records, env)
@@ -1318,13 +1384,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def complete(report: dict[str, Any]) -> bool:
-    """Nothing lost, no partition stalled, every committed offset at the log end, and
-    (network faults) every expectation of ``netfaults.unmet`` met."""
+    """Nothing lost, no partition stalled, every committed offset at the log end, results
+    in each partition's order (a share group promises none: a record delivered again
+    comes after later ones), and (network faults) every expectation of
+    ``netfaults.unmet`` met."""
     return (
         report["lost"] == 0
         and report["committed_at_end"]
         and not report["stalled_partitions"]
-        and report["order_inversions"] == 0
+        and (report["order_inversions"] == 0 or report.get("share_group", False))
         and not report.get("unmet")
     )
 

@@ -12,10 +12,12 @@ runs the load and counts; these only hurt the cluster.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from streamfer_dev.kafka_cluster import REPLICAS, KafkaCluster
+from worker.errors import StackError
 
 __all__ = [
     "ClusterFault",
@@ -23,6 +25,8 @@ __all__ = [
     "controller_leader_kill",
     "leader_kill_then_coordinator_restart",
     "rolling_restart",
+    "share_leader_then_coordinator_kill",
+    "transaction_coordinator_kill",
     "two_brokers_down",
 ]
 
@@ -33,6 +37,9 @@ coordinate meanwhile (the controller fences it after ``broker.session.timeout.ms
 LEAD_S = 8.0
 """Load before the first fault of a sequence that does not spread its steps."""
 
+OPEN_WAIT_S = 10.0
+"""How long to look for an open transaction before a kill that needs one."""
+
 BELOW_MIN_ISR_S = 20.0
 """How long two of three brokers stay down: below ``min.insync.replicas = 2`` the last
 one accepts no write, so producers wait rather than fail."""
@@ -41,13 +48,15 @@ one accepts no write, so producers wait rather than fail."""
 @dataclass(frozen=True)
 class Target:
     """The cluster under load and the harness's hooks; ``topics`` lists the requests
-    topic first."""
+    topic first, the results topic second; ``transactional_ids``, the exactly-once
+    workers' (none at least once)."""
 
     cluster: KafkaCluster
     group: str
     topics: tuple[str, ...]
     mark: Callable[[], None]
     spread: Callable[[int], Iterator[int]]
+    transactional_ids: tuple[str, ...] = ()
 
 
 ClusterFault = Callable[[Target], list[str]]
@@ -137,3 +146,63 @@ def two_brokers_down(target: Target, down_s: float = BELOW_MIN_ISR_S) -> list[st
         cluster.start_node(node)
     cluster.wait_in_sync(None)
     return [f"killed {down[0]} and {down[1]} for {down_s:.0f}s, {kept} left"]
+
+
+def transaction_coordinator_kill(target: Target) -> list[str]:
+    """SIGKILL the broker coordinating a worker's ``transactional.id`` (one that does not
+    coordinate the group, where the ids allow) at a moment a transaction is open on the
+    results topic, and start it again once the others took over: the worker's open
+    transaction ends on the new coordinator, committed or aborted, never half."""
+    cluster = target.cluster
+    if not target.transactional_ids:
+        raise StackError("killing a transaction coordinator needs exactly-once workers")
+    time.sleep(LEAD_S)
+    group_node = cluster.coordinator_of(target.group)
+    nodes = {tid: cluster.transaction_coordinator_of(tid) for tid in target.transactional_ids}
+    tid = next((t for t, n in nodes.items() if n != group_node), target.transactional_ids[0])
+    deadline = time.monotonic() + OPEN_WAIT_S
+    while not (open_now := cluster.open_transactions(target.topics[1])):
+        if time.monotonic() > deadline:
+            raise StackError(f"no transaction open on {target.topics[1]} in {OPEN_WAIT_S:.0f}s")
+    target.mark()
+    cluster.kill_node(nodes[tid])
+    time.sleep(TAKEOVER_S)
+    cluster.start_node(nodes[tid])
+    cluster.wait_in_sync(None)
+    return [
+        f"killed {nodes[tid]}, transaction coordinator of {tid} (group coordinator "
+        f"{group_node}) with a transaction open on results partitions {open_now}"
+    ]
+
+
+def share_leader_then_coordinator_kill(target: Target) -> list[str]:
+    """For a share group: SIGKILL the broker leading most request partitions, start it
+    again once the others took over and every replica is in sync, then SIGKILL the
+    broker keeping the share state of most request partitions (the share coordinator)
+    and start it again; each after ``LEAD_S`` of load, so that both fall inside a load
+    that outlasts them. Records a worker held when its acknowledgement could not land
+    are delivered again once their lock expires: at least once, none lost."""
+    cluster = target.cluster
+    requests = target.topics[0]
+    hurt: list[str] = []
+    for n in range(2):
+        time.sleep(LEAD_S)
+        if n == 0:
+            node, what = cluster.leader_of_most(requests), "leader of most request partitions"
+        else:
+            keepers = Counter(
+                cluster.share_coordinator_of(target.group, requests, p)
+                for p in cluster.partitions_of(requests)
+            )
+            node = keepers.most_common(1)[0][0]
+            group_node = cluster.group_coordinator_of(target.group)
+            what = (
+                f"share coordinator of {keepers[node]} partitions (group coordinator {group_node})"
+            )
+        target.mark()
+        cluster.kill_node(node)
+        time.sleep(TAKEOVER_S)
+        cluster.start_node(node)
+        cluster.wait_in_sync(None)
+        hurt.append(f"killed {node}, {what}")
+    return hurt

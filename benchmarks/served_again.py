@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping, Sequence
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 from benchmarks import netfaults
 
-__all__ = ["OffsetHistory"]
+__all__ = ["OffsetHistory", "answered_after", "request_times"]
 
 _FRESH_AFTER = 6
 """Failed samples in a row after which the sampler's client is replaced."""
@@ -81,3 +82,41 @@ class OffsetHistory:
             if netfaults.served(baseline, committed, ends):
                 return round(at - fault_s, 1)
         return None
+
+
+def request_times(bootstrap: str, topic: str, timeout: float = 60.0) -> dict[str, int]:
+    """When each request of ``topic`` was written (its timestamp, milliseconds), by
+    ``partition/offset``, the name a result gives its source."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "served-again-reader"})
+    try:
+        meta = consumer.list_topics(topic, timeout=10).topics[topic]
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), 10)[1]
+            for p in meta.partitions
+        }
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+        times: dict[str, int] = {}
+        left = {p for p, end in ends.items() if end > 0}
+        deadline = time.monotonic() + timeout
+        while left and time.monotonic() < deadline:
+            for msg in consumer.consume(2000, 0.5):
+                if msg.error() is None:
+                    p, offset = msg.partition() or 0, msg.offset() or 0
+                    times[f"{p}/{offset}"] = msg.timestamp()[1]
+                    if offset + 1 >= ends[p]:
+                        left.discard(p)
+        return times
+    finally:
+        consumer.close()
+
+
+def answered_after(
+    fault_ms: int, written: Mapping[str, int], answered: Mapping[str, Sequence[int]]
+) -> float | None:
+    """Seconds from a fault until every request written before it had its first answer:
+    how a share group, which commits nothing to sample, is served again. None if one
+    never was answered."""
+    firsts = [min(answered.get(s) or [-1]) for s, ts in written.items() if ts <= fault_ms]
+    if any(first < 0 for first in firsts):
+        return None
+    return round(max(0, max(firsts, default=fault_ms) - fault_ms) / 1000, 1)

@@ -20,7 +20,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from confluent_kafka import IsolationLevel, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._listoffsets import OffsetSpec  # not re-exported by name
 
 from streamfer_dev.stack import (
     Service,
@@ -34,7 +36,7 @@ from streamfer_dev.stack import (
 )
 from worker.errors import StackError
 
-__all__ = ["REPLICAS", "KafkaCluster", "start_kafka_cluster"]
+__all__ = ["REPLICAS", "KafkaCluster", "java_string_hash", "start_kafka_cluster"]
 
 REPLICAS = 3
 
@@ -69,6 +71,9 @@ class KafkaCluster:
         self.nodes[node_id] = _start_node(self.work / f"node-{node_id}", node_id, self.heap_mb)
         _wait_for_port(self.nodes[node_id], self.ports[node_id], timeout)
 
+    def partitions_of(self, topic: str) -> list[int]:
+        return sorted(self._admin().list_topics(topic, timeout=10).topics[topic].partitions)
+
     def leader_of_most(self, topic: str, sparing: frozenset[int] = frozenset()) -> int:
         """The node leading the most partitions of ``topic``, among those not ``sparing``."""
         meta = self._admin().list_topics(topic, timeout=10).topics[topic]
@@ -84,6 +89,49 @@ class KafkaCluster:
         admin = self._admin()  # alive until the answer is in
         future = admin.describe_consumer_groups([group], request_timeout=10)[group]
         return int(future.result().coordinator.id)
+
+    def transaction_coordinator_of(self, transactional_id: str) -> int:
+        """The node coordinating ``transactional_id``: the leader of its partition of
+        ``__transaction_state``, ``abs(hashCode) % partitions`` as the broker places it."""
+        return self._internal_leader("__transaction_state", transactional_id)
+
+    def group_coordinator_of(self, group: str) -> int:
+        """The node coordinating ``group`` found by placement, not by asking the group
+        (which a share group's client may not answer): its ``__consumer_offsets`` leader."""
+        return self._internal_leader("__consumer_offsets", group)
+
+    def share_coordinator_of(self, group: str, topic: str, partition: int) -> int:
+        """The node keeping share group ``group``'s state of ``topic[partition]`` (what
+        is acknowledged, what is locked): the leader of ``__share_group_state`` for the
+        key ``group:topicId:partition``."""
+        admin = self._admin()
+        described = admin.describe_topics(TopicCollection([topic]), request_timeout=10)
+        topic_id = described[topic].result().topic_id
+        return self._internal_leader("__share_group_state", f"{group}:{topic_id}:{partition}")
+
+    def open_transactions(self, topic: str) -> list[int]:
+        """The partitions of ``topic`` where a transaction is open: their last stable
+        offset (what read_committed may read) is short of their high watermark."""
+        admin = self._admin()
+        parts = admin.list_topics(topic, timeout=10).topics[topic].partitions
+        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        ends: dict[IsolationLevel, dict[int, int]] = {}
+        for level in IsolationLevel:
+            asked = {TopicPartition(topic, p): latest for p in parts}
+            answers = admin.list_offsets(asked, isolation_level=level, request_timeout=10)
+            ends[level] = {tp.partition: f.result().offset for tp, f in answers.items()}
+        stable, high = ends[IsolationLevel.READ_COMMITTED], ends[IsolationLevel.READ_UNCOMMITTED]
+        return sorted(p for p in parts if stable[p] < high[p])
+
+    def _internal_leader(self, topic: str, key: str) -> int:
+        """The leader of ``key``'s partition of an internal topic (a coordinator)."""
+        meta = self._admin().list_topics(topic, timeout=10).topics[topic]
+        if not meta.partitions:
+            raise StackError(f"{topic} does not exist yet")
+        leader = meta.partitions[_java_abs(java_string_hash(key)) % len(meta.partitions)].leader
+        if leader < 0:
+            raise StackError(f"{topic}'s partition for {key!r} has no leader")
+        return int(leader)
 
     def quorum_leader(self) -> int:
         """The node leading the controller quorum, as the nodes last recorded it (each
@@ -127,6 +175,21 @@ class KafkaCluster:
 
     def _admin(self) -> AdminClient:
         return AdminClient({"bootstrap.servers": self.address})
+
+
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode`` (a 32-bit signed sum over UTF-16 code units), by which
+    Kafka places a group or transactional id on a partition of its internal topics."""
+    units = text.encode("utf-16-be")
+    h = 0
+    for i in range(0, len(units), 2):
+        h = (31 * h + int.from_bytes(units[i : i + 2], "big")) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def _java_abs(n: int) -> int:
+    """Kafka's ``Utils.abs``: the minimum integer maps to 0, not to itself."""
+    return 0 if n == -(1 << 31) else abs(n)
 
 
 def _start_node(work: Path, node_id: int, heap_mb: int) -> Service:

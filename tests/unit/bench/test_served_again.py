@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.served_again import OffsetHistory
+from benchmarks.served_again import OffsetHistory, answered_after
 
 
 def history(*samples: tuple[float, dict[int, int], dict[int, int]]) -> OffsetHistory:
@@ -36,3 +36,14 @@ def test_never_served_while_sampling_is_none() -> None:
     assert h.after(100.0) is None
     assert h.after(200.0) is None, "no sample after the fault"
     h._consumer.close()
+
+
+def test_a_share_group_is_served_again_when_every_request_written_before_was_answered() -> None:
+    written = {"0/0": 1_000, "0/1": 9_900, "1/0": 9_950, "1/1": 12_000}
+    answered = {"0/0": [1_010], "0/1": [13_000, 25_000], "1/0": [14_500], "1/1": [12_020]}
+    assert answered_after(10_000, written, answered) == 4.5, "the slowest first answer"
+    assert answered_after(500, written, answered) == 0.0, "nothing was written before"
+
+
+def test_a_request_never_answered_is_never_served() -> None:
+    assert answered_after(10_000, {"0/0": 9_000}, {"0/1": [9_100]}) is None
