@@ -118,7 +118,7 @@ def test_redis_outage_waits_without_dead_letters_and_catches_up(env: chaos.Env) 
 
 
 def test_redis_sentinel_failover_is_waited_out_without_dead_letters(env: chaos.Env) -> None:
-    report = chaos.sentinel_failover_scenario(env, 2000)
+    report = chaos.run_scenario("sentinel-failover", 2000, env)
     _assert_complete(report)
     assert report["dead_letters"] == 0, report
     assert report["duplicates"] == 0, report
