@@ -128,6 +128,19 @@ def test_redis_sentinel_failover_is_waited_out_without_dead_letters(env: chaos.E
     assert served_again is not None and served_again < 20, report
 
 
+def test_redis_cluster_primary_failover_is_waited_out_without_dead_letters(
+    env: chaos.Env,
+) -> None:
+    report = chaos.run_scenario("redis-cluster-failover", 2000, env)
+    _assert_complete(report)
+    assert report["dead_letters"] == 0, report
+    assert report["duplicates"] == 0, report
+    (served_again,) = report["served_again_s"]
+    # the replicas call the primary failing after the 1 s node timeout and one of them
+    # is elected within about a second more; a waiting batch retries at most 5 s apart
+    assert served_again is not None and served_again < 20, report
+
+
 # Long by design: every batch takes ~12 s of CPU, and two workers warm the model up at four
 # batch sizes on two cores (216 s alone here; 300 s was the suite's default, which a busy
 # machine overran while the workers were still warming up).
