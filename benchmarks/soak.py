@@ -39,7 +39,7 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from benchmarks import redis_failovers
-from benchmarks.chaos import Env, Fleet, Run
+from benchmarks.chaos import PARTITIONS, Env, Fleet, Run
 from benchmarks.measure import cpu_seconds
 from benchmarks.soak_minutes import Answer, Tally, drift, totals
 from streamfer_dev.harness import produce_requests
@@ -118,7 +118,7 @@ class Soak:
         consumer = Consumer(conf)
         results, dead = self.run.results_topic, self.run.dead_topic
         consumer.assign(
-            [TopicPartition(results, p, OFFSET_BEGINNING) for p in range(4)]
+            [TopicPartition(results, p, OFFSET_BEGINNING) for p in range(PARTITIONS)]
             + [TopicPartition(dead, 0, OFFSET_BEGINNING)]
         )
         try:
