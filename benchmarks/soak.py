@@ -152,16 +152,19 @@ class Soak:
                 return
             began = time.time()
             self.run.fault()
+            # listed at once, so the minute it began in names it however long it takes
+            event: dict[str, Any] = {"at_s": round(began - start, 1), "what": what}
+            self.events.append(event)
             try:
-                detail = self._inject(what)
+                event["detail"] = self._inject(what)
             except Exception as exc:  # recorded; the soak goes on
-                detail = f"failed: {exc}"
+                event["detail"] = f"failed: {exc}"
                 self.errors.append(f"{what}: {exc}")
-            took = round(time.time() - began, 1)
-            self.events.append(
-                {"at_s": round(began - start, 1), "what": what, "took_s": took, "detail": detail}
+            event["took_s"] = round(time.time() - began, 1)
+            print(
+                f"# {what} at {event['at_s']:.0f}s: {event['detail']} ({event['took_s']}s)",
+                flush=True,
             )
-            print(f"# {what} at {began - start:.0f}s: {detail} ({took}s)", flush=True)
 
     def _inject(self, what: str) -> str:
         if what.startswith("restart broker"):
