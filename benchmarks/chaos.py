@@ -27,7 +27,8 @@ factor 3, ``min.insync.replicas = 2``) instead of one; the ``cluster-*`` scenari
 it and hurt brokers as ``benchmarks.cluster_faults`` says: the leader of most request
 partitions, the group's coordinator, each broker in a rolling restart, the controller
 quorum's leader, two brokers at once. ``sentinel-failover`` kills the Redis primary
-under Sentinel.
+under Sentinel, ``redis-cluster-failover`` one of a Redis Cluster's three primaries
+(``benchmarks.redis_failovers``).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ import orjson
 import redis
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
-from benchmarks import cluster_faults, netfaults
+from benchmarks import cluster_faults, netfaults, redis_failovers
 from benchmarks.fault_models import make_poison_model, make_slow_model
 from benchmarks.served_again import OffsetHistory, answered_after, request_times
 from streamfer_dev.harness import (
@@ -66,8 +67,6 @@ from streamfer_dev.harness import (
 )
 from streamfer_dev.kafka_cluster import REPLICAS, KafkaCluster, start_kafka_cluster
 from streamfer_dev.modelgen import DemoModel, make_classifier, seed_entities
-from streamfer_dev.redis_sentinel import SERVICE_NAME as SENTINEL_SERVICE
-from streamfer_dev.redis_sentinel import start_redis_sentinel
 from streamfer_dev.stack import Service, free_port, start_kafka, start_redis
 from streamfer_dev.toxiproxy import Toxiproxy, start_toxiproxy
 from worker.config import KafkaSettings
@@ -799,37 +798,32 @@ def redis_outage_scenario(env: Env, records: int, outage_s: float = 30.0) -> dic
     return run.report(fleet, good, set(), outage_s=outage_s)
 
 
-def sentinel_failover_scenario(env: Env, records: int) -> dict[str, Any]:
-    """SIGKILL the Redis primary mid-stream under Sentinel (a primary, a replica, three
-    Sentinels), which promote the replica: batches wait, nothing is dead-lettered or
-    lost. ``served_again_s``: from the kill until every partition was served again;
-    ``promoted_s``: until the Sentinels named the new primary."""
-    run = Run(env, "sentinel-failover", records)
-    group = start_redis_sentinel()
-    try:
-        client = redis.Redis.from_url(group.primary().address)
-        seed_entities(client, env.model, prefix="c")  # the ids env.entities holds
-        client.wait(1, 5000)  # on the replica too, before the primary can die
-        client.close()
-        fleet = run.fleet(
-            redis_table=f"sentinels = {orjson.dumps(group.addresses).decode()}\n"
-            f'service_name = "{SENTINEL_SERVICE}"\nsocket_timeout_s = 2.0'
-        )
+def redis_failover_scenario(
+    env: Env,
+    records: int,
+    *,
+    ha: Callable[[DemoModel], contextlib.AbstractContextManager[redis_failovers.Failover]],
+    name: str,
+) -> dict[str, Any]:
+    """SIGKILL a Redis primary mid-stream under ``ha`` (``benchmarks.redis_failovers``:
+    Sentinel, or a Redis Cluster), whose replica is promoted: batches wait, nothing is
+    dead-lettered or lost. ``served_again_s``: from the kill until every partition was
+    served again; ``promoted_s``: until the replica served in the primary's place."""
+    run = Run(env, name, records)
+    with ha(env.model) as failover:
+        fleet = run.fleet(redis_table=failover.redis_table)
         requests, good, _ = run.requests()
         run.start_workers(fleet, 2)
         run.track_recovery()
         stream = run.stream(requests, rate=records / 20.0)
-        promoted = None
+        promoted, hurt = None, []
         for _ in _spread(stream, 1):
             run.fault()
             killed_at = time.monotonic()
-            old = group.kill_primary()
-            group.wait_for_new_primary(old)
+            hurt.append(failover.fail())
             promoted = round(time.monotonic() - killed_at, 1)
         stream.join()
-        return run.report(fleet, good, set(), promoted_s=promoted)
-    finally:
-        group.stop()
+        return run.report(fleet, good, set(), promoted_s=promoted, hurt=hurt)
 
 
 def cluster_scenario(
@@ -1216,9 +1210,18 @@ SCENARIOS: dict[str, tuple[Scenario, int, str]] = {
         "coordinator's broker (--cluster)",
     ),
     "sentinel-failover": (
-        sentinel_failover_scenario,
+        functools.partial(
+            redis_failover_scenario, ha=redis_failovers.sentinel, name="sentinel-failover"
+        ),
         6_000,
         "SIGKILL the Redis primary under Sentinel; its replica is promoted",
+    ),
+    "redis-cluster-failover": (
+        functools.partial(
+            redis_failover_scenario, ha=redis_failovers.cluster, name="redis-cluster-failover"
+        ),
+        6_000,
+        "SIGKILL the Redis Cluster primary holding most feature keys; its replica is promoted",
     ),
     "slow-model": (slow_model_scenario, 48, "a model slower than max.poll.interval.ms"),
     "poison": (poison_scenario, 10_000, "a request that makes the model raise, in a batch"),

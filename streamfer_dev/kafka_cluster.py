@@ -209,8 +209,13 @@ def start_kafka_cluster(
     owned = workdir is None
     work = Path(tempfile.mkdtemp(prefix="streamfer-kcluster-")) if workdir is None else workdir
     ids = range(1, REPLICAS + 1)
-    ports = {i: free_port() for i in ids}
-    controllers = {i: free_port() for i in ids}
+    picked: list[int] = []
+    while len(picked) < 2 * REPLICAS:  # the kernel may hand out a port just released again
+        port = free_port()
+        if port not in picked:
+            picked.append(port)
+    ports = dict(zip(ids, picked[:REPLICAS], strict=True))
+    controllers = dict(zip(ids, picked[REPLICAS:], strict=True))
     voters = ",".join(f"{i}@127.0.0.1:{controllers[i]}" for i in ids)
     cluster_id = new_cluster_id()
     cluster = KafkaCluster(work, {}, heap_mb, owned, ports)

@@ -482,8 +482,9 @@ def start_redis(
 
 @dataclass
 class RedisCluster:
-    """A Redis Cluster of ``nodes`` primaries (no replicas) on 127.0.0.1; every slot is
-    assigned. ``address`` is a seed node's URL, what a client's config names."""
+    """A Redis Cluster on 127.0.0.1, every slot assigned: primaries only, or each with
+    replicas (``start_redis_cluster``). ``address`` is a seed node's URL, what a client's
+    config names."""
 
     nodes: list[Service]
 
@@ -496,10 +497,14 @@ class RedisCluster:
             node.stop()
 
 
-def start_redis_cluster(*, nodes: int = 3, timeout: float = 60.0) -> RedisCluster:
+def start_redis_cluster(
+    *, nodes: int = 3, replicas: int = 0, node_timeout_ms: int = 15000, timeout: float = 60.0
+) -> RedisCluster:
     """``nodes`` redis-server processes in cluster mode, joined with ``redis-cli
-    --cluster create``; returns once every node says its state is ok and all agree on
-    one slot map covering every slot."""
+    --cluster create`` (``replicas`` of each primary among them); returns once every node
+    says its state is ok and all agree on one slot map covering every slot. A primary
+    silent for ``node_timeout_ms`` is failed over to its replica (Redis' default 15 s is
+    for networks where a second's silence is common)."""
     binary, cli = shutil.which("redis-server"), shutil.which("redis-cli")
     if binary is None or cli is None:
         raise StackError("redis-server and redis-cli not found (Debian package redis-server)")
@@ -522,6 +527,8 @@ def start_redis_cluster(*, nodes: int = 3, timeout: float = 60.0) -> RedisCluste
                         # the bus port defaults to port + 10000, which a high free port overflows
                         "--cluster-port",
                         str(free_port()),
+                        "--cluster-node-timeout",
+                        str(node_timeout_ms),
                         "--save",
                         "",
                         "--appendonly",
@@ -536,7 +543,15 @@ def start_redis_cluster(*, nodes: int = 3, timeout: float = 60.0) -> RedisCluste
             )
         hosts = [n.address.removeprefix("redis://").removesuffix("/0") for n in started]
         created = subprocess.run(
-            [cli, "--cluster", "create", *hosts, "--cluster-replicas", "0", "--cluster-yes"],
+            [
+                cli,
+                "--cluster",
+                "create",
+                *hosts,
+                "--cluster-replicas",
+                str(replicas),
+                "--cluster-yes",
+            ],
             capture_output=True,
             text=True,
             timeout=timeout,

@@ -12,6 +12,7 @@ the batch is asked once more.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -322,8 +323,14 @@ def cluster_round_trip(
     """One reply per command, ``commands[i]`` naming the one key ``keys[i]``: each node
     gets one write with its share and every write goes out before any reply is read.
     MOVED or ASK (slots being moved) refreshes the slot map and asks again once; still
-    moving, it is an outage the batch waits out. Raises as ``round_trip`` does."""
-    answers, errors = _by_node(client, commands, keys, command)
+    moving, it is an outage the batch waits out. A node that cannot be reached is an
+    outage too, after which the slot map is refreshed: a primary that died is replaced
+    by its replica, and the batch's next try goes there. Raises as ``round_trip`` does."""
+    try:
+        answers, errors = _by_node(client, commands, keys, command)
+    except FeatureStoreError:
+        _refresh_slots(client)
+        raise
     if any(_error_code(e) in _SLOT_MOVED for e in errors.values()):
         client.nodes_manager.initialize()
         answers, errors = _by_node(client, commands, keys, command)
@@ -331,6 +338,13 @@ def cluster_round_trip(
         if moved is not None:
             raise FeatureStoreError(f"the Redis Cluster is moving slots: {moved}") from moved
     return answers, errors
+
+
+def _refresh_slots(client: RedisCluster) -> None:
+    """Ask the nodes that answer for the slot map again; none answering leaves the old
+    one, and the next failed try asks again."""
+    with contextlib.suppress(redis.RedisError, redis.exceptions.RedisClusterException):
+        client.nodes_manager.initialize()
 
 
 def _by_node(
