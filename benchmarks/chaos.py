@@ -908,11 +908,13 @@ def broker_failover_scenario(
     return cluster_scenario(env, records, fault, exactly_once=exactly_once, name=name)
 
 
-def slow_model_scenario(env: Env, records: int) -> dict[str, Any]:
-    """A model whose batch takes longer than max.poll.interval.ms: no rebalance, no loss."""
+def slow_model_scenario(env: Env, records: int, batch: int = 8) -> dict[str, Any]:
+    """A model whose batch takes longer than max.poll.interval.ms: no rebalance, no loss.
+
+    The worker warms the model at every power of two up to ``batch`` before it joins,
+    each as slow as a batch: ``batch = 1`` keeps that to one call."""
     run = Run(env, "slow-model", records)
     interval_ms = 6000
-    batch = 8
     seconds_per_batch = interval_ms / 1000.0 * 1.5
     slow = make_slow_model(
         run.dir / "slow.onnx", seconds_per_batch=seconds_per_batch, batch_size=batch

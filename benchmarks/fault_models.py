@@ -1,10 +1,10 @@
 """ONNX models that misbehave on purpose, built with onnx.helper for the fault harness.
 
-``make_slow_model`` is a deep MLP whose batch takes longer than a chosen time, to prove
-that a model slower than ``max.poll.interval.ms`` does not cost the worker its group
-membership. ``make_poison_model`` fails (ONNX Runtime raises an out-of-bounds Gather)
-on any row whose first feature is 1000 or more, to prove that one poison row does not
-stop the rest of its batch.
+``make_slow_model`` is a deep MLP (one layer run in a loop) whose batch takes longer
+than a chosen time, to prove that a model slower than ``max.poll.interval.ms`` does not
+cost the worker its group membership. ``make_poison_model`` fails (ONNX Runtime raises
+an out-of-bounds Gather) on any row whose first feature is 1000 or more, to prove that
+one poison row does not stop the rest of its batch.
 """
 
 from __future__ import annotations
@@ -50,9 +50,8 @@ def make_slow_model(
     """A deep MLP calibrated here so one batch of ``batch_size`` rows takes about 1.3 x
     ``seconds_per_batch`` on one thread (measured per layer, then sized).
 
-    Wide layers, so that few are needed: at width 512 a layer took 0.05 ms, and the
-    230,000 layers of an 11.7 s batch took ONNX Runtime minutes and 2.8 GB to load; at
-    4096 it is about 1,500 layers, one shared 64 MB weight."""
+    Wide layers, so that few rounds are needed: at width 512 a layer took 0.05 ms; at
+    4096 an 11.7 s batch is about 1,000 rounds of one shared 64 MB weight."""
     width = 4096
     probe_layers = 8
     per_layer = _time_batch(_mlp(probe_layers, width, n_features), batch_size) / probe_layers
@@ -81,6 +80,9 @@ def _time_batch(model: onnx.ModelProto, batch_size: int) -> float:
 
 
 def _mlp(layers: int, width: int, n_features: int) -> onnx.ModelProto:
+    """``layers`` rounds of ``h = tanh(h @ w)`` as one ONNX ``Loop``: as slow to run as
+    that many layers, but one node to load (ONNX Runtime took minutes to load a thousand
+    unrolled layers)."""
     rng = np.random.default_rng(0)
     w_in = numpy_helper.from_array(
         (rng.standard_normal((n_features, width)) / np.sqrt(n_features)).astype(np.float32), "w_in"
@@ -88,17 +90,36 @@ def _mlp(layers: int, width: int, n_features: int) -> onnx.ModelProto:
     w = numpy_helper.from_array(
         (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32), "w"
     )
-    nodes = [helper.make_node("MatMul", ["x", "w_in"], ["h0"])]
-    for i in range(layers):
-        nodes.append(helper.make_node("MatMul", [f"h{i}", "w"], [f"m{i}"]))
-        nodes.append(helper.make_node("Tanh", [f"m{i}"], [f"h{i + 1}"]))
-    nodes.append(helper.make_node("ReduceMean", [f"h{layers}"], ["score"], axes=[1], keepdims=1))
+    trips = numpy_helper.from_array(np.array(layers, np.int64), "trips")
+    keep_going = numpy_helper.from_array(np.array(True), "keep_going")
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("MatMul", ["h_in", "w"], ["m"]),
+            helper.make_node("Tanh", ["m"], ["h_out"]),
+        ],
+        "layer",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("h_in", TensorProto.FLOAT, ["n", width]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("h_out", TensorProto.FLOAT, ["n", width]),
+        ],
+    )
+    nodes = [
+        helper.make_node("MatMul", ["x", "w_in"], ["h0"]),
+        helper.make_node("Loop", ["trips", "keep_going", "h0"], ["h"], body=body),
+        helper.make_node("ReduceMean", ["h"], ["score"], axes=[1], keepdims=1),
+    ]
     graph = helper.make_graph(
         nodes,
         "slow",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", n_features])],
         [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["n", 1])],
-        [w_in, w],
+        [w_in, w, trips, keep_going],
     )
     return helper.make_model(graph, opset_imports=_OPSET)
 

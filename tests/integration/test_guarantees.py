@@ -146,7 +146,7 @@ def test_redis_cluster_primary_failover_is_waited_out_without_dead_letters(
 # machine overran while the workers were still warming up).
 @pytest.mark.timeout(600)
 def test_model_slower_than_max_poll_interval_keeps_the_group_stable(env: chaos.Env) -> None:
-    report = chaos.slow_model_scenario(env, 8)
+    report = chaos.slow_model_scenario(env, 4, batch=1)
     _assert_complete(report)
     assert report["rebalances_during_run"] == 0, report
     assert report["lost_partitions_logged"] == 0, report
