@@ -324,13 +324,17 @@ def cluster_round_trip(
     gets one write with its share and every write goes out before any reply is read.
     MOVED or ASK (slots being moved) refreshes the slot map and asks again once; still
     moving, it is an outage the batch waits out. A node that cannot be reached is an
-    outage too, after which the slot map is refreshed: a primary that died is replaced
-    by its replica, and the batch's next try goes there. Raises as ``round_trip`` does."""
+    outage too, after which the slot map is refreshed: when it names other nodes for
+    these keys (a dead primary's replica promoted) they are asked at once, else the
+    batch waits and its next try asks again. Raises as ``round_trip`` does."""
     try:
         answers, errors = _by_node(client, commands, keys, command)
     except FeatureStoreError:
+        owners = _owners(client, keys)
         _refresh_slots(client)
-        raise
+        if _owners(client, keys) == owners:
+            raise
+        answers, errors = _by_node(client, commands, keys, command)
     if any(_error_code(e) in _SLOT_MOVED for e in errors.values()):
         client.nodes_manager.initialize()
         answers, errors = _by_node(client, commands, keys, command)
@@ -338,6 +342,11 @@ def cluster_round_trip(
         if moved is not None:
             raise FeatureStoreError(f"the Redis Cluster is moving slots: {moved}") from moved
     return answers, errors
+
+
+def _owners(client: RedisCluster, keys: Sequence[bytes]) -> set[str]:
+    owner = client.nodes_manager.get_node_from_slot
+    return {owner(slot).name for slot in {key_slot(key) for key in keys}}
 
 
 def _refresh_slots(client: RedisCluster) -> None:

@@ -81,11 +81,19 @@ def test_a_dead_primary_is_an_outage_after_which_the_slot_map_is_refreshed() -> 
     assert client.nodes_manager.refreshed == 1
 
 
-def test_the_try_after_the_promotion_reaches_the_new_primary() -> None:
+def test_a_refreshed_map_naming_the_promoted_replica_is_tried_at_once() -> None:
     client = FakeCluster()
     client.nodes_manager.promoted = Node("b", False)
-    with pytest.raises(FeatureStoreError):
-        cluster_round_trip(client, [b"HMGET k f"], [b"k"], COMMAND)  # type: ignore[arg-type]
     answers, errors = cluster_round_trip(client, [b"HMGET k f"], [b"k"], COMMAND)  # type: ignore[arg-type]
     assert (answers, errors) == ([[b"1.0"]], {})
+    assert client.nodes_manager.refreshed == 1
+    cluster_round_trip(client, [b"HMGET k f"], [b"k"], COMMAND)  # type: ignore[arg-type]
     assert client.nodes_manager.refreshed == 1, "a batch served asks for no map"
+
+
+def test_a_promoted_replica_that_fails_too_is_an_outage() -> None:
+    client = FakeCluster()
+    client.nodes_manager.promoted = Node("b", True)
+    with pytest.raises(FeatureStoreError, match="Redis Cluster round trip"):
+        cluster_round_trip(client, [b"HMGET k f"], [b"k"], COMMAND)  # type: ignore[arg-type]
+    assert client.nodes_manager.refreshed == 1, "one refresh per try, not a loop"
