@@ -72,10 +72,20 @@ def cache_dir() -> Path:
     return Path(os.environ.get("STREAMFER_CACHE", Path.home() / ".cache" / "streamfer"))
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on now and that this process has not handed out before:
+    the kernel may offer the same free port to two calls in a row, and a pair of them
+    for one service (a broker's listener and its controller) must differ."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 @dataclass
