@@ -25,8 +25,8 @@ def on_files(files: Files, config: Any) -> Files:
             files.remove(old)
         files.append(File.generated(config, path, content=write()))
     results = Path(config["config_file_path"]).parent / "benchmarks" / "results"
-    for artefact in sorted(results.glob("*")):
+    for artefact in sorted(results.rglob("*")):
         if artefact.suffix in (".png", ".json"):
-            uri = f"benchmarks/results/{artefact.name}"
+            uri = f"benchmarks/results/{artefact.relative_to(results).as_posix()}"
             files.append(File.generated(config, uri, abs_src_path=str(artefact)))
     return files

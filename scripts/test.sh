@@ -11,8 +11,9 @@ ruff check worker streamfer_dev tests benchmarks
 ruff format --check worker streamfer_dev tests benchmarks
 mypy
 # The documentation site, offline, into a git-ignored folder: a broken link, a missing
-# page or any other warning fails the build (mkdocs.yml sets strict).
-NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir build/site
+# page or any other warning fails the build (mkdocs.yml sets strict). Not --quiet: it
+# drops the warnings before strict mode counts them.
+NO_MKDOCS_2_WARNING=1 mkdocs build --strict --site-dir build/site
 # Triton's server venv (streamfer_dev.triton: nvidia-pytriton under Debian's python3), made
 # once in the tool cache so that no test pays for it; where it cannot be, those tests skip.
 python -c 'from streamfer_dev.triton import server_python; server_python()' ||
