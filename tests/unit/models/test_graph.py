@@ -17,13 +17,13 @@ import onnxruntime as ort
 import pytest
 from prometheus_client import CollectorRegistry
 
-from streamfer_dev.modelgen import make_mean
+from tests.fakes.graphs import FIELDS, ensemble_steps, graph_config, graph_models
 from tests.fakes.onnx_models import random_mlp
 from tests.fakes.pipeline import Readiness, handle, messages, req
 from tests.fakes.sink import FakeSink
 from tests.fakes.stores import MemoryStore
 from worker.compose import Metrics
-from worker.config import ModelSpec, PipelineConfig, parse_config
+from worker.config import ModelSpec, PipelineConfig
 from worker.errors import ConfigError, EngineError, ModelMismatchError
 from worker.inference import LiveModel, ModelGraph, ModelSlot, OnnxEngine, ServingEngine
 from worker.inference.engine import Feeds, Outputs
@@ -34,60 +34,12 @@ from worker.models.reloader import Look, ModelWatch, show_model
 from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.model_faults import ModelFaultWait
 
-FIELDS = ["a", "b", "c"]
 POISON = 99.0
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Two classifiers of features a, b, c (probabilities, 2 wide), the mean of two
-    such, and a regressor of 2 inputs (a classifier's probabilities in a chain)."""
-    d = tmp_path_factory.mktemp("graph")
-    return {
-        "one": random_mlp(d / "one.onnx", seed=1),
-        "two": random_mlp(d / "two.onnx", seed=2),
-        "mean": make_mean(d / "mean.onnx", ["x", "y"], 2),
-        "head": random_mlp(d / "head.onnx", n_in=2, seed=3, softmax=False),
-    }
-
-
-def ensemble_steps(models: dict[str, Path]) -> list[dict[str, Any]]:
-    return [
-        {
-            "name": "one",
-            "model": {"path": models["one"], "name": "one"},
-            "inputs": {"input": FIELDS},
-        },
-        {
-            "name": "two",
-            "model": {"path": models["two"], "name": "two", "version": "7"},
-            "inputs": {"input": ["c", "b", "a"]},
-            "publish": {"second": "probabilities"},
-        },
-        {
-            "name": "avg",
-            "model": {"path": models["mean"], "name": "avg"},
-            "inputs": {"x": "one.probabilities", "y": "two.probabilities"},
-        },
-    ]
-
-
-def graph_config(steps: list[dict[str, Any]], **tables: Any) -> PipelineConfig:
-    raw = {
-        "pipelines": [
-            {
-                "name": "p",
-                "request_topics": ["req"],
-                "result_topic": "res",
-                "dead_letter_topic": "dlq",
-                "features": {"fields": FIELDS},
-                "batch": {"max_batch_size": 8},
-                "steps": steps,
-                **tables,
-            }
-        ]
-    }
-    return parse_config(raw, environ={}).pipelines[0]
+    return graph_models(tmp_path_factory.mktemp("graph"))
 
 
 def by_hand(path: Path, feeds: dict[str, Any]) -> Any:
