@@ -5,6 +5,8 @@ version on the server (``test_triton``'s server, models and data), step ``avg`` 
 mean, in the worker. Every result's scores are those of the three models run by hand.
 The server stops mid-stream: the batch waits, ``/readyz`` names the step and the server,
 nothing is dead-lettered or lost, and once the server is back the rest is served.
+``streamfer replay`` of the graph's topic then publishes the same outputs, its plan
+recording every step's model.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 
 from streamfer_dev.harness import (
@@ -26,7 +30,7 @@ from streamfer_dev.modelgen import make_mean
 from streamfer_dev.stack import free_port
 from streamfer_dev.triton import TritonServer
 from tests.conftest import Topics
-from tests.integration.helpers import assert_committed_to_end, services_toml
+from tests.integration.helpers import assert_committed_to_end, services_toml, streamfer
 from tests.integration.recipes import FraudData
 from tests.integration.served_mlp import PARTITIONS, produced_requests, wait_for
 from tests.integration.test_bring_your_own_model import store_features
@@ -50,7 +54,7 @@ def on_server(url: str) -> str:
     return f'engine = "triton", name = "mlp-two", triton = {{ {table} }}'
 
 
-def test_a_graph_step_on_the_server_waits_out_its_outage(
+def test_a_graph_step_on_the_server_waits_out_its_outage_and_replays_the_same(
     triton: Callable[..., TritonServer],  # noqa: F811
     models: dict[str, Path],  # noqa: F811
     data: FraudData,  # noqa: F811
@@ -106,3 +110,36 @@ def test_a_graph_step_on_the_server_waits_out_its_outage(
         assert_committed_to_end(kafka_bootstrap, topics.group, topics.requests)
     finally:
         worker.terminate()
+    live = {doc["id"]: doc["outputs"] for doc in out.result_docs}
+    replay_the_graph(config, tmp_path / "state", kafka_bootstrap, live, server.url)
+
+
+def replay_the_graph(
+    config: Path, state: Path, bootstrap: str, live: dict[str, Any], url: str
+) -> None:
+    """``streamfer replay`` of the graph's topic: the live outputs again, and a plan
+    naming every step's model."""
+    done = streamfer(
+        "replay", "--config", str(config), "--state-dir", str(state), "--replay-id", "g1", "--json"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = orjson.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["complete"] and summary["results"] == len(live), summary
+    assert summary["model"]["version"] == "1+2+1"
+    assert summary["output_topic"].endswith(".replay.1_2_1")
+    again = collect_outcomes(
+        bootstrap,
+        summary["output_topic"],
+        summary["dead_letter_topic"],
+        set(live),
+        timeout=60,
+        keep_docs=True,
+    )
+    assert not again.dead_letter_ids and not again.lost(set(live))
+    assert {doc["id"]: doc["outputs"] for doc in again.result_docs} == live
+    steps = orjson.loads((state / "g1.json").read_bytes())["steps"]
+    assert [(s["step"], s["version"]) for s in steps] == [("one", "1"), ("two", "2"), ("avg", "1")]
+    one, two, avg = steps
+    assert one["path"].endswith("v1.onnx") and len(one["sha256"]) == 64 and avg["sha256"]
+    assert (two["server"], two["server_model"], two["path"]) == (url, "fraud", None)
+    assert two["signature"] and two["sha256"]
