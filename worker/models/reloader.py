@@ -244,21 +244,15 @@ class ModelWatch:
             update={"triton": settings.model_copy(update={"version": version})}
         )
         started = time.perf_counter()
-        try:
-            loaded = self._load(self._config, spec)
-            self._fit.check(ModelFit.of(loaded), "the live model's")
-        except Exception as exc:  # the server's own errors too
-            self._refused_versions.add(version)
-            self._refused_count.inc()
-            log.error(
-                "pipeline %s: model %s version %s on the server refused (%s); version %s "
-                "keeps serving, and it is not tried again until the worker restarts",
-                self.name,
-                spec.name,
-                version,
-                str(exc).strip().splitlines()[0][:500] if str(exc).strip() else type(exc).__name__,
-                live.identity.version,
-            )
+        loaded = self._load_or_refuse(
+            self._config,
+            spec,
+            live.identity,
+            f"model {spec.name} version {version} on the server",
+            "it is not tried again until the worker restarts",
+            lambda: self._refused_versions.add(version),
+        )
+        if loaded is None:
             return Look.REFUSED
         self._serve(spec, loaded, version, live.identity, started)
         return Look.LOADED
@@ -277,21 +271,15 @@ class ModelWatch:
             return Look.SETTLING
         live = self._slot.for_batch().identity
         started = time.perf_counter()
-        try:
-            loaded = self._load(config, config.model)
-            self._fit.check(ModelFit.of(loaded), "the live model's")
-        except Exception as exc:  # onnxruntime raises its own untyped errors too
-            self._steps_refused[files] = None
-            self._refused_count.inc()
-            log.error(
-                "pipeline %s: model graph %s version %s refused (%s); version %s keeps "
-                "serving, and it is not tried again until a step's file changes",
-                self.name,
-                config.model.name,
-                config.model.version,
-                str(exc).strip().splitlines()[0][:500] if str(exc).strip() else type(exc).__name__,
-                live.version,
-            )
+        loaded = self._load_or_refuse(
+            config,
+            config.model,
+            live,
+            f"model graph {config.model.name} version {config.model.version}",
+            "it is not tried again until a step's file changes",
+            lambda: self._steps_refused.setdefault(files),
+        )
+        if loaded is None:
             return Look.REFUSED
         self._steps_live, self._config = files, config
         version = getattr(loaded.engine, "served_version", None) or config.model.version
@@ -316,12 +304,17 @@ class ModelWatch:
             return Look.IDLE
         spec = self._config.model.model_copy(update={"path": found.path, "version": found.version})
         started = time.perf_counter()
-        try:
-            loaded = self._load(self._config, spec)
-            self._fit.check(ModelFit.of(loaded), "the live model's")
-            self._same_provider(loaded.engine.provider)
-        except Exception as exc:  # onnxruntime raises its own untyped errors too
-            return self._refuse(found, live, exc)
+        loaded = self._load_or_refuse(
+            self._config,
+            spec,
+            live,
+            f"model version {found.version} at {found.path}",
+            "this file is not tried again until it changes",
+            lambda: self._refuse(found),
+            same_provider=True,
+        )
+        if loaded is None:
+            return Look.REFUSED
         if fingerprint(found.version, found.path) != found:
             return Look.SETTLING  # changed while it loaded: not this one
         self._live = found
@@ -378,21 +371,45 @@ class ModelWatch:
         gauge.labels(*labels).set(1)
         self._provider = labels
 
-    def _refuse(self, found: Fingerprint, live: ModelIdentity, exc: Exception) -> Look:
+    def _refuse(self, found: Fingerprint) -> None:
+        """Remember ``found`` as refused (the last ``_REFUSED_KEPT`` of them)."""
         self._refused[found] = None
         while len(self._refused) > _REFUSED_KEPT:
             del self._refused[next(iter(self._refused))]
-        self._refused_count.inc()
-        log.error(
-            "pipeline %s: model version %s at %s refused (%s); version %s keeps serving, "
-            "and this file is not tried again until it changes",
-            self.name,
-            found.version,
-            found.path,
-            str(exc).strip().splitlines()[0][:500] if str(exc).strip() else type(exc).__name__,
-            live.version,
-        )
-        return Look.REFUSED
+
+    def _load_or_refuse(
+        self,
+        config: PipelineConfig,
+        spec: ModelSpec,
+        live: ModelIdentity,
+        what: str,
+        again: str,
+        remember: Callable[[], None],
+        *,
+        same_provider: bool = False,
+    ) -> LoadedModel | None:
+        """``spec`` loaded, warmed and checked against the live model (its feeds and
+        results, and with ``same_provider`` its provider); None when it is refused:
+        ``remember`` is called so it is not tried again, and the refusal is counted and
+        logged once, naming ``what`` was refused and when it is tried ``again``."""
+        try:
+            loaded = self._load(config, spec)
+            self._fit.check(ModelFit.of(loaded), "the live model's")
+            if same_provider:
+                self._same_provider(loaded.engine.provider)
+        except Exception as exc:  # onnxruntime and the server raise their own errors too
+            remember()
+            self._refused_count.inc()
+            log.error(
+                "pipeline %s: %s refused (%s); version %s keeps serving, and %s",
+                self.name,
+                what,
+                str(exc).strip().splitlines()[0][:500] if str(exc).strip() else type(exc).__name__,
+                live.version,
+                again,
+            )
+            return None
+        return loaded
 
 
 class Reloader:
