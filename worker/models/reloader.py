@@ -33,9 +33,9 @@ refused version is not tried again until the worker restarts. A server that cann
 answer the look is left to the batches' own wait.
 
 A model graph (``[[pipelines.steps]]``) is looked at step by step
-(``worker.models.graph.step_candidates``): a new file or version of any step opens the
-whole graph again with it, checked and swapped in as one model; a step's directory is
-followed when its ``watch`` is on.
+(``worker.models.graph.step_candidates``): a new file or version of any step, once it
+has settled as a single model's file must, opens the whole graph again with it, checked
+and swapped in as one model; a step's directory is followed when its ``watch`` is on.
 """
 
 from __future__ import annotations
@@ -45,11 +45,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
 
-from worker.config import ModelSpec, PipelineConfig, list_versions
+from worker.config import ModelSpec, PipelineConfig
 from worker.core import Clock, monotonic_clock, wall_clock
 from worker.errors import EngineError, InferenceServerError
 from worker.inference import (
@@ -64,6 +62,7 @@ from worker.models.fit import ModelFit
 from worker.models.graph import StepFiles, step_candidates
 from worker.models.metrics import ModelFamilies
 from worker.models.parts import LoadedModel, load_model
+from worker.models.sources import Fingerprint, fingerprint, newest
 
 __all__ = ["SETTLE_S", "Fingerprint", "Look", "ModelWatch", "Reloader", "show_model"]
 
@@ -91,25 +90,6 @@ class Look(Enum):
     """A candidate that changed too recently (or while it loaded)."""
     LOADED = "loaded"
     REFUSED = "refused"
-
-
-@dataclass(frozen=True, slots=True)
-class Fingerprint:
-    """A candidate as ``stat`` sees it: cheap to take at every poll."""
-
-    version: str
-    path: Path
-    inode: int
-    size: int
-    mtime_ns: int
-
-
-def fingerprint(version: str, path: Path) -> Fingerprint | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return Fingerprint(version, path, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def show_model(
@@ -167,7 +147,7 @@ class ModelWatch:
         self._loaded = metrics.model_reloads.labels(config.name, "loaded")
         self._refused_count = metrics.model_reloads.labels(config.name, "refused")
         self._live: Fingerprint | None = None
-        self._pending: tuple[Fingerprint, float] | None = None
+        self._pending: tuple[Fingerprint | StepFiles, float] | None = None
         self._refused: dict[Fingerprint, None] = {}
         self._refused_versions: set[str] = set()
         """Server versions refused (a model on Triton)."""
@@ -197,7 +177,7 @@ class ModelWatch:
             return self._look_at_steps()
         if self._config.model.triton is not None:
             return self._look_at_server()
-        candidate = self._candidate()
+        candidate = newest(self._config.model)
         found = fingerprint(*candidate) if candidate is not None else None
         if found is None:
             if not self._missing_logged:
@@ -212,15 +192,8 @@ class ModelWatch:
         self._missing_logged = False
         if found == self._live or found in self._refused:
             return Look.IDLE
-        now = self._clock()
-        if self._pending is None or self._pending[0] != found:
-            self._pending = (found, now)
-        since = self._pending[1]
-        quiet = now - since >= self._settle_s
-        old = self._wall() - found.mtime_ns / 1e9 >= self._settle_s
-        if not (quiet or old):
+        if not self._settled(found, found.mtime_ns):
             return Look.SETTLING
-        self._pending = None
         return self._try(found)
 
     def _look_at_server(self) -> Look:
@@ -265,9 +238,8 @@ class ModelWatch:
             return Look.IDLE
         config, files = found
         was = self._steps_live or (None,) * len(files)
-        changed = [f[4] for f, old in zip(files, was, strict=True) if f is not None and f != old]
-        newest = max(changed, default=0)
-        if self._wall() - newest / 1e9 < self._settle_s:
+        changed = [f.mtime_ns for f, old in zip(files, was, strict=True) if f and f != old]
+        if not self._settled(files, max(changed, default=0)):
             return Look.SETTLING
         live = self._slot.for_batch().identity
         started = time.perf_counter()
@@ -286,12 +258,18 @@ class ModelWatch:
         self._serve(config.model, loaded, str(version), live, started)
         return Look.LOADED
 
-    def _candidate(self) -> tuple[str, Path] | None:
-        spec = self._config.model
-        if spec.version_dir is None:
-            return spec.version, spec.file
-        versions = list_versions(spec.version_dir)
-        return (versions[-1].name, versions[-1].path) if versions else None
+    def _settled(self, found: Fingerprint | StepFiles, mtime_ns: int) -> bool:
+        """Whether ``found`` (a file, or a graph's files) may be loaded: it has looked
+        the same for ``settle_s`` (at every look since it was first seen so), or its
+        newest file's ``mtime_ns`` is that old."""
+        now = self._clock()
+        if self._pending is None or self._pending[0] != found:
+            self._pending = (found, now)
+        quiet = now - self._pending[1] >= self._settle_s
+        old = self._wall() - mtime_ns / 1e9 >= self._settle_s
+        if quiet or old:
+            self._pending = None
+        return quiet or old
 
     def _try(self, found: Fingerprint) -> Look:
         live = self._slot.for_batch().identity
