@@ -34,8 +34,9 @@ answer the look is left to the batches' own wait.
 
 A model graph (``[[pipelines.steps]]``) is looked at step by step
 (``worker.models.graph.step_candidates``): a new file or version of any step, once it
-has settled as a single model's file must, opens the whole graph again with it, checked
-and swapped in as one model; a step's directory is followed when its ``watch`` is on.
+has settled as a single model's file must, or a new version ready on the server of a
+step that runs there (``served_steps``), opens the whole graph again with it, checked
+and swapped in as one model; a step is followed when its ``watch`` is on.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ from worker.inference import (
     file_sha256,
 )
 from worker.models.fit import ModelFit
-from worker.models.graph import StepFiles, step_candidates
+from worker.models.graph import StepFiles, served_steps, step_candidates
 from worker.models.metrics import ModelFamilies
 from worker.models.parts import LoadedModel, load_model
 from worker.models.sources import Fingerprint, fingerprint, newest
@@ -153,7 +154,9 @@ class ModelWatch:
         """Server versions refused (a model on Triton)."""
         self._missing_logged = False
         now = step_candidates(config) if config.steps else None
-        self._steps_live: StepFiles | None = now[1] if now is not None else None
+        self._steps_live: StepFiles | None = (
+            served_steps(now[1], serving.engine, ask=False) if now is not None else None
+        )
         self._steps_refused: dict[StepFiles, None] = {}
 
     @property
@@ -234,11 +237,18 @@ class ModelWatch:
         """A graph: a step's new version (or changed file) reloads the graph with it,
         loaded, checked and warmed as at start-up; the other steps are opened again."""
         found = step_candidates(self._config)
-        if found is None or found[1] == self._steps_live or found[1] in self._steps_refused:
+        if found is None:
             return Look.IDLE
         config, files = found
+        files = served_steps(files, self._slot.for_batch().engine, ask=True)
+        if files == self._steps_live or files in self._steps_refused:
+            return Look.IDLE
         was = self._steps_live or (None,) * len(files)
-        changed = [f.mtime_ns for f, old in zip(files, was, strict=True) if f and f != old]
+        changed = [
+            f.mtime_ns
+            for f, old in zip(files, was, strict=True)
+            if isinstance(f, Fingerprint) and f != old
+        ]
         if not self._settled(files, max(changed, default=0)):
             return Look.SETTLING
         live = self._slot.for_batch().identity

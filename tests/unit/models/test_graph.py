@@ -22,6 +22,7 @@ from tests.fakes.onnx_models import random_mlp
 from tests.fakes.pipeline import Readiness, handle, messages, req
 from tests.fakes.sink import FakeSink
 from tests.fakes.stores import MemoryStore
+from tests.fakes.triton import FakeTriton, TritonFailure
 from worker.compose import Metrics
 from worker.config import ModelSpec, PipelineConfig
 from worker.errors import ConfigError, EngineError, ModelMismatchError
@@ -317,6 +318,15 @@ def _settled(path: Path) -> Path:
     return path
 
 
+def watched(config: PipelineConfig) -> tuple[ModelSlot, ModelWatch]:
+    """The graph of ``config`` loaded into a slot, and the reloader's watch of it."""
+    metrics = Metrics(CollectorRegistry())
+    loaded = load_model(config, config.model, warm_up=[1])
+    slot = ModelSlot(LiveModel.of(config.model, loaded.engine))
+    shown = show_model(metrics, "p", slot.for_batch().identity, "cpu", hide=None)
+    return slot, ModelWatch(config, slot, loaded, metrics, shown=shown)
+
+
 def test_a_steps_new_version_reloads_the_graph_and_a_misfit_one_is_refused(
     models: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -325,11 +335,7 @@ def test_a_steps_new_version_reloads_the_graph_and_a_misfit_one_is_refused(
     steps = ensemble_steps(models)
     steps[1]["model"] = {"path": versions, "name": "two"}
     config = graph_config(steps)
-    metrics = Metrics(CollectorRegistry())
-    loaded = load_model(config, config.model, warm_up=[1])
-    slot = ModelSlot(LiveModel.of(config.model, loaded.engine))
-    shown = show_model(metrics, "p", slot.for_batch().identity, "cpu", hide=None)
-    watch = ModelWatch(config, slot, loaded, metrics, shown=shown)
+    slot, watch = watched(config)
     assert watch.polls  # a step's directory of versions is followed
     assert slot.for_batch().identity.version == "1+1+1"
     assert watch.look() is Look.IDLE
@@ -355,3 +361,29 @@ def test_an_invalid_step_is_reported_under_steps_alone(models: dict[str, Path]) 
     with pytest.raises(ConfigError) as raised:
         graph_config(steps)
     assert str(raised.value).splitlines()[1:] == ["  pipelines[0].steps[1].name: Field required"]
+
+
+def test_a_new_version_of_a_step_on_a_server_reloads_the_graph(
+    models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Step srv runs on a (fake) Triton server: a version the server makes ready is
+    followed as a step's new file is; a server that cannot answer changes nothing."""
+    server = FakeTriton(versions=["1", "2"], ready={"1", "2"})
+    monkeypatch.setattr("worker.inference.triton.client_module", server.module)
+    srv = {"name": "srv", "engine": "triton", "triton": {"url": "10.0.0.1:8001"}}
+    steps = [ensemble_steps(models)[0], {"name": "srv", "model": srv, "inputs": {"x": FIELDS}}]
+    config = graph_config(steps)
+    slot, watch = watched(config)
+    assert watch.polls  # an unpinned server step is followed
+    assert slot.for_batch().identity.version == "1+2"
+    assert watch.look() is Look.IDLE
+
+    server.versions.append("3")
+    server.ready.add("3")
+    assert watch.look() is Look.LOADED
+    assert slot.for_batch().identity.version == "1+3"
+    assert watch.look() is Look.IDLE
+
+    server.failures.append(TritonFailure("UNAVAILABLE", "connection refused"))
+    assert watch.look() is Look.IDLE
+    assert slot.for_batch().identity.version == "1+3"
