@@ -21,7 +21,7 @@ from worker.errors import ConfigError, InferenceServerError
 from worker.inference import ModelGraph, ServingEngine, TritonEngine
 from worker.models import Parts, open_parts
 from worker.replay.plan import ReplayPlan
-from worker.replay.steps import opened_steps, pinned_config
+from worker.replay.steps import moved_step, opened_steps, pinned_config
 
 __all__ = ["open_model", "replay_spec", "served_version"]
 
@@ -114,7 +114,13 @@ def _open_graph(
 ) -> tuple[Parts, PipelineConfig, ReplayPlan]:
     """``open_model`` of a graph: every step as the plan pinned it, recorded as opened."""
     served = pinned_config(pipeline_cfg, plan.steps, current)
-    parts = open_parts(served, redis)
+    try:
+        parts = open_parts(served, redis)
+    except InferenceServerError as exc:
+        moved = None if current else moved_step(pipeline_cfg, plan.steps, served_version)
+        if moved is None:
+            raise
+        raise moved from exc
     try:
         assert isinstance(parts.engine, ModelGraph)
         steps = opened_steps(plan.steps, served, parts.engine, check=resuming and not current)

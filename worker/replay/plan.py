@@ -165,15 +165,18 @@ def new_plan(
     p = pick_pipeline(config, opts.pipeline)
     if opts.model_path is not None and opts.model_version is None:
         raise ConfigError("--model needs --model-version, so its results can be told apart")
-    if opts.model_path is not None and p.steps:
-        raise ConfigError(f"pipeline {p.name!r} runs a model graph: --model replaces one model")
+    if p.steps and (opts.model_path is not None or opts.model_version is not None):
+        raise ConfigError(
+            f"pipeline {p.name!r} runs a model graph, whose plan pins every step's model: "
+            "--model and --model-version name one model"
+        )
     triton = p.model.triton if opts.model_path is None and not p.steps else None
     server_model, model_path = None, None
     steps: tuple[StepModel, ...] = ()
     version: str | None
     if p.steps:
         steps = plan_steps(p, served)
-        version = opts.model_version or "+".join(s.version for s in steps)
+        version = "+".join(s.version for s in steps)
     elif triton is not None:
         server_model = triton.model or p.model.name
         version = opts.model_version or triton.version

@@ -6,7 +6,8 @@ version and signature, as a single model's plan does. ``plan_steps`` takes them 
 config has them when the replay is planned (a directory's highest version, the server's
 served version unless the step pins one); ``pinned_config`` opens exactly those on every
 run of the replay (or, with ``--current-model``, each step as it is now); ``opened_steps``
-records what opened and refuses, on a resume, a server step whose tensors changed.
+records what opened and refuses, on a resume, a server step whose tensors changed;
+``moved_step`` says which server step serves another version than planned.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from worker.config import ModelSpec, PipelineConfig, graph_model
-from worker.errors import ConfigError
+from worker.errors import ConfigError, InferenceServerError
 from worker.inference import ModelGraph
 from worker.models import step_candidates
 
-__all__ = ["StepModel", "opened_steps", "pinned_config", "plan_steps"]
+__all__ = ["StepModel", "moved_step", "opened_steps", "pinned_config", "plan_steps"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,3 +144,30 @@ def opened_steps(
             )
         )
     return tuple(out)
+
+
+def moved_step(
+    config: PipelineConfig, steps: Sequence[StepModel], served: Callable[[ModelSpec], str]
+) -> ConfigError | None:
+    """Why the planned steps did not open, when a server step's server answers with
+    another version than planned (``served``: the version it serves now); None when no
+    server answers so (an outage, said as such)."""
+    for step, planned in zip(config.steps or (), steps, strict=True):
+        triton = step.model.triton
+        if triton is None:
+            continue
+        latest = step.model.model_copy(
+            update={"triton": triton.model_copy(update={"version": None})}
+        )
+        try:
+            now = served(latest)
+        except InferenceServerError:
+            continue
+        if now != planned.version:
+            return ConfigError(
+                f"step {planned.step}: the Triton server at {planned.server} has no version "
+                f"{planned.version} of model {planned.server_model} ready; it serves version "
+                f"{now} now: resume with --current-model to go on with it, or serve version "
+                f"{planned.version} there again"
+            )
+    return None

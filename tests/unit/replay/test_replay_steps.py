@@ -12,13 +12,13 @@ import pytest
 
 from tests.fakes.graphs import FIELDS, ensemble_steps, graph_config, graph_models
 from tests.fakes.offsets import FakeLookup
-from tests.fakes.triton import FakeTriton
+from tests.fakes.triton import FakeTriton, TritonFailure
 from worker.config import ModelSpec, PipelineConfig, WorkerConfig
 from worker.errors import ConfigError
 from worker.inference import GraphStep, ModelGraph, OnnxEngine, TritonEngine
 from worker.replay import ReplayOptions, ReplayPlan
 from worker.replay.plan import new_plan
-from worker.replay.steps import StepModel, opened_steps, pinned_config
+from worker.replay.steps import StepModel, moved_step, opened_steps, pinned_config
 
 URL = "127.0.0.1:8001"
 
@@ -57,9 +57,12 @@ def test_the_plan_records_every_steps_model(models: dict[str, Path]) -> None:
         ("two", "7", str(models["two"])),
         ("avg", "1", str(models["mean"])),
     ]
-    given = ReplayOptions(model_path=models["one"], model_version="9")
-    with pytest.raises(ConfigError, match="runs a model graph: --model replaces one model"):
-        plan_of(graph_config(ensemble_steps(models)), given)
+    for given in (
+        ReplayOptions(model_path=models["one"], model_version="9"),
+        ReplayOptions(model_version="9"),
+    ):
+        with pytest.raises(ConfigError, match="--model and --model-version name one model"):
+            plan_of(graph_config(ensemble_steps(models)), given)
 
 
 def test_each_run_opens_the_planned_models_or_with_current_model_the_newest(
@@ -111,3 +114,21 @@ def test_a_resume_refuses_a_server_step_with_other_tensors_unless_asked(
         opened_steps(first, pinned, wider, check=True)
     taken = opened_steps(first, pinned, wider, check=False)
     assert taken[1].signature != first[1].signature
+
+
+def test_a_server_step_whose_version_is_gone_is_named_with_the_one_served(
+    models: dict[str, Path],
+) -> None:
+    pipeline = with_server_step(models)
+    plan = plan_of(pipeline)  # srv planned on version 7
+    server = FakeTriton(versions=["8"], ready={"8"})
+
+    def served(spec: ModelSpec) -> str:
+        return TritonEngine(spec, grpc=server.module()).served_version
+
+    moved = moved_step(pipeline, plan.steps, served)
+    assert moved is not None, "the server answers with version 8"
+    assert "step srv:" in str(moved) and "no version 7 of model fraud" in str(moved)
+    assert "serves version 8 now: resume with --current-model" in str(moved)
+    server.failures.append(TritonFailure("UNAVAILABLE", "connection refused"))
+    assert moved_step(pipeline, plan.steps, served) is None  # an outage, said as such
