@@ -2,7 +2,8 @@
 
 Step ``one`` is an ONNX file run in the worker, step ``two`` the same MLP's second
 version on the server (``test_triton``'s server, models and data), step ``avg`` their
-mean, in the worker. Every result's scores are those of the three models run by hand.
+mean, in the worker. ``check`` asks the step's server; every result's scores are those
+of the three models run by hand.
 The server stops mid-stream: the batch waits, ``/readyz`` names the step and the server,
 nothing is dead-lettered or lost, and once the server is back the rest is served.
 ``streamfer replay`` of the graph's topic then publishes the same outputs, its plan
@@ -75,6 +76,10 @@ def test_a_graph_step_on_the_server_waits_out_its_outage_and_replays_the_same(
     config = tmp_path / "worker.toml"
     config.write_text(graph_config(services, topics, tag, models["1"], on_server(server.url), mean))
     expected = by_hand({v: p.read_bytes() for v, p in models.items()}, mean, data)
+    check = streamfer("check", "--config", str(config), "--skip-kafka", timeout=120)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert f"step two triton server: {server.url} live" in check.stdout, check.stdout
+    assert f"step two triton model: fraud:2 at {server.url} ready" in check.stdout
     worker = WorkerProcess(config, tmp_path / "worker.log").start()
     try:
         wait_for_assignment([worker], PARTITIONS, timeout=90)
