@@ -179,6 +179,13 @@ def one_pipeline(
 ) -> PipelineConfig:
     """Pipeline ``p`` of features ``FIELDS``, batches of 8, serving ``model`` (named m),
     with ``tables`` (``canary={...}``, say)."""
+    cached = {"cache": cache} if cache is not None else {}
+    return pipeline_of(model={"name": "m", **model}, **cached, **tables)
+
+
+def pipeline_of(**tables: Any) -> PipelineConfig:
+    """Pipeline ``p`` of features ``FIELDS``, batches of 8, with ``tables`` (its model,
+    or its ``steps``)."""
     raw = {
         "pipelines": [
             {
@@ -188,8 +195,6 @@ def one_pipeline(
                 "dead_letter_topic": "dlq",
                 "features": {"fields": FIELDS},
                 "batch": {"max_batch_size": 8},
-                "model": {"name": "m", **model},
-                **({"cache": cache} if cache is not None else {}),
                 **tables,
             }
         ]

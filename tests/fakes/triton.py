@@ -90,6 +90,9 @@ class FakeTriton:
     per_row_score: bool = False
     """Declare ``score`` as Triton's ONNX backend declares a ``[batch]`` output: dims
     ``[1]``, reshaped to ``[]``."""
+    workspace: str = "/tmp/pytriton-a"
+    """A parameter of the model's config that the server writes anew at each start, as
+    PyTriton does its workspace folder."""
     calls: list[int] = field(default_factory=list)
     """Rows of each inference call."""
     headers: list[dict[str, str]] = field(default_factory=list)
@@ -132,7 +135,11 @@ class FakeTriton:
     def get_model_config(self, model: str, version: str = "", **_call: Any) -> Any:
         self._fail()
         score = _OutputConfig("score", [1], [] if self.per_row_score else None)
-        described = {"max_batch_size": self.max_batch_size, "output": [score]}
+        described = {
+            "max_batch_size": self.max_batch_size,
+            "output": [score],
+            "parameters": {"workspace-path": self.workspace},
+        }
         return SimpleNamespace(config=_Described(described))
 
     def is_server_live(self, **_call: Any) -> bool:

@@ -19,6 +19,7 @@ import orjson
 import pytest
 
 from streamfer_dev.harness import (
+    Outcomes,
     WorkerProcess,
     collect_outcomes,
     produce_requests,
@@ -46,9 +47,9 @@ FIRST = 200
 HELD = 100
 
 
-def graph_config(services: str, topics: Topics, tag: str, one: Path, two: Path, mean: Path) -> str:
-    """Steps one and two (MLPs of the numeric features; two a directory of versions,
-    polled, its scores also published as ``second``), averaged by step avg."""
+def graph_config(services: str, topics: Topics, tag: str, one: Path, two: str, mean: Path) -> str:
+    """Steps one and two (MLPs of the numeric features; ``two`` the inline table of the
+    second's model, its scores also published as ``second``), averaged by step avg."""
     return f"""{services}
 [[pipelines]]
 name = "fraud"
@@ -70,7 +71,7 @@ inputs = {{ input = {orjson.dumps(NUMERIC).decode()} }}
 
 [[pipelines.steps]]
 name = "two"
-model = {{ path = "{two}", name = "mlp-two", reload_poll_s = 0.5 }}
+model = {{ {two} }}
 inputs = {{ input = {orjson.dumps(NUMERIC).decode()} }}
 publish = {{ second = "output" }}
 
@@ -91,6 +92,19 @@ def by_hand(models: dict[str, bytes], mean: Path, data: FraudData) -> dict[str, 
 
     one, two = (run(models[v], {"input": rows}) for v in ("1", "2"))
     return {"second": two, "mean": run(str(mean), {"x": one, "y": two})}
+
+
+def check_exact(out: Outcomes, expected: dict[str, Any], version: str) -> None:
+    """Every result carries the mean and step two's scores as computed by hand, and
+    names the graph's ``version``."""
+    for doc in out.result_docs:
+        row = int(doc["id"][1:])
+        assert doc["model"]["name"] == "mlp-one+mlp-two+mean"
+        assert doc["model"]["version"] == version
+        for field in ("output", "second"):
+            got = np.asarray(doc["outputs"][field], dtype=np.float32)
+            want = expected["mean" if field == "output" else "second"][row]
+            np.testing.assert_array_equal(got, want, err_msg=f"{field} of {doc['id']}")
 
 
 def test_a_two_model_ensemble_scores_as_its_models_and_a_step_at_fault_is_named(
@@ -115,7 +129,8 @@ def test_a_two_model_ensemble_scores_as_its_models_and_a_step_at_fault_is_named(
     services = services_toml(
         bootstrap=kafka_bootstrap, group=topics.group, redis_url=redis_url, metrics_port=port
     )
-    config.write_text(graph_config(services, topics, tag, one, two, mean))
+    polled = f'path = "{two}", name = "mlp-two", reload_poll_s = 0.5'  # versions, polled
+    config.write_text(graph_config(services, topics, tag, one, polled, mean))
     check = streamfer("check", "--config", str(config), "--skip-kafka", timeout=120)
     assert check.returncode == 0, check.stdout + check.stderr
     assert "ok: pipeline fraud" in check.stdout, check.stdout
@@ -139,15 +154,7 @@ def test_a_two_model_ensemble_scores_as_its_models_and_a_step_at_fault_is_named(
             keep_docs=True,
         )
         assert not outcomes.dead_letter_ids, outcomes.dead_letters[:3]
-        expected = by_hand(models, mean, data)
-        for doc in outcomes.result_docs:
-            row = int(doc["id"][1:])
-            assert doc["model"]["name"] == "mlp-one+mlp-two+mean"
-            assert doc["model"]["version"] == "1+1+1"
-            for field in ("output", "second"):
-                got = np.asarray(doc["outputs"][field], dtype=np.float32)
-                want = expected["mean" if field == "output" else "second"][row]
-                np.testing.assert_array_equal(got, want, err_msg=f"{field} of row {row}")
+        check_exact(outcomes, by_hand(models, mean, data), "1+1+1")
 
         publish_version(two, "2", failing_on_real_rows(models["2"]))
         assert eventually(lambda: reloads(port, "loaded") == 1, 30), worker.log_text()[-3000:]

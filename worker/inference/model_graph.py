@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from worker.errors import EngineError, ModelMismatchError
+from worker.errors import EngineError, InferenceServerError, ModelMismatchError
 from worker.inference.engine import Example, Feeds, Outputs, ServingEngine, TensorInput
 
 __all__ = ["GraphStep", "ModelGraph"]
@@ -114,6 +114,8 @@ class ModelGraph:
                 produced[step.name] = step.engine.infer(own)
             except EngineError as exc:
                 raise EngineError(f"step {step.name}: {exc}") from exc
+            except InferenceServerError as exc:  # an outage: the batch waits, named
+                raise InferenceServerError(f"step {step.name}: {exc}") from exc
         last = produced[self._steps[-1].name]
         outputs = dict(last)
         for result, (src, out) in self._publish.items():

@@ -160,13 +160,10 @@ class TritonEngine:
         self._outputs = output_map(spec.outputs, names, self.where)
         self._wanted = list(self._outputs.values())
         self._per_row = _per_row_scalars(config, batched)
-        self._hash = hashlib.sha256(
-            metadata.SerializeToString(deterministic=True)
-            + config.SerializeToString(deterministic=True)
-        ).hexdigest()
         self.signature = _signature(metadata)
         """SHA-256 of what the model takes and gives (see ``_signature``): a replay's
-        resume checks it, where ``model_hash`` would change with every server start."""
+        resume checks it."""
+        self._hash = _identity(self.model, self.served_version, self.signature, config)
         self.provider = TRITON_PROVIDER
         self.providers = [TRITON_PROVIDER]
         self.requested = [TRITON_PROVIDER]
@@ -233,8 +230,9 @@ class TritonEngine:
 
     @property
     def model_hash(self) -> str:
-        """SHA-256 of the model's metadata and config as the server describes them: a new
-        config or signature of the same version is told apart in results and the cache."""
+        """The served model's identity (``_identity``): the same on every start of the
+        server while its model is, another for another version, signature or batch shape,
+        so results, the output cache and hot reload tell models apart, not restarts."""
         return self._hash
 
     def infer(self, feeds: Feeds | npt.NDArray[Any]) -> Outputs:
@@ -390,6 +388,25 @@ def _signature(metadata: Any) -> str:
         [[t.name, t.datatype, [int(d) for d in t.shape]] for t in metadata.inputs],
         [[t.name, t.datatype, [int(d) for d in t.shape]] for t in metadata.outputs],
     ]
+    return hashlib.sha256(repr(described).encode()).hexdigest()
+
+
+def _identity(model: str, version: str, signature: str, config: Any) -> str:
+    """SHA-256 of the model's name, version and signature (``_signature``) and of what
+    its config says about a batch's shape: ``max_batch_size`` and each output's dims and
+    reshape. Not the whole config, which the server writes anew at each start (PyTriton
+    puts its workspace, a new temporary folder, in the model's parameters) and in which an
+    instance count or a batching delay changes no answer; nor the metadata's list of
+    versions, which grows with each version the server loads."""
+    outputs = [
+        [
+            o.name,
+            [int(d) for d in o.dims],
+            [int(d) for d in o.reshape.shape] if o.HasField("reshape") else None,
+        ]
+        for o in getattr(config, "output", ())
+    ]
+    described = [model, version, signature, int(config.max_batch_size), outputs]
     return hashlib.sha256(repr(described).encode()).hexdigest()
 
 

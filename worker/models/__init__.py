@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from worker.models.assembly import build_pipeline
 from worker.models.candidates import load_candidates
+from worker.models.graph import step_candidates
 from worker.models.metrics import ModelFamilies
 from worker.models.parts import LoadedModel, Parts, open_parts
 from worker.models.reloader import ModelWatch, Reloader, show_model
@@ -21,5 +22,6 @@ __all__ = [
     "load_candidates",
     "open_parts",
     "show_model",
+    "step_candidates",
     "when_served",
 ]

@@ -6,26 +6,20 @@ input of every step's model fed, by an input it has, and each earlier output it 
 of a type and shape that input takes (``ModelGraph.check``). A mismatch is a
 ``ModelMismatchError`` naming the step, so the worker exits 2 at start-up and ``check``
 says what to fix. ``step_candidates`` is what the reloader looks at for a graph: each
-step's newest file.
+step's newest file (``worker.models.sources``), as for a single model, and
+``served_steps`` the version each step on a Triton server follows.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
-from worker.config import (
-    ModelSpec,
-    PipelineConfig,
-    StepSpec,
-    graph_model,
-    list_versions,
-    step_reference,
-)
-from worker.errors import ModelMismatchError
-from worker.inference import GraphStep, ModelGraph, ServingEngine
+from worker.config import ModelSpec, PipelineConfig, StepSpec, graph_model, step_reference
+from worker.errors import EngineError, InferenceServerError, ModelMismatchError
+from worker.inference import GraphStep, ModelGraph, ServingEngine, TritonEngine
+from worker.models.sources import Fingerprint, fingerprint, newest
 
-__all__ = ["StepFiles", "open_graph", "step_candidates"]
+__all__ = ["StepFiles", "open_graph", "served_steps", "step_candidates"]
 
 
 def open_graph(
@@ -71,35 +65,50 @@ def _step(spec: StepSpec, engine: ServingEngine) -> GraphStep:
     return GraphStep(spec.name, engine, str(version), fed, wired)
 
 
-StepFiles = tuple[tuple[str, Path, int, int, int] | None, ...]
-"""Each step's file as ``stat`` sees it, (version, path, inode, size, mtime); None for a
-step on a Triton server."""
+StepFiles = tuple[Fingerprint | str | None, ...]
+"""Each step's newest file as ``stat`` sees it; for a step on a Triton server, the
+version it follows (``served_steps``), None before it is known."""
 
 
 def step_candidates(config: PipelineConfig) -> tuple[PipelineConfig, StepFiles] | None:
-    """``config`` with each step's model at its newest file now (the highest version of
-    its directory, or its file), and what those files are; None while one has none."""
+    """``config`` with each step's model at its newest file now (``newest``), and what
+    those files are; None while one has none."""
     steps: list[StepSpec] = []
-    files: list[tuple[str, Path, int, int, int] | None] = []
+    files: list[Fingerprint | None] = []
     for step in config.steps or ():
         spec = step.model
         if spec.triton is not None:
             steps.append(step)
             files.append(None)
             continue
-        if spec.version_dir is not None:
-            versions = list_versions(spec.version_dir)
-            if not versions:
-                return None
-            version, path = versions[-1].name, versions[-1].path
-        else:
-            version, path = spec.version, spec.file
-        try:
-            st = path.stat()
-        except OSError:
+        source = newest(spec)
+        found = fingerprint(*source) if source is not None else None
+        if found is None:
             return None
-        files.append((version, path, st.st_ino, st.st_size, st.st_mtime_ns))
-        model = spec.model_copy(update={"path": path, "version": version})
+        files.append(found)
+        model = spec.model_copy(update={"path": found.path, "version": found.version})
         steps.append(step.model_copy(update={"model": model}))
     update = {"steps": steps, "model": graph_model(steps)}
     return config.model_copy(update=update), tuple(files)
+
+
+def served_steps(files: StepFiles, engine: object, *, ask: bool) -> StepFiles:
+    """``files`` with each step of the live graph ``engine`` that runs on a Triton server
+    as the version it follows: with ``ask``, the highest its server has ready (unless
+    the step pins one); else, or while the server cannot answer (the batches wait for
+    it on their own), the version the step serves now."""
+    if not isinstance(engine, ModelGraph) or len(engine.steps) != len(files):
+        return files
+    out = list(files)
+    for i, step in enumerate(engine.steps):
+        server = step.engine
+        if out[i] is not None or not isinstance(server, TritonEngine):
+            continue
+        version = None
+        if ask and server.settings.version is None:
+            try:
+                version = server.latest_version()
+            except (InferenceServerError, EngineError):
+                version = None
+        out[i] = version or step.version
+    return tuple(out)

@@ -33,9 +33,10 @@ refused version is not tried again until the worker restarts. A server that cann
 answer the look is left to the batches' own wait.
 
 A model graph (``[[pipelines.steps]]``) is looked at step by step
-(``worker.models.graph.step_candidates``): a new file or version of any step opens the
-whole graph again with it, checked and swapped in as one model; a step's directory is
-followed when its ``watch`` is on.
+(``worker.models.graph.step_candidates``): a new file or version of any step, once it
+has settled as a single model's file must, or a new version ready on the server of a
+step that runs there (``served_steps``), opens the whole graph again with it, checked
+and swapped in as one model; a step is followed when its ``watch`` is on.
 """
 
 from __future__ import annotations
@@ -45,11 +46,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
 
-from worker.config import ModelSpec, PipelineConfig, list_versions
+from worker.config import ModelSpec, PipelineConfig
 from worker.core import Clock, monotonic_clock, wall_clock
 from worker.errors import EngineError, InferenceServerError
 from worker.inference import (
@@ -61,9 +60,10 @@ from worker.inference import (
     file_sha256,
 )
 from worker.models.fit import ModelFit
-from worker.models.graph import StepFiles, step_candidates
+from worker.models.graph import StepFiles, served_steps, step_candidates
 from worker.models.metrics import ModelFamilies
 from worker.models.parts import LoadedModel, load_model
+from worker.models.sources import Fingerprint, fingerprint, newest
 
 __all__ = ["SETTLE_S", "Fingerprint", "Look", "ModelWatch", "Reloader", "show_model"]
 
@@ -91,25 +91,6 @@ class Look(Enum):
     """A candidate that changed too recently (or while it loaded)."""
     LOADED = "loaded"
     REFUSED = "refused"
-
-
-@dataclass(frozen=True, slots=True)
-class Fingerprint:
-    """A candidate as ``stat`` sees it: cheap to take at every poll."""
-
-    version: str
-    path: Path
-    inode: int
-    size: int
-    mtime_ns: int
-
-
-def fingerprint(version: str, path: Path) -> Fingerprint | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return Fingerprint(version, path, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def show_model(
@@ -167,13 +148,15 @@ class ModelWatch:
         self._loaded = metrics.model_reloads.labels(config.name, "loaded")
         self._refused_count = metrics.model_reloads.labels(config.name, "refused")
         self._live: Fingerprint | None = None
-        self._pending: tuple[Fingerprint, float] | None = None
+        self._pending: tuple[Fingerprint | StepFiles, float] | None = None
         self._refused: dict[Fingerprint, None] = {}
         self._refused_versions: set[str] = set()
         """Server versions refused (a model on Triton)."""
         self._missing_logged = False
         now = step_candidates(config) if config.steps else None
-        self._steps_live: StepFiles | None = now[1] if now is not None else None
+        self._steps_live: StepFiles | None = (
+            served_steps(now[1], serving.engine, ask=False) if now is not None else None
+        )
         self._steps_refused: dict[StepFiles, None] = {}
 
     @property
@@ -197,7 +180,7 @@ class ModelWatch:
             return self._look_at_steps()
         if self._config.model.triton is not None:
             return self._look_at_server()
-        candidate = self._candidate()
+        candidate = newest(self._config.model)
         found = fingerprint(*candidate) if candidate is not None else None
         if found is None:
             if not self._missing_logged:
@@ -212,15 +195,8 @@ class ModelWatch:
         self._missing_logged = False
         if found == self._live or found in self._refused:
             return Look.IDLE
-        now = self._clock()
-        if self._pending is None or self._pending[0] != found:
-            self._pending = (found, now)
-        since = self._pending[1]
-        quiet = now - since >= self._settle_s
-        old = self._wall() - found.mtime_ns / 1e9 >= self._settle_s
-        if not (quiet or old):
+        if not self._settled(found, found.mtime_ns):
             return Look.SETTLING
-        self._pending = None
         return self._try(found)
 
     def _look_at_server(self) -> Look:
@@ -244,21 +220,15 @@ class ModelWatch:
             update={"triton": settings.model_copy(update={"version": version})}
         )
         started = time.perf_counter()
-        try:
-            loaded = self._load(self._config, spec)
-            self._fit.check(ModelFit.of(loaded), "the live model's")
-        except Exception as exc:  # the server's own errors too
-            self._refused_versions.add(version)
-            self._refused_count.inc()
-            log.error(
-                "pipeline %s: model %s version %s on the server refused (%s); version %s "
-                "keeps serving, and it is not tried again until the worker restarts",
-                self.name,
-                spec.name,
-                version,
-                str(exc).strip().splitlines()[0][:500] if str(exc).strip() else type(exc).__name__,
-                live.identity.version,
-            )
+        loaded = self._load_or_refuse(
+            self._config,
+            spec,
+            live.identity,
+            f"model {spec.name} version {version} on the server",
+            "it is not tried again until the worker restarts",
+            lambda: self._refused_versions.add(version),
+        )
+        if loaded is None:
             return Look.REFUSED
         self._serve(spec, loaded, version, live.identity, started)
         return Look.LOADED
@@ -267,43 +237,49 @@ class ModelWatch:
         """A graph: a step's new version (or changed file) reloads the graph with it,
         loaded, checked and warmed as at start-up; the other steps are opened again."""
         found = step_candidates(self._config)
-        if found is None or found[1] == self._steps_live or found[1] in self._steps_refused:
+        if found is None:
             return Look.IDLE
         config, files = found
+        files = served_steps(files, self._slot.for_batch().engine, ask=True)
+        if files == self._steps_live or files in self._steps_refused:
+            return Look.IDLE
         was = self._steps_live or (None,) * len(files)
-        changed = [f[4] for f, old in zip(files, was, strict=True) if f is not None and f != old]
-        newest = max(changed, default=0)
-        if self._wall() - newest / 1e9 < self._settle_s:
+        changed = [
+            f.mtime_ns
+            for f, old in zip(files, was, strict=True)
+            if isinstance(f, Fingerprint) and f != old
+        ]
+        if not self._settled(files, max(changed, default=0)):
             return Look.SETTLING
         live = self._slot.for_batch().identity
         started = time.perf_counter()
-        try:
-            loaded = self._load(config, config.model)
-            self._fit.check(ModelFit.of(loaded), "the live model's")
-        except Exception as exc:  # onnxruntime raises its own untyped errors too
-            self._steps_refused[files] = None
-            self._refused_count.inc()
-            log.error(
-                "pipeline %s: model graph %s version %s refused (%s); version %s keeps "
-                "serving, and it is not tried again until a step's file changes",
-                self.name,
-                config.model.name,
-                config.model.version,
-                str(exc).strip().splitlines()[0][:500] if str(exc).strip() else type(exc).__name__,
-                live.version,
-            )
+        loaded = self._load_or_refuse(
+            config,
+            config.model,
+            live,
+            f"model graph {config.model.name} version {config.model.version}",
+            "it is not tried again until a step's file changes",
+            lambda: self._steps_refused.setdefault(files),
+        )
+        if loaded is None:
             return Look.REFUSED
         self._steps_live, self._config = files, config
         version = getattr(loaded.engine, "served_version", None) or config.model.version
         self._serve(config.model, loaded, str(version), live, started)
         return Look.LOADED
 
-    def _candidate(self) -> tuple[str, Path] | None:
-        spec = self._config.model
-        if spec.version_dir is None:
-            return spec.version, spec.file
-        versions = list_versions(spec.version_dir)
-        return (versions[-1].name, versions[-1].path) if versions else None
+    def _settled(self, found: Fingerprint | StepFiles, mtime_ns: int) -> bool:
+        """Whether ``found`` (a file, or a graph's files) may be loaded: it has looked
+        the same for ``settle_s`` (at every look since it was first seen so), or its
+        newest file's ``mtime_ns`` is that old."""
+        now = self._clock()
+        if self._pending is None or self._pending[0] != found:
+            self._pending = (found, now)
+        quiet = now - self._pending[1] >= self._settle_s
+        old = self._wall() - mtime_ns / 1e9 >= self._settle_s
+        if quiet or old:
+            self._pending = None
+        return quiet or old
 
     def _try(self, found: Fingerprint) -> Look:
         live = self._slot.for_batch().identity
@@ -316,12 +292,17 @@ class ModelWatch:
             return Look.IDLE
         spec = self._config.model.model_copy(update={"path": found.path, "version": found.version})
         started = time.perf_counter()
-        try:
-            loaded = self._load(self._config, spec)
-            self._fit.check(ModelFit.of(loaded), "the live model's")
-            self._same_provider(loaded.engine.provider)
-        except Exception as exc:  # onnxruntime raises its own untyped errors too
-            return self._refuse(found, live, exc)
+        loaded = self._load_or_refuse(
+            self._config,
+            spec,
+            live,
+            f"model version {found.version} at {found.path}",
+            "this file is not tried again until it changes",
+            lambda: self._refuse(found),
+            same_provider=True,
+        )
+        if loaded is None:
+            return Look.REFUSED
         if fingerprint(found.version, found.path) != found:
             return Look.SETTLING  # changed while it loaded: not this one
         self._live = found
@@ -378,21 +359,45 @@ class ModelWatch:
         gauge.labels(*labels).set(1)
         self._provider = labels
 
-    def _refuse(self, found: Fingerprint, live: ModelIdentity, exc: Exception) -> Look:
+    def _refuse(self, found: Fingerprint) -> None:
+        """Remember ``found`` as refused (the last ``_REFUSED_KEPT`` of them)."""
         self._refused[found] = None
         while len(self._refused) > _REFUSED_KEPT:
             del self._refused[next(iter(self._refused))]
-        self._refused_count.inc()
-        log.error(
-            "pipeline %s: model version %s at %s refused (%s); version %s keeps serving, "
-            "and this file is not tried again until it changes",
-            self.name,
-            found.version,
-            found.path,
-            str(exc).strip().splitlines()[0][:500] if str(exc).strip() else type(exc).__name__,
-            live.version,
-        )
-        return Look.REFUSED
+
+    def _load_or_refuse(
+        self,
+        config: PipelineConfig,
+        spec: ModelSpec,
+        live: ModelIdentity,
+        what: str,
+        again: str,
+        remember: Callable[[], None],
+        *,
+        same_provider: bool = False,
+    ) -> LoadedModel | None:
+        """``spec`` loaded, warmed and checked against the live model (its feeds and
+        results, and with ``same_provider`` its provider); None when it is refused:
+        ``remember`` is called so it is not tried again, and the refusal is counted and
+        logged once, naming ``what`` was refused and when it is tried ``again``."""
+        try:
+            loaded = self._load(config, spec)
+            self._fit.check(ModelFit.of(loaded), "the live model's")
+            if same_provider:
+                self._same_provider(loaded.engine.provider)
+        except Exception as exc:  # onnxruntime and the server raise their own errors too
+            remember()
+            self._refused_count.inc()
+            log.error(
+                "pipeline %s: %s refused (%s); version %s keeps serving, and %s",
+                self.name,
+                what,
+                str(exc).strip().splitlines()[0][:500] if str(exc).strip() else type(exc).__name__,
+                live.version,
+                again,
+            )
+            return None
+        return loaded
 
 
 class Reloader:

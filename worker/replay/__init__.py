@@ -2,8 +2,9 @@
 
 ``plan``: the ranges, output topics and model a replay keeps across resumes, and the
 state directory that holds them. ``model``: the model it runs (a file, or a version on a
-Triton server), checked again on resume. ``run``: a replay on the live worker's engine, with
-its bounded source and checkpoints. ``pace``: its rate limit and progress line.
+Triton server), checked again on resume; ``steps``: every step's model, for a model
+graph. ``run``: a replay on the live worker's engine, with its bounded source and
+checkpoints. ``pace``: its rate limit and progress line.
 ``command``: ``streamfer replay`` itself.
 """
 

@@ -71,7 +71,7 @@ class ReplaySummary:
     pipeline: str
     output_topic: str
     dead_letter_topic: str
-    model: dict[str, str | None]
+    model: dict[str, Any]
     partitions: list[PartitionReport]
     records: int
     """Records read in range by this run."""
@@ -117,11 +117,17 @@ def _ensure_output_topics(settings: KafkaSettings, topics: Sequence[tuple[str, s
     create_missing(admin, new, timeout=30, error=SourceError, logger=log)
 
 
-def _model_doc(plan: ReplayPlan) -> dict[str, str | None]:
+def _model_doc(plan: ReplayPlan) -> dict[str, Any]:
     """The plan's model as the dry run and the summary show it; a Triton server's too."""
-    doc = {"name": plan.model_name, "version": plan.model_version, "path": plan.model_path}
+    doc: dict[str, Any] = {
+        "name": plan.model_name,
+        "version": plan.model_version,
+        "path": plan.model_path,
+    }
     if plan.server is not None:
         doc |= {"server": plan.server, "server_model": plan.server_model}
+    if plan.steps:
+        doc["steps"] = [{k: v for k, v in asdict(s).items() if v is not None} for s in plan.steps]
     return doc
 
 
@@ -264,7 +270,7 @@ def _run_locked(
     lock."""
     if opts.nice:
         os.nice(opts.nice)
-    parts, model, plan = open_model(
+    parts, served, plan = open_model(
         pipeline_cfg, config.redis, plan, resuming=resuming, current=opts.current_model
     )
     engine, features = parts.engine, parts.store
@@ -282,9 +288,7 @@ def _run_locked(
         features.close()
         raise
     abort = threading.Event()
-    pipeline = _replay_pipeline(
-        config, plan, pipeline_cfg.model_copy(update={"model": model}), parts, abort
-    )
+    pipeline = _replay_pipeline(config, plan, served, parts, abort)
     sink = ReplaySink(
         Producer(producer_config(config.kafka)), plan.replay_id, plan.dead_letter_topic
     )

@@ -6,7 +6,8 @@ platform, inputs and outputs as the server's metadata lists them; not the whole 
 which a server may rewrite on every start or with its instance count). A resume that
 finds the server serving another version, or that version with another signature, is
 refused with what the server serves now, unless ``--current-model`` asks for the model
-as it is now: the plan then records it, and its results name it.
+as it is now: the plan then records it, and its results name it. A model graph pins
+every step so (``worker.replay.steps``).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from pathlib import Path
 
 from worker.config import ModelSpec, PipelineConfig, RedisSettings
 from worker.errors import ConfigError, InferenceServerError
-from worker.inference import ServingEngine, TritonEngine
+from worker.inference import ModelGraph, ServingEngine, TritonEngine
 from worker.models import Parts, open_parts
 from worker.replay.plan import ReplayPlan
+from worker.replay.steps import moved_step, opened_steps, pinned_config
 
 __all__ = ["open_model", "replay_spec", "served_version"]
 
@@ -75,11 +77,13 @@ def open_model(
     *,
     resuming: bool,
     current: bool,
-) -> tuple[Parts, ModelSpec, ReplayPlan]:
-    """The replay's parts (``open_parts``), the model spec its pipeline serves, and the
-    plan with the model as opened (version, hash, signature) recorded. Raises
+) -> tuple[Parts, PipelineConfig, ReplayPlan]:
+    """The replay's parts (``open_parts``), the pipeline's config on the model it serves,
+    and the plan with the model as opened (version, hash, signature) recorded. Raises
     ``ConfigError`` when a resume finds another model than the plan's (and not
     ``current``), and what ``open_parts`` raises."""
+    if plan.steps:
+        return _open_graph(pipeline_cfg, redis, plan, resuming=resuming, current=current)
     spec = replay_spec(pipeline_cfg, plan, current)
     try:
         parts = open_parts(pipeline_cfg, redis, model=spec)
@@ -97,7 +101,44 @@ def open_model(
         assert spec.triton is not None
         pinned = spec.triton.model_copy(update={"version": plan.model_version})
         spec = spec.model_copy(update={"triton": pinned})
-    return parts, spec, plan
+    return parts, pipeline_cfg.model_copy(update={"model": spec}), plan
+
+
+def _open_graph(
+    pipeline_cfg: PipelineConfig,
+    redis: RedisSettings,
+    plan: ReplayPlan,
+    *,
+    resuming: bool,
+    current: bool,
+) -> tuple[Parts, PipelineConfig, ReplayPlan]:
+    """``open_model`` of a graph: every step as the plan pinned it, recorded as opened."""
+    served = pinned_config(pipeline_cfg, plan.steps, current)
+    try:
+        parts = open_parts(served, redis)
+    except InferenceServerError as exc:
+        moved = None if current else moved_step(pipeline_cfg, plan.steps, served_version)
+        if moved is None:
+            raise
+        raise moved from exc
+    try:
+        assert isinstance(parts.engine, ModelGraph)
+        steps = opened_steps(plan.steps, served, parts.engine, check=resuming and not current)
+    except BaseException:
+        parts.store.close()
+        raise
+    version = "+".join(step.version for step in steps)
+    if resuming and version != plan.model_version:
+        log.warning(
+            "replay %s goes on with the graph's versions %s (planned on %s): --current-model",
+            plan.replay_id,
+            version,
+            plan.model_version,
+        )
+    served = served.model_copy(
+        update={"model": served.model.model_copy(update={"version": version})}
+    )
+    return parts, served, replace(plan, model_version=version, steps=steps)
 
 
 def _opened(

@@ -4,11 +4,11 @@ Bounds (times through ``offsets_for_times``, offsets, partitions, or the whole t
 resolve into one offset range per partition (``worker.tools.ranges``), every end fixed when
 the replay is planned, so live traffic arriving meanwhile does not extend it. The plan
 (ranges, output topics, and the model: its file and hash, or its Triton server, name,
-version and signature) is a small JSON file in the state directory, written before the
-first record is read: the ranges must not change on resume, and a file is readable by an
-operator, whereas commit metadata would scatter it over partitions and cap it at the
-broker's metadata limit. Progress itself is the
-committed offsets of the replay's own group (``replay_group``).
+version and signature; for a model graph each step's, ``worker.replay.steps``) is a
+small JSON file in the state directory, written before the first record is read: the
+ranges must not change on resume, and a file is readable by an operator, whereas commit
+metadata would scatter it over partitions and cap it at the broker's metadata limit.
+Progress itself is the committed offsets of the replay's own group (``replay_group``).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import orjson
 from worker.config import ModelSpec, PipelineConfig, WorkerConfig
 from worker.core import PartitionKey
 from worker.errors import ConfigError
+from worker.replay.steps import StepModel, plan_steps
 from worker.tools import Bounds, OffsetLookup, PartitionRange, resolve_ranges
 
 __all__ = [
@@ -52,8 +53,9 @@ def replay_group(replay_id: str) -> str:
 
 
 def default_output_topic(topic: str, model_version: str) -> str:
-    """``<topic>.replay.<model_version>``; raises ``ConfigError`` if not a legal name."""
-    name = f"{topic}.replay.{model_version}"
+    """``<topic>.replay.<model_version>`` (a graph's ``1+2`` as ``1_2``); raises
+    ``ConfigError`` if not a legal name."""
+    name = f"{topic}.replay.{model_version.replace('+', '_')}"
     if not _TOPIC.match(name):
         raise ConfigError(
             f"{name!r} is not a legal topic name (model version {model_version!r}); "
@@ -116,6 +118,8 @@ class ReplayPlan:
     """The model's name on that server."""
     model_signature: str | None = None
     """``TritonEngine.signature`` of the version it runs, checked on resume."""
+    steps: tuple[StepModel, ...] = ()
+    """A model graph's steps, each one's model; empty for a single model."""
 
     @property
     def group(self) -> str:
@@ -132,6 +136,7 @@ class ReplayPlan:
         if doc.pop("version", None) != STATE_VERSION:
             raise ConfigError(f"replay state of an unknown version (this reads {STATE_VERSION})")
         doc["ranges"] = tuple(PartitionRange(**r) for r in doc["ranges"])
+        doc["steps"] = tuple(StepModel(**s) for s in doc.get("steps", ()))
         return cls(**doc)
 
 
@@ -156,20 +161,29 @@ def new_plan(
 
     A pipeline on a Triton server replays on it (unless ``--model`` gives a file): the
     version ``--model-version`` pins, the config's, or else the one ``served`` says the
-    server serves now."""
+    server serves now. A model graph records every step's model (``plan_steps``)."""
     p = pick_pipeline(config, opts.pipeline)
     if opts.model_path is not None and opts.model_version is None:
         raise ConfigError("--model needs --model-version, so its results can be told apart")
-    triton = p.model.triton if opts.model_path is None else None
-    server_model = None
-    if triton is not None:
+    if p.steps and (opts.model_path is not None or opts.model_version is not None):
+        raise ConfigError(
+            f"pipeline {p.name!r} runs a model graph, whose plan pins every step's model: "
+            "--model and --model-version name one model"
+        )
+    triton = p.model.triton if opts.model_path is None and not p.steps else None
+    server_model, model_path = None, None
+    steps: tuple[StepModel, ...] = ()
+    version: str | None
+    if p.steps:
+        steps = plan_steps(p, served)
+        version = "+".join(s.version for s in steps)
+    elif triton is not None:
         server_model = triton.model or p.model.name
         version = opts.model_version or triton.version
         if version is None:
             if served is None:
                 raise ConfigError(f"pipeline {p.name!r}: which version of {server_model}?")
             version = served(p.model)
-        model_path = None
     else:
         version = opts.model_version or p.model.version
         model_path = (
@@ -202,6 +216,7 @@ def new_plan(
         created_at=datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
         server=None if triton is None else triton.url,
         server_model=server_model,
+        steps=steps,
     )
 
 

@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 from worker.config import PipelineConfig, RedisSettings
 from worker.errors import EngineError
 from worker.features import PROBE_ENTITY
-from worker.inference import TritonEngine
+from worker.inference import ModelGraph, ServingEngine, TritonEngine
 from worker.kafka import Headers, Sink
 from worker.models import LoadedModel, build_pipeline, load_candidates, open_parts
 from worker.pipeline import PipelineFamilies
@@ -136,9 +136,11 @@ def check_pipeline(cfg: PipelineConfig, redis: RedisSettings) -> CheckedPipeline
         f"output {name} <- {out} {engine.output_types[out]}" for name, out in engine.outputs.items()
     ]
     signature.append(f"provider {engine.provider} (requested {', '.join(engine.requested)})")
-    if isinstance(engine, TritonEngine):
-        signature += [f"{what}: {detail}" for what, _ok, detail in engine.health()]
-        signature.append(f"triton max_batch_size {engine.max_batch_size} (batches split at it)")
+    for step, server in _servers(engine):
+        signature += [f"{step}{what}: {detail}" for what, _ok, detail in server.health()]
+        signature.append(
+            f"{step}triton max_batch_size {server.max_batch_size} (batches split at it)"
+        )
     if candidates.canary is not None and cfg.canary is not None:
         model = candidates.canary.identity
         signature.append(
@@ -171,3 +173,17 @@ def _put(doc: dict[str, Any], path: str, value: Any) -> None:
     for key in parents:
         node = node.setdefault(key, {})
     node[last] = value
+
+
+def _servers(engine: ServingEngine) -> list[tuple[str, TritonEngine]]:
+    """The Triton models ``engine`` calls, each with the prefix of its lines: the model
+    itself, or each step of a graph that runs on a server (``step NAME ``)."""
+    if isinstance(engine, TritonEngine):
+        return [("", engine)]
+    if isinstance(engine, ModelGraph):
+        return [
+            (f"step {step.name} ", step.engine)
+            for step in engine.steps
+            if isinstance(step.engine, TritonEngine)
+        ]
+    return []

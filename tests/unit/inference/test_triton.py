@@ -55,6 +55,19 @@ def test_reads_the_models_signature_and_serves_its_highest_ready_version() -> No
     assert e.model_hash != engine(FakeTriton(width=4)).model_hash
 
 
+def test_a_models_identity_outlives_a_server_restart_and_tells_models_apart() -> None:
+    """What the server writes anew at each start (its workspace) and the versions it
+    lists leave ``model_hash`` as it was; another version, signature or output shape
+    changes it."""
+    first = engine(FakeTriton(workspace="/tmp/pytriton-a"), version="2").model_hash
+    restarted = FakeTriton(versions=["1", "2", "3"], workspace="/tmp/pytriton-b")
+    assert engine(restarted, version="2").model_hash == first
+    assert engine(FakeTriton(), version="1").model_hash != first
+    assert engine(FakeTriton(width=4), version="2").model_hash != first
+    assert engine(FakeTriton(per_row_score=True), version="2").model_hash != first
+    assert engine(FakeTriton(max_batch_size=8), version="2").model_hash != first
+
+
 def test_no_ready_version_is_an_outage_at_start_up() -> None:
     with pytest.raises(InferenceServerError, match="no version of model m ready"):
         engine(FakeTriton(ready=set()))

@@ -17,13 +17,14 @@ import onnxruntime as ort
 import pytest
 from prometheus_client import CollectorRegistry
 
-from streamfer_dev.modelgen import make_mean
+from tests.fakes.graphs import FIELDS, ensemble_steps, graph_config, graph_models
 from tests.fakes.onnx_models import random_mlp
 from tests.fakes.pipeline import Readiness, handle, messages, req
 from tests.fakes.sink import FakeSink
 from tests.fakes.stores import MemoryStore
+from tests.fakes.triton import FakeTriton, TritonFailure
 from worker.compose import Metrics
-from worker.config import ModelSpec, PipelineConfig, parse_config
+from worker.config import ModelSpec, PipelineConfig
 from worker.errors import ConfigError, EngineError, ModelMismatchError
 from worker.inference import LiveModel, ModelGraph, ModelSlot, OnnxEngine, ServingEngine
 from worker.inference.engine import Feeds, Outputs
@@ -34,60 +35,12 @@ from worker.models.reloader import Look, ModelWatch, show_model
 from worker.pipeline.feeds import FeedPlan
 from worker.pipeline.model_faults import ModelFaultWait
 
-FIELDS = ["a", "b", "c"]
 POISON = 99.0
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Two classifiers of features a, b, c (probabilities, 2 wide), the mean of two
-    such, and a regressor of 2 inputs (a classifier's probabilities in a chain)."""
-    d = tmp_path_factory.mktemp("graph")
-    return {
-        "one": random_mlp(d / "one.onnx", seed=1),
-        "two": random_mlp(d / "two.onnx", seed=2),
-        "mean": make_mean(d / "mean.onnx", ["x", "y"], 2),
-        "head": random_mlp(d / "head.onnx", n_in=2, seed=3, softmax=False),
-    }
-
-
-def ensemble_steps(models: dict[str, Path]) -> list[dict[str, Any]]:
-    return [
-        {
-            "name": "one",
-            "model": {"path": models["one"], "name": "one"},
-            "inputs": {"input": FIELDS},
-        },
-        {
-            "name": "two",
-            "model": {"path": models["two"], "name": "two", "version": "7"},
-            "inputs": {"input": ["c", "b", "a"]},
-            "publish": {"second": "probabilities"},
-        },
-        {
-            "name": "avg",
-            "model": {"path": models["mean"], "name": "avg"},
-            "inputs": {"x": "one.probabilities", "y": "two.probabilities"},
-        },
-    ]
-
-
-def graph_config(steps: list[dict[str, Any]], **tables: Any) -> PipelineConfig:
-    raw = {
-        "pipelines": [
-            {
-                "name": "p",
-                "request_topics": ["req"],
-                "result_topic": "res",
-                "dead_letter_topic": "dlq",
-                "features": {"fields": FIELDS},
-                "batch": {"max_batch_size": 8},
-                "steps": steps,
-                **tables,
-            }
-        ]
-    }
-    return parse_config(raw, environ={}).pipelines[0]
+    return graph_models(tmp_path_factory.mktemp("graph"))
 
 
 def by_hand(path: Path, feeds: dict[str, Any]) -> Any:
@@ -365,6 +318,15 @@ def _settled(path: Path) -> Path:
     return path
 
 
+def watched(config: PipelineConfig) -> tuple[ModelSlot, ModelWatch]:
+    """The graph of ``config`` loaded into a slot, and the reloader's watch of it."""
+    metrics = Metrics(CollectorRegistry())
+    loaded = load_model(config, config.model, warm_up=[1])
+    slot = ModelSlot(LiveModel.of(config.model, loaded.engine))
+    shown = show_model(metrics, "p", slot.for_batch().identity, "cpu", hide=None)
+    return slot, ModelWatch(config, slot, loaded, metrics, shown=shown)
+
+
 def test_a_steps_new_version_reloads_the_graph_and_a_misfit_one_is_refused(
     models: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -373,11 +335,7 @@ def test_a_steps_new_version_reloads_the_graph_and_a_misfit_one_is_refused(
     steps = ensemble_steps(models)
     steps[1]["model"] = {"path": versions, "name": "two"}
     config = graph_config(steps)
-    metrics = Metrics(CollectorRegistry())
-    loaded = load_model(config, config.model, warm_up=[1])
-    slot = ModelSlot(LiveModel.of(config.model, loaded.engine))
-    shown = show_model(metrics, "p", slot.for_batch().identity, "cpu", hide=None)
-    watch = ModelWatch(config, slot, loaded, metrics, shown=shown)
+    slot, watch = watched(config)
     assert watch.polls  # a step's directory of versions is followed
     assert slot.for_batch().identity.version == "1+1+1"
     assert watch.look() is Look.IDLE
@@ -403,3 +361,29 @@ def test_an_invalid_step_is_reported_under_steps_alone(models: dict[str, Path]) 
     with pytest.raises(ConfigError) as raised:
         graph_config(steps)
     assert str(raised.value).splitlines()[1:] == ["  pipelines[0].steps[1].name: Field required"]
+
+
+def test_a_new_version_of_a_step_on_a_server_reloads_the_graph(
+    models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Step srv runs on a (fake) Triton server: a version the server makes ready is
+    followed as a step's new file is; a server that cannot answer changes nothing."""
+    server = FakeTriton(versions=["1", "2"], ready={"1", "2"})
+    monkeypatch.setattr("worker.inference.triton.client_module", server.module)
+    srv = {"name": "srv", "engine": "triton", "triton": {"url": "10.0.0.1:8001"}}
+    steps = [ensemble_steps(models)[0], {"name": "srv", "model": srv, "inputs": {"x": FIELDS}}]
+    config = graph_config(steps)
+    slot, watch = watched(config)
+    assert watch.polls  # an unpinned server step is followed
+    assert slot.for_batch().identity.version == "1+2"
+    assert watch.look() is Look.IDLE
+
+    server.versions.append("3")
+    server.ready.add("3")
+    assert watch.look() is Look.LOADED
+    assert slot.for_batch().identity.version == "1+3"
+    assert watch.look() is Look.IDLE
+
+    server.failures.append(TritonFailure("UNAVAILABLE", "connection refused"))
+    assert watch.look() is Look.IDLE
+    assert slot.for_batch().identity.version == "1+3"
