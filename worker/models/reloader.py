@@ -34,7 +34,7 @@ answer the look is left to the batches' own wait.
 
 A model graph (``[[pipelines.steps]]``) is looked at step by step
 (``worker.models.graph.step_candidates``): a new file or version of any step, once it
-has settled as a single model's file must, or a new version ready on the server of a
+has settled as a single model's file does, or a new version ready on the server of a
 step that runs there (``served_steps``), opens the whole graph again with it, checked
 and swapped in as one model; a step is followed when its ``watch`` is on.
 """
