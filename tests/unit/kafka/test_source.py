@@ -316,6 +316,13 @@ def test_the_classic_protocol_sets_its_group_settings() -> None:
     Consumer(conf).close()
 
 
+@pytest.mark.parametrize("assignor", ["roundrobin", "range"])
+def test_the_classic_protocol_takes_a_one_round_assignor_when_asked(assignor: str) -> None:
+    conf = consumer_config(KafkaSettings(assignor=assignor))  # type: ignore[arg-type]
+    assert conf["partition.assignment.strategy"] == assignor
+    Consumer(conf).close()  # librdkafka knows it
+
+
 def test_a_fatal_event_stops_the_worker_and_says_what_a_restart_waits_for() -> None:
     """librdkafka hands a fatal error over as a ``_FATAL`` event whose ``fatal()`` is
     false, the cause only in its text (a refused group_instance_id under KIP-848)."""
