@@ -5,10 +5,12 @@ nothing while the old one revokes what is to move, and only the second assigns i
 partitions in between are nobody's, and librdkafka sends the new member's second
 JoinGroup no sooner than a second after its first. Under ``[kafka] assignor =
 "roundrobin"`` one round hands the new member its share at once: the old member revokes
-everything and is given its share back in the same rebalance."""
+everything and is given its share back in the same rebalance. A member offering another
+assignor than the group's is refused."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import pytest
@@ -97,6 +99,29 @@ def test_a_joining_member_gets_its_partitions_in_the_rounds_of_its_assignor(
         assert [(kind, len(ps)) for kind, ps in old_heard.calls] == old_member_hears
         assert not old_heard.owned & joiner_heard.owned
         assert old_heard.owned | joiner_heard.owned == {0, 1, 2, 3}
+    finally:
+        for source in sources:
+            source.close()
+
+
+def test_a_member_offering_another_assignor_is_refused_and_says_why(
+    kafka_bootstrap: str,
+    fresh_topics: Callable[..., Topics],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Why a group changes its assignor all at once: the coordinator refuses a member
+    whose assignor no member of the group offers, and the members keep what they own."""
+    topics = fresh_topics(4)
+    old, old_heard = member(kafka_bootstrap, topics, "cooperative-sticky")
+    sources = [old]
+    try:
+        assert serve_until(lambda: old_heard.owned == {0, 1, 2, 3}, sources)
+        other, other_heard = member(kafka_bootstrap, topics, "roundrobin")
+        sources.append(other)
+        with caplog.at_level(logging.WARNING, logger="worker.kafka.source"):
+            assert serve_until(lambda: "offer another assignor" in caplog.text, sources)
+        assert other_heard.calls == []
+        assert old_heard.owned == {0, 1, 2, 3}
     finally:
         for source in sources:
             source.close()

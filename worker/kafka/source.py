@@ -62,8 +62,19 @@ def end_of_partition(err: KafkaError, logger: logging.Logger = log) -> bool:
         return True
     if is_fatal(err):
         raise fatal_error(err)
-    logger.warning("consumer: %s", err.str())
+    hint = _HINTS.get(err.code())
+    logger.warning("consumer: %s%s", err.str(), f": {hint}" if hint else "")
     return False
+
+
+_HINTS = {
+    KafkaError.INCONSISTENT_GROUP_PROTOCOL: (
+        "the group's members offer another assignor ([kafka] assignor) or protocol; this "
+        "worker is refused, and owns nothing, until every member offers the same one"
+    ),
+}
+"""What a refusal that is not fatal means for a worker, where the broker's words alone
+do not say."""
 
 
 _FATAL_HINTS = {

@@ -16,7 +16,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from worker.config import KafkaSettings
 from worker.core.types import PartitionKey
 from worker.errors import MemberFenced, SourceError
-from worker.kafka.source import Source, consumer_config, fatal_error
+from worker.kafka.source import Source, consumer_config, end_of_partition, fatal_error
 
 
 class Record:
@@ -321,6 +321,17 @@ def test_the_classic_protocol_takes_a_one_round_assignor_when_asked(assignor: st
     conf = consumer_config(KafkaSettings(assignor=assignor))  # type: ignore[arg-type]
     assert conf["partition.assignment.strategy"] == assignor
     Consumer(conf).close()  # librdkafka knows it
+
+
+def test_a_member_offering_another_assignor_is_told_why_it_owns_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    refused = KafkaError(
+        KafkaError.INCONSISTENT_GROUP_PROTOCOL, "JoinGroup failed: Inconsistent group protocol"
+    )
+    with caplog.at_level(logging.WARNING):
+        assert not end_of_partition(refused)
+    assert "offer another assignor ([kafka] assignor)" in caplog.text
 
 
 def test_a_fatal_event_stops_the_worker_and_says_what_a_restart_waits_for() -> None:
