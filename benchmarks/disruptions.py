@@ -75,6 +75,8 @@ class DisruptionOptions:
     partitions: int = 4
     layout: str = "hash"
     out: Path | None = None
+    consumer_options: tuple[tuple[str, str], ...] = ()
+    """librdkafka settings for the streamfer workers (``--consumer-option``)."""
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, contenders: tuple[str, ...]) -> DisruptionOptions:
@@ -90,6 +92,9 @@ class DisruptionOptions:
             partitions=args.partitions,
             layout=args.layout,
             out=args.out,
+            consumer_options=tuple(
+                (k, v) for k, v in (o.split("=", 1) for o in args.consumer_option)
+            ),
         )
 
 
@@ -262,6 +267,7 @@ def run_disruption(
             warmup_s=opts.warmup_s,
             request_linger_ms=0.0,
             arrival=True,
+            consumer_options=opts.consumer_options,
         )
         tags = iter(range(1_000_000))
         for name in opts.contenders:
@@ -291,6 +297,7 @@ def run_disruption(
         "scenario": opts.scenario,
         "rate": opts.rate,
         "pause_s": pause_s,
+        "consumer_options": dict(opts.consumer_options),
         "loadavg_1m": round(os.getloadavg()[0], 2),
         "contenders": results,
     }
@@ -349,8 +356,10 @@ def format_disruption(report: dict[str, Any]) -> str:
         if report["scenario"] == "catch-up"
         else "a second member joins"
     )
+    given = ", ".join(f"{k}={v}" for k, v in report.get("consumer_options", {}).items())
     lines = [
-        f"{event} at {report['rate']:.0f} requests/s; load average {report['loadavg_1m']}",
+        f"{event} at {report['rate']:.0f} requests/s; load average {report['loadavg_1m']}"
+        + (f"; streamfer's consumer: {given}" if given else ""),
         "contender | steady p99 ms | first 5 s p99 ms | p99 back within 2x after | "
         "backlog answered after | drain results/s | lost",
     ]

@@ -417,6 +417,14 @@ def _parser() -> argparse.ArgumentParser:
         default=5.0,
         help="catch-up: seconds the broker is stopped, 10 s into the run (default 5)",
     )
+    parser.add_argument(
+        "--consumer-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="catch-up, join: a librdkafka consumer setting for the streamfer workers, "
+        "e.g. partition.assignment.strategy=roundrobin (repeatable)",
+    )
     return parser
 
 
@@ -426,6 +434,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = sorted(set(chosen) - set(CONTENDERS))
     if unknown:
         print(f"unknown contenders {unknown}; choose from {list(CONTENDERS)}", file=sys.stderr)
+        return 2
+    if any("=" not in o for o in args.consumer_option):
+        print("--consumer-option takes KEY=VALUE", file=sys.stderr)
         return 2
     if args.scenario != "curve":
         return _disruption(args, chosen)

@@ -16,6 +16,7 @@ from worker.errors import ConfigError
 __all__ = [
     "BROKER_SIDE_UNDER_CONSUMER",
     "BROKER_SIDE_UNDER_SHARE",
+    "Assignor",
     "GroupProtocol",
     "KafkaSettings",
     "LibrdkafkaValue",
@@ -25,6 +26,8 @@ __all__ = [
 LibrdkafkaValue = str | int | float | bool
 
 GroupProtocol = Literal["classic", "consumer"]
+
+Assignor = Literal["cooperative-sticky", "roundrobin", "range"]
 
 BROKER_SIDE_UNDER_CONSUMER = {
     "session.timeout.ms": "group.consumer.session.timeout.ms",
@@ -67,6 +70,7 @@ _SENTINEL_ONLY = (
 _TYPED = {
     "session_timeout_ms": "session.timeout.ms",
     "heartbeat_interval_ms": "heartbeat.interval.ms",
+    "assignor": "partition.assignment.strategy",
 }
 
 
@@ -94,6 +98,19 @@ class KafkaSettings(Frozen):
             "and assignor are then the broker's settings."
         ),
     )
+    assignor: Assignor = Field(
+        default="cooperative-sticky",
+        description=(
+            "How the classic protocol spreads partitions. `cooperative-sticky`: a "
+            "join moves only the partitions it must, in two rounds, and librdkafka "
+            "holds the second round until a second after the first, so the moved "
+            "partitions wait about a second. `roundrobin` or `range`: one round in "
+            "which every member hands back all its partitions and gets its share "
+            "again, a pause of tens of milliseconds for all. Every member of a group "
+            "must offer the same one: change it for the whole group at once (a "
+            "member with another is refused until none is left)."
+        ),
+    )
     auto_offset_reset: Literal["earliest", "latest", "error"] = Field(
         default="earliest",
         description=(
@@ -117,9 +134,10 @@ class KafkaSettings(Frozen):
         ge=100,
         le=3_600_000,
         description=(
-            "How soon a member hears of a rebalance. A cooperative rebalance takes "
-            "two rounds, so a replica added under load waits about two intervals "
-            "for its partitions: librdkafka's default of 3 s made that 6 s."
+            "How soon a member that is fetching hears of a rebalance (one that owns "
+            "nothing hears about once a second whatever this is). Under "
+            "cooperative-sticky a join takes two rounds: librdkafka's default of 3 s "
+            "made a replica added under load wait up to 6 s for its partitions."
         ),
     )
     max_poll_interval_ms: int = Field(

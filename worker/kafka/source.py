@@ -1,7 +1,8 @@
 """The Kafka source: a consumer-group member with manual offset control.
 
-Cooperative-sticky assignment, ``enable.auto.commit=false`` and
-``enable.auto.offset.store=false``: offsets move only through ``commit.Committer``.
+Cooperative-sticky assignment (or the one-round assignor ``[kafka] assignor`` names),
+``enable.auto.commit=false`` and ``enable.auto.offset.store=false``: offsets move only
+through ``commit.Committer``.
 Rebalance callbacks are wired explicitly; they run inside ``consume`` on the caller's
 thread, so the worker's state needs no locks. A rewind seeks through ``Source.seek``, so
 that a record fetched before it and not handed out yet is dropped: it is fetched again.
@@ -61,8 +62,19 @@ def end_of_partition(err: KafkaError, logger: logging.Logger = log) -> bool:
         return True
     if is_fatal(err):
         raise fatal_error(err)
-    logger.warning("consumer: %s", err.str())
+    hint = _HINTS.get(err.code())
+    logger.warning("consumer: %s%s", err.str(), f": {hint}" if hint else "")
     return False
+
+
+_HINTS = {
+    KafkaError.INCONSISTENT_GROUP_PROTOCOL: (
+        "the group's members offer another assignor ([kafka] assignor) or protocol; this "
+        "worker is refused, and owns nothing, until every member offers the same one"
+    ),
+}
+"""What a refusal that is not fatal means for a worker, where the broker's words alone
+do not say."""
 
 
 _FATAL_HINTS = {
@@ -146,7 +158,7 @@ def consumer_config(
     if settings.group_protocol == "consumer":
         conf["group.protocol"] = "consumer"  # KIP-848: the broker assigns, incrementally
     else:
-        conf["partition.assignment.strategy"] = "cooperative-sticky"
+        conf["partition.assignment.strategy"] = settings.assignor
         conf["session.timeout.ms"] = settings.session_timeout_ms
         conf["heartbeat.interval.ms"] = settings.heartbeat_interval_ms
     if on_stats is not None and statistics_interval_ms > 0:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.disruptions import draw_disruption, format_disruption, recovery, second_p99s
+from benchmarks import latency
+from benchmarks.disruptions import (
+    DisruptionOptions,
+    draw_disruption,
+    format_disruption,
+    recovery,
+    second_p99s,
+)
 
 
 def run_with_stall(catch_up_ms: float) -> tuple[list[float], list[int]]:
@@ -56,3 +63,23 @@ def test_table_and_chart(tmp_path: Path) -> None:
     assert "streamfer | 5.0 | 1950.0 | 2 s | 2.0 s" in table
     draw_disruption(report, tmp_path / "cu.png")
     assert (tmp_path / "cu.png").stat().st_size > 0
+
+
+def test_consumer_options_reach_the_streamfer_workers_and_the_table() -> None:
+    args = latency._parser().parse_args(
+        ["--scenario", "join", "--consumer-option", "partition.assignment.strategy=roundrobin"]
+    )
+    opts = DisruptionOptions.from_args(args, ("streamfer",))
+    assert opts.consumer_options == (("partition.assignment.strategy", "roundrobin"),)
+    report = {
+        "scenario": "join",
+        "rate": 2000.0,
+        "pause_s": 0.0,
+        "loadavg_1m": 1.0,
+        "consumer_options": dict(opts.consumer_options),
+        "contenders": {},
+    }
+    assert "streamfer's consumer: partition.assignment.strategy=roundrobin" in (
+        format_disruption(report)
+    )
+    assert latency.main(["--scenario", "join", "--consumer-option", "no-value"]) == 2

@@ -906,12 +906,14 @@ def test_the_consumer_protocol_refuses_what_moved_to_the_broker(
         "kafka": {
             "group_protocol": "consumer",
             "session_timeout_ms": 10000,
+            "assignor": "roundrobin",
             "consumer_options": {"partition.assignment.strategy": "range"},
             "options": {"heartbeat.interval.ms": 500},
         },
     }
     msg = config_error(raw)
     assert "[kafka] session_timeout_ms (the broker's group.consumer.session.timeout.ms)" in msg
+    assert "[kafka] assignor (the broker's group.consumer.assignors" in msg
     assert "heartbeat.interval.ms' (the broker's group.consumer.heartbeat.interval.ms)" in msg
     assert "'partition.assignment.strategy' (the broker's group.consumer.assignors" in msg
 
@@ -975,6 +977,7 @@ def test_exactly_once_with_a_share_group_is_refused_naming_why(
         ({"auto_offset_reset": "error"}, 'auto_offset_reset = "error"'),
         ({"session_timeout_ms": 10000}, "session_timeout_ms (the group's share.session.timeout"),
         ({"heartbeat_interval_ms": 500}, "heartbeat_interval_ms (the group's share.heartbeat"),
+        ({"assignor": "range"}, "assignor (the group's group.share.assignors)"),
         (
             {"consumer_options": {"partition.assignment.strategy": "range"}},
             "'partition.assignment.strategy' (the group's group.share.assignors)",

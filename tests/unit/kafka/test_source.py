@@ -16,7 +16,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from worker.config import KafkaSettings
 from worker.core.types import PartitionKey
 from worker.errors import MemberFenced, SourceError
-from worker.kafka.source import Source, consumer_config, fatal_error
+from worker.kafka.source import Source, consumer_config, end_of_partition, fatal_error
 
 
 class Record:
@@ -314,6 +314,24 @@ def test_the_classic_protocol_sets_its_group_settings() -> None:
     assert conf["partition.assignment.strategy"] == "cooperative-sticky"
     assert conf["session.timeout.ms"] == 9000
     Consumer(conf).close()
+
+
+@pytest.mark.parametrize("assignor", ["roundrobin", "range"])
+def test_the_classic_protocol_takes_a_one_round_assignor_when_asked(assignor: str) -> None:
+    conf = consumer_config(KafkaSettings(assignor=assignor))  # type: ignore[arg-type]
+    assert conf["partition.assignment.strategy"] == assignor
+    Consumer(conf).close()  # librdkafka knows it
+
+
+def test_a_member_offering_another_assignor_is_told_why_it_owns_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    refused = KafkaError(
+        KafkaError.INCONSISTENT_GROUP_PROTOCOL, "JoinGroup failed: Inconsistent group protocol"
+    )
+    with caplog.at_level(logging.WARNING):
+        assert not end_of_partition(refused)
+    assert "offer another assignor ([kafka] assignor)" in caplog.text
 
 
 def test_a_fatal_event_stops_the_worker_and_says_what_a_restart_waits_for() -> None:

@@ -106,6 +106,34 @@ def test_a_revoke_commits_again_what_an_unanswered_commit_covered(classifier: De
     assert worker.group._delivery.settled()
 
 
+def test_a_one_round_rebalance_hands_every_partition_over_at_its_committed_offset(
+    classifier: DemoModel,
+) -> None:
+    """``assignor = "roundrobin"`` revokes every partition and assigns a share back in the
+    same rebalance: what was published is committed before the partitions go (their next
+    owner starts right after it), and the kept partitions go on from their committed
+    offsets, so nothing is published twice and nothing is skipped."""
+    worker, consumer, sink, _ = build_worker(classifier)
+    every = [(TOPIC, p) for p in range(4)]
+    consumer.assign(*every)
+    for p in range(4):
+        consumer.produce(p, 12)
+    turn_until(worker, lambda: len(sink.sent) >= 8)
+    consumer.events += [lambda c: c.revoke(*every), lambda c: c.assign((TOPIC, 1), (TOPIC, 3))]
+    worker.run_once()
+    for p in (0, 2):
+        ids = [i for i in (orjson.loads(v)["id"] for _, v in sink.sent) if i.startswith(f"r{p}-")]
+        assert ids == [f"r{p}-{i}" for i in range(len(ids))]
+        assert consumer.group_offsets.get((TOPIC, p), 0) == len(ids)
+
+    def kept() -> list[str]:
+        ids = (orjson.loads(v)["id"] for _, v in sink.sent)
+        return sorted(i for i in ids if i.startswith(("r1-", "r3-")))
+
+    turn_until(worker, lambda: len(kept()) >= 24)
+    assert kept() == sorted(f"r{p}-{i}" for p in (1, 3) for i in range(12))
+
+
 def test_a_stop_commits_what_unanswered_commits_covered(classifier: DemoModel) -> None:
     worker, consumer, _sink, _ = build_worker(classifier)
     consumer.assign((TOPIC, 0))
