@@ -23,6 +23,7 @@ __all__ = [
     "ClusterFault",
     "Target",
     "controller_leader_kill",
+    "disk_full",
     "leader_kill_then_coordinator_restart",
     "rolling_restart",
     "share_leader_then_coordinator_kill",
@@ -43,6 +44,12 @@ OPEN_WAIT_S = 10.0
 BELOW_MIN_ISR_S = 20.0
 """How long two of three brokers stay down: below ``min.insync.replicas = 2`` the last
 one accepts no write, so producers wait rather than fail."""
+
+
+DISK_FULL_EXIT_S = 60.0
+"""How long a broker whose only log directory is full may take to stop by itself (it
+fails its next write, the controller's periodic one within a second): past that, it is
+reported as still running and stopped."""
 
 
 @dataclass(frozen=True)
@@ -206,3 +213,27 @@ def share_leader_then_coordinator_kill(target: Target) -> list[str]:
         cluster.wait_in_sync(None)
         hurt.append(f"killed {node}, {what}")
     return hurt
+
+
+def disk_full(target: Target) -> list[str]:
+    """Fill the log directory (a tmpfs of its own) of the broker leading most request
+    partitions: its next write fails, it takes the directory offline and, with no other
+    one, stops by itself. Then, as an operator would, free the space and start it again."""
+    cluster = target.cluster
+    time.sleep(LEAD_S)
+    node = cluster.leader_of_most(target.topics[0])
+    target.mark()
+    try:
+        taken = cluster.fill_disk(node)
+        stopped_s = cluster.wait_exit(node, DISK_FULL_EXIT_S)
+    finally:
+        cluster.free_disk(node)
+    if stopped_s is None:
+        cluster.stop_node(node)
+        what = f"still running {DISK_FULL_EXIT_S:.0f}s later, stopped"
+    else:
+        what = f"it stopped by itself {stopped_s:.1f}s later"
+        time.sleep(max(0.0, TAKEOVER_S - stopped_s))
+    cluster.start_node(node)
+    cluster.wait_in_sync(None)
+    return [f"filled {node}'s log directory ({taken >> 10} KiB left), {what}; freed, started"]
