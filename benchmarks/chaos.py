@@ -110,6 +110,8 @@ class Env:
     """Network-fault scenarios: restart a worker that exits (else its exit fails the run)."""
     session_timeout_ms: int = SESSION_TIMEOUT_MS
     """The workers' ``session_timeout_ms`` (classic groups)."""
+    worker_env: dict[str, str] = field(default_factory=dict)
+    """Extra environment of every worker (``STREAMFER_`` overrides of its config)."""
 
     @classmethod
     @contextlib.contextmanager
@@ -554,7 +556,7 @@ class Run:
             )
         )
         static = self.exactly_once if self.static is None else self.static
-        return Fleet(config, self.dir, static=static)
+        return Fleet(config, self.dir, static=static, env=dict(self.env.worker_env))
 
     def requests(
         self, poison_every: int = 0
@@ -1385,6 +1387,15 @@ def main(argv: list[str] | None = None) -> int:
         help="copy each run's folder (worker logs, config) and, at the end, the brokers' "
         "logs under this folder: the stack's own folder is removed when it stops",
     )
+    parser.add_argument(
+        "--worker-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for every worker, such as a STREAMFER_ override of "
+        "its config (STREAMFER_KAFKA__OPTIONS__DEBUG=broker,topic,metadata for librdkafka's "
+        "debug lines, with STREAMFER_LOG_LEVEL=debug); may be given again",
+    )
     args = parser.parse_args(argv)
     if args.list:
         for name, (_, records, text) in SCENARIOS.items():
@@ -1409,6 +1420,7 @@ def main(argv: list[str] | None = None) -> int:
         env.group_protocol = args.group_protocol
         env.harness_restarts = args.harness_restarts
         env.session_timeout_ms = args.session_timeout_ms
+        env.worker_env = dict(pair.split("=", 1) for pair in args.worker_env)
         if args.keep is not None:
             keep = functools.partial(keep_runs, env.work, args.keep)
             stack.callback(keep, broker_logs=True)
