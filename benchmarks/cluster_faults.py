@@ -236,4 +236,4 @@ def disk_full(target: Target) -> list[str]:
         time.sleep(max(0.0, TAKEOVER_S - stopped_s))
     cluster.start_node(node)
     cluster.wait_in_sync(None)
-    return [f"filled {node}'s log directory ({taken >> 10} KiB left), {what}; freed, started"]
+    return [f"filled {node}'s log directory (its last {taken >> 20} MiB), {what}; freed, started"]
