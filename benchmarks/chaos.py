@@ -625,7 +625,8 @@ class Run:
         if self.history is not None:
             self.history.stop()
             served = [self.history.after(f / 1000) for f in self.faults]
-            extra = {"served_again_s": served, **extra}
+            sampling = [self.history.sampling(f / 1000) for f in self.faults]
+            extra = {"served_again_s": served, "served_again_sampling": sampling, **extra}
         elif self.share:
             produced = request_times(self.env.bootstrap, self.requests_topic)
             served = [answered_after(f, produced, readout.result_times) for f in self.faults]

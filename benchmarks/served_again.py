@@ -7,10 +7,17 @@ close together are never held back by the measuring. ``after(t)`` then finds the
 sample at which every partition had committed past where it stood at ``t``, or had
 caught up with its log end (``netfaults.served``): the seconds from a kill, a restart or
 a scale step until the group was whole again.
+
+A sample is stamped when its reads are done, and a read waits on the brokers it asks: a
+partition's log end on its leader, the committed offsets on the group's coordinator.
+While a fault leaves the sampler's own client waiting, the figure includes that wait;
+``sampling(t)`` says how long the longest gap between samples was until the group was
+served again, and how long the read that showed it took, so the two can be told apart.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -39,6 +46,8 @@ class OffsetHistory:
         self._parts = [TopicPartition(topic, p) for p in range(partitions)]
         self._every_s = every_s
         self._samples: list[Sample] = []
+        self._read_s: dict[float, float] = {}
+        """How long each sample's reads took, by the sample's time."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="served-again", daemon=True)
 
@@ -56,6 +65,7 @@ class OffsetHistory:
         failures = 0
         while not self._stop.wait(self._every_s):
             consumer = self._consumer
+            began = time.time()
             try:
                 committed = {tp.partition: tp.offset for tp in consumer.committed(parts, 5)}
                 ends = {tp.partition: consumer.get_watermark_offsets(tp, 5)[1] for tp in parts}
@@ -69,7 +79,9 @@ class OffsetHistory:
                     consumer.close()
                 continue
             failures = 0
-            self._samples.append((time.time(), committed, ends))
+            now = time.time()
+            self._samples.append((now, committed, ends))
+            self._read_s[now] = now - began
 
     def after(self, fault_s: float) -> float | None:
         """Seconds from ``fault_s`` (wall clock) until every partition was served again;
@@ -77,10 +89,31 @@ class OffsetHistory:
         later = [s for s in self._samples if s[0] >= fault_s]
         if not later:
             return None
+        served = self._served_sample(later)
+        return None if served is None else round(later[served][0] - fault_s, 1)
+
+    def sampling(self, fault_s: float) -> dict[str, float] | None:
+        """How the sampler fared from ``fault_s`` until the group was served again: the
+        longest gap between two samples (from the fault on) and how long the read that
+        showed it served took; None if it never was."""
+        later = [s for s in self._samples if s[0] >= fault_s]
+        served = self._served_sample(later)
+        if served is None:
+            return None
+        times = [fault_s, *(s[0] for s in later[: served + 1])]
+        return {
+            "longest_gap_s": round(max(b - a for a, b in itertools.pairwise(times)), 1),
+            "read_s": round(self._read_s.get(later[served][0], 0.0), 1),
+        }
+
+    @staticmethod
+    def _served_sample(later: Sequence[Sample]) -> int | None:
+        if not later:
+            return None
         _, baseline, _ = later[0]
-        for at, committed, ends in later[1:]:
+        for i, (_, committed, ends) in enumerate(later[1:], start=1):
             if netfaults.served(baseline, committed, ends):
-                return round(at - fault_s, 1)
+                return i
         return None
 
 

@@ -19,6 +19,8 @@ def test_served_again_when_every_partition_moved_past_where_it_stood() -> None:
         (103.5, {0: 30, 1: 12}, {0: 80, 1: 80}),
     )
     assert h.after(100.0) == 3.5
+    h._read_s[103.5] = 2.0
+    assert h.sampling(100.0) == {"longest_gap_s": 2.5, "read_s": 2.0}, "103.5 - 101.0"
     h._consumer.close()
 
 
@@ -35,6 +37,7 @@ def test_never_served_while_sampling_is_none() -> None:
     h = history((100.5, {0: 10, 1: 10}, {0: 60, 1: 60}), (104.0, {0: 10, 1: 20}, {0: 60, 1: 60}))
     assert h.after(100.0) is None
     assert h.after(200.0) is None, "no sample after the fault"
+    assert h.sampling(100.0) is None
     h._consumer.close()
 
 
