@@ -862,6 +862,11 @@ def cluster_scenario(
     is one warning, ``outage_warnings``), ``back_lines`` and ``recoveries`` (starts again
     in place, ``worker.ops.recovery``). ``share``: the workers form a share group."""
     run = Run(env, name, records, exactly_once=exactly_once, share=share)
+    session_s = env.session_timeout_ms / 1000
+    run.stall_s = max(
+        STALL_S,
+        cluster_faults.stall_bound_s(exactly_once=exactly_once, session_timeout_s=session_s),
+    )
     fleet = run.fleet()
     requests, good, _ = run.requests()
     run.start_workers(fleet, 2)

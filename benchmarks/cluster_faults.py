@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from benchmarks import netfaults
 from streamfer_dev.kafka_cluster import REPLICAS, KafkaCluster
 from worker.errors import StackError
 
@@ -27,6 +28,7 @@ __all__ = [
     "leader_kill_then_coordinator_restart",
     "rolling_restart",
     "share_leader_then_coordinator_kill",
+    "stall_bound_s",
     "transaction_coordinator_kill",
     "two_brokers_down",
 ]
@@ -50,6 +52,22 @@ DISK_FULL_EXIT_S = 60.0
 """How long a broker whose only log directory is full may take to stop by itself (it
 fails its next write, the controller's periodic one within a second): past that, it is
 reported as still running and stopped."""
+
+
+def stall_bound_s(*, exactly_once: bool, session_timeout_s: float) -> float:
+    """How long a partition may sit still after a cluster fault before it is a stall.
+
+    Every fault here takes a broker away, and with it, for some worker, the group's
+    coordinator or a partition's leader. At least once: a session timeout and a settling
+    time, as after a network fault (the harness keeps a longer floor of its own).
+    Exactly-once: a worker's transactional call can then wedge in librdkafka as when Kafka
+    is cut off (``send_offsets_to_transaction`` after the group coordinator moved, seen
+    after a restart of its broker); the worker gives it up and starts again in place,
+    which takes the bound of a cut (``netfaults.recovery_bound_s``)."""
+    cut = netfaults.net_faults(session_timeout_s)["broker-down"]
+    return netfaults.recovery_bound_s(
+        cut, exactly_once=exactly_once, session_timeout_s=session_timeout_s
+    )
 
 
 @dataclass(frozen=True)
