@@ -21,15 +21,24 @@ import itertools
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 from benchmarks import netfaults
 
-__all__ = ["OffsetHistory", "answered_after", "request_times"]
+__all__ = ["END_WAIT_S", "OffsetHistory", "answered_after", "read_ends", "request_times"]
 
 _FRESH_AFTER = 6
 """Failed samples in a row after which the sampler's client is replaced."""
+
+END_WAIT_S = 1.0
+"""How long a sample waits for one partition's log end. A partition whose leader is gone
+keeps its last end known instead of holding the whole sample for the committed offsets
+(its end only says whether it is caught up); the sampler's client looks for new leaders
+every ``METADATA_EVERY_MS``, not every five minutes as a client that fetches nothing."""
+
+METADATA_EVERY_MS = 1000
 
 Sample = tuple[float, dict[int, int], dict[int, int]]
 """(wall-clock seconds, committed offset per partition, log end per partition)."""
@@ -41,11 +50,17 @@ class OffsetHistory:
     def __init__(
         self, bootstrap: str, group: str, topic: str, partitions: int, every_s: float = 0.5
     ) -> None:
-        self._conf = {"bootstrap.servers": bootstrap, "group.id": group}
+        self._conf = {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "topic.metadata.refresh.interval.ms": METADATA_EVERY_MS,
+        }
         self._consumer = Consumer(self._conf)
         self._parts = [TopicPartition(topic, p) for p in range(partitions)]
         self._every_s = every_s
         self._samples: list[Sample] = []
+        self._ends: dict[int, int] = {}
+        """Each partition's last log end read."""
         self._read_s: dict[float, float] = {}
         """How long each sample's reads took, by the sample's time."""
         self._stop = threading.Event()
@@ -68,7 +83,7 @@ class OffsetHistory:
             began = time.time()
             try:
                 committed = {tp.partition: tp.offset for tp in consumer.committed(parts, 5)}
-                ends = {tp.partition: consumer.get_watermark_offsets(tp, 5)[1] for tp in parts}
+                ends = read_ends(consumer, parts, self._ends)
             except KafkaException:  # a coordinator moving, say: the next sample
                 failures += 1
                 if failures >= _FRESH_AFTER:
@@ -115,6 +130,27 @@ class OffsetHistory:
             if netfaults.served(baseline, committed, ends):
                 return i
         return None
+
+
+class Watermarks(Protocol):
+    def get_watermark_offsets(
+        self, partition: TopicPartition, timeout: float = ..., cached: bool = ...
+    ) -> tuple[int, int]: ...
+
+
+def read_ends(
+    consumer: Watermarks, parts: Sequence[TopicPartition], known: dict[int, int]
+) -> dict[int, int]:
+    """Each partition's log end, waiting ``END_WAIT_S`` at most for one; a partition whose
+    leader does not answer keeps its end in ``known`` (updated with what was read).
+    Raises ``KafkaException`` if such a partition has none known yet."""
+    for tp in parts:
+        try:
+            known[tp.partition] = consumer.get_watermark_offsets(tp, END_WAIT_S)[1]
+        except KafkaException:
+            if tp.partition not in known:
+                raise
+    return {tp.partition: known[tp.partition] for tp in parts}
 
 
 def request_times(bootstrap: str, topic: str, timeout: float = 60.0) -> dict[str, int]:

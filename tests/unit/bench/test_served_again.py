@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from benchmarks.served_again import OffsetHistory, answered_after
+import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from benchmarks.served_again import END_WAIT_S, OffsetHistory, answered_after, read_ends
 
 
 def history(*samples: tuple[float, dict[int, int], dict[int, int]]) -> OffsetHistory:
@@ -50,3 +53,35 @@ def test_a_share_group_is_served_again_when_every_request_written_before_was_ans
 
 def test_a_request_never_answered_is_never_served() -> None:
     assert answered_after(10_000, {"0/0": 9_000}, {"0/1": [9_100]}) is None
+
+
+class _Leaders:
+    """Log ends by partition; a partition without one has a dead leader (the read fails)."""
+
+    def __init__(self, ends: dict[int, int]) -> None:
+        self.ends = ends
+        self.waited: list[float] = []
+
+    def get_watermark_offsets(
+        self, partition: TopicPartition, timeout: float = -1, cached: bool = False
+    ) -> tuple[int, int]:
+        self.waited.append(timeout)
+        if partition.partition not in self.ends:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
+        return 0, self.ends[partition.partition]
+
+
+def test_a_dead_leaders_partition_keeps_its_last_end_and_holds_no_sample() -> None:
+    parts = [TopicPartition("t", 0), TopicPartition("t", 1)]
+    known: dict[int, int] = {}
+    assert read_ends(_Leaders({0: 10, 1: 20}), parts, known) == {0: 10, 1: 20}
+
+    leaders = _Leaders({0: 15})  # partition 1's leader killed
+    assert read_ends(leaders, parts, known) == {0: 15, 1: 20}
+    assert leaders.waited == [END_WAIT_S, END_WAIT_S]
+    assert END_WAIT_S <= 1.0
+
+
+def test_a_partition_never_read_fails_the_sample() -> None:
+    with pytest.raises(KafkaException):
+        read_ends(_Leaders({0: 10}), [TopicPartition("t", 0), TopicPartition("t", 1)], {})
