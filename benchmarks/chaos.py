@@ -626,7 +626,13 @@ class Run:
             self.history.stop()
             served = [self.history.after(f / 1000) for f in self.faults]
             sampling = [self.history.sampling(f / 1000) for f in self.faults]
-            extra = {"served_again_s": served, "served_again_sampling": sampling, **extra}
+            caught_up = [self.history.caught_up_after(f / 1000) for f in self.faults]
+            extra = {
+                "served_again_s": served,
+                "served_again_sampling": sampling,
+                "answered_before_fault_s": caught_up,
+                **extra,
+            }
         elif self.share:
             produced = request_times(self.env.bootstrap, self.requests_topic)
             served = [answered_after(f, produced, readout.result_times) for f in self.faults]

@@ -107,6 +107,20 @@ class OffsetHistory:
         served = self._served_sample(later)
         return None if served is None else round(later[served][0] - fault_s, 1)
 
+    def caught_up_after(self, fault_s: float) -> float | None:
+        """Seconds from ``fault_s`` until every partition had committed up to its log end
+        at the fault: everything written before it answered. Unlike ``after``, records a
+        worker fetched before the fault and works through meanwhile cannot make it look
+        served; None if that never happened while sampling."""
+        later = [s for s in self._samples if s[0] >= fault_s]
+        if not later:
+            return None
+        _, _, ends = later[0]
+        for at, committed, _ in later:
+            if all(committed.get(p, -1) >= end for p, end in ends.items()):
+                return round(at - fault_s, 1)
+        return None
+
     def sampling(self, fault_s: float) -> dict[str, float] | None:
         """How the sampler fared from ``fault_s`` until the group was served again: the
         longest gap between two samples (from the fault on) and how long the read that

@@ -27,6 +27,19 @@ def test_served_again_when_every_partition_moved_past_where_it_stood() -> None:
     h._consumer.close()
 
 
+def test_caught_up_once_everything_written_before_the_fault_is_committed() -> None:
+    h = history(
+        (100.2, {0: 10, 1: 10}, {0: 60, 1: 40}),  # log ends at the fault: 60 and 40
+        (101.0, {0: 20, 1: 11}, {0: 70, 1: 50}),  # both moved: served again, not caught up
+        (109.0, {0: 60, 1: 30}, {0: 90, 1: 80}),
+        (111.5, {0: 75, 1: 41}, {0: 95, 1: 85}),
+    )
+    assert h.after(100.0) == 1.0
+    assert h.caught_up_after(100.0) == 11.5
+    assert h.caught_up_after(200.0) is None
+    h._consumer.close()
+
+
 def test_a_partition_at_its_log_end_counts_as_served() -> None:
     h = history(
         (100.5, {0: 10, 1: 40}, {0: 60, 1: 40}),
