@@ -26,7 +26,11 @@ as the ``--processes`` supervisor or Kubernetes would.
 factor 3, ``min.insync.replicas = 2``) instead of one; the ``cluster-*`` scenarios need
 it and hurt brokers as ``benchmarks.cluster_faults`` says: the leader of most request
 partitions, the group's coordinator, each broker in a rolling restart, the controller
-quorum's leader, two brokers at once. ``sentinel-failover`` kills the Redis primary
+quorum's leader, two brokers at once, the log directory of the leader of most request
+partitions filled (``cluster-disk-full``: each node's log directory is then a tmpfs of
+its own, ``streamfer_dev.small_disk``, which needs root). ``--keep DIR`` copies each
+run's worker logs, and the brokers' at the end, out of the stack's scratch folder.
+``sentinel-failover`` kills the Redis primary
 under Sentinel, ``redis-cluster-failover`` one of a Redis Cluster's three primaries
 (``benchmarks.redis_failovers``).
 """
@@ -56,6 +60,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPar
 
 from benchmarks import cluster_faults, netfaults, redis_failovers
 from benchmarks.fault_models import make_poison_model, make_slow_model
+from benchmarks.kept import keep_runs
 from benchmarks.served_again import OffsetHistory, answered_after, request_times
 from streamfer_dev.harness import (
     WorkerProcess,
@@ -77,6 +82,9 @@ __all__ = ["SCENARIOS", "Env", "complete", "run_scenario"]
 
 PARTITIONS = 4
 SESSION_TIMEOUT_MS = 6000
+DISK_MB = 512
+"""A cluster node's log directory where a scenario fills it: room for a few dozen runs'
+topics (each takes a few MB a node), in memory only while used."""
 STALL_S = SESSION_TIMEOUT_MS / 1000 + 10
 """After any fault, every owned partition must move within a session timeout (a dead
 member's partitions wait that long) plus a few seconds; longer is a stall."""
@@ -102,17 +110,25 @@ class Env:
     """Network-fault scenarios: restart a worker that exits (else its exit fails the run)."""
     session_timeout_ms: int = SESSION_TIMEOUT_MS
     """The workers' ``session_timeout_ms`` (classic groups)."""
+    worker_env: dict[str, str] = field(default_factory=dict)
+    """Extra environment of every worker (``STREAMFER_`` overrides of its config)."""
 
     @classmethod
     @contextlib.contextmanager
     def start(
-        cls, *, net: bool = False, cluster: bool = False, kafka: KafkaCluster | None = None
+        cls,
+        *,
+        net: bool = False,
+        cluster: bool = False,
+        kafka: KafkaCluster | None = None,
+        disks: bool = False,
     ) -> Iterator[Env]:
         """With ``net``, the workers reach Kafka and Redis through toxiproxy: Kafka gets a
         second listener advertised at the proxy's port, so every connection of theirs
         goes through it, while the harness's producer and reader use the first. With
         ``cluster``, Kafka is three nodes (``start_kafka_cluster``), or ``kafka``, a
-        cluster the caller started and stops."""
+        cluster the caller started and stops; with ``disks`` too, each node's log
+        directory is a tmpfs of its own (``DISK_MB``) that a fault may fill."""
         work = Path(tempfile.mkdtemp(prefix="streamfer-chaos-"))
         env: Env | None = None
         with contextlib.ExitStack() as stack:  # stops what started, in reverse order
@@ -126,7 +142,9 @@ class Env:
                 brokers = kafka
             elif cluster:
                 brokers = start_kafka_cluster(
-                    work / "kafka", consumer_session_timeout_ms=SESSION_TIMEOUT_MS
+                    work / "kafka",
+                    consumer_session_timeout_ms=SESSION_TIMEOUT_MS,
+                    disk_mb=DISK_MB if disks else None,
                 )
                 stack.callback(brokers.stop)
             else:
@@ -538,7 +556,7 @@ class Run:
             )
         )
         static = self.exactly_once if self.static is None else self.static
-        return Fleet(config, self.dir, static=static)
+        return Fleet(config, self.dir, static=static, env=dict(self.env.worker_env))
 
     def requests(
         self, poison_every: int = 0
@@ -607,7 +625,14 @@ class Run:
         if self.history is not None:
             self.history.stop()
             served = [self.history.after(f / 1000) for f in self.faults]
-            extra = {"served_again_s": served, **extra}
+            sampling = [self.history.sampling(f / 1000) for f in self.faults]
+            caught_up = [self.history.caught_up_after(f / 1000) for f in self.faults]
+            extra = {
+                "served_again_s": served,
+                "served_again_sampling": sampling,
+                "answered_before_fault_s": caught_up,
+                **extra,
+            }
         elif self.share:
             produced = request_times(self.env.bootstrap, self.requests_topic)
             served = [answered_after(f, produced, readout.result_times) for f in self.faults]
@@ -843,6 +868,11 @@ def cluster_scenario(
     is one warning, ``outage_warnings``), ``back_lines`` and ``recoveries`` (starts again
     in place, ``worker.ops.recovery``). ``share``: the workers form a share group."""
     run = Run(env, name, records, exactly_once=exactly_once, share=share)
+    session_s = env.session_timeout_ms / 1000
+    run.stall_s = max(
+        STALL_S,
+        cluster_faults.stall_bound_s(exactly_once=exactly_once, session_timeout_s=session_s),
+    )
     fleet = run.fleet()
     requests, good, _ = run.requests()
     run.start_workers(fleet, 2)
@@ -1268,6 +1298,12 @@ CLUSTER_FAULTS: dict[str, tuple[cluster_faults.ClusterFault, float, str]] = {
         60.0,
         "SIGKILL two of three brokers for 20 s: below min.insync.replicas, produce waits",
     ),
+    "disk-full": (
+        cluster_faults.disk_full,
+        60.0,
+        "fill the log directory of the leader of most request partitions (a tmpfs), "
+        "which stops it; free it and start the broker again",
+    ),
 }
 """Cluster faults run as ``cluster-<name>`` and ``cluster-<name>-exactly-once``: the
 fault, the seconds the load lasts (it outlasts the fault), what it does."""
@@ -1295,7 +1331,11 @@ def run_scenario(name: str, records: int | None = None, env: Env | None = None) 
     try:
         if env is not None:
             return fn(env, records or default_records)
-        with Env.start(net=name.startswith("net-"), cluster=name.startswith("cluster-")) as own:
+        with Env.start(
+            net=name.startswith("net-"),
+            cluster=name.startswith("cluster-"),
+            disks=name.startswith("cluster-disk-full"),
+        ) as own:
             return fn(own, records or default_records)
     finally:
         while _LIVE:
@@ -1354,6 +1394,22 @@ def main(argv: list[str] | None = None) -> int:
         "own bound): on three brokers, below the 9 s a SIGKILLed broker takes to be fenced "
         "every member's session can time out",
     )
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        help="copy each run's folder (worker logs, config) and, at the end, the brokers' "
+        "logs under this folder: the stack's own folder is removed when it stops",
+    )
+    parser.add_argument(
+        "--worker-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for every worker, such as a STREAMFER_ override of "
+        "its config (STREAMFER_KAFKA__OPTIONS__DEBUG=broker,topic,metadata for librdkafka's "
+        "debug lines, with STREAMFER_LOG_LEVEL=debug); may be given again",
+    )
     args = parser.parse_args(argv)
     if args.list:
         for name, (_, records, text) in SCENARIOS.items():
@@ -1367,13 +1423,28 @@ def main(argv: list[str] | None = None) -> int:
     failures = 0
     if args.scenario == "all" and not args.cluster:
         names = [n for n in names if not n.startswith("cluster-")]
-    with Env.start(net=any(n.startswith("net-") for n in names), cluster=args.cluster) as env:
+    with (
+        Env.start(
+            net=any(n.startswith("net-") for n in names),
+            cluster=args.cluster,
+            disks=any(n.startswith("cluster-disk-full") for n in names),
+        ) as env,
+        contextlib.ExitStack() as stack,
+    ):
         env.group_protocol = args.group_protocol
         env.harness_restarts = args.harness_restarts
         env.session_timeout_ms = args.session_timeout_ms
+        env.worker_env = dict(pair.split("=", 1) for pair in args.worker_env)
+        if args.keep is not None:
+            keep = functools.partial(keep_runs, env.work, args.keep)
+            stack.callback(keep, broker_logs=True)
         for name in names:
             for _ in range(args.repeat):
-                report = run_scenario(name, args.records, env)
+                try:
+                    report = run_scenario(name, args.records, env)
+                finally:
+                    if args.keep is not None:
+                        keep()
                 report["group_protocol"] = env.group_protocol
                 failures += not complete(report)
                 if args.json:

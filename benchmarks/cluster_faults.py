@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from benchmarks import netfaults
 from streamfer_dev.kafka_cluster import REPLICAS, KafkaCluster
 from worker.errors import StackError
 
@@ -23,9 +24,11 @@ __all__ = [
     "ClusterFault",
     "Target",
     "controller_leader_kill",
+    "disk_full",
     "leader_kill_then_coordinator_restart",
     "rolling_restart",
     "share_leader_then_coordinator_kill",
+    "stall_bound_s",
     "transaction_coordinator_kill",
     "two_brokers_down",
 ]
@@ -43,6 +46,28 @@ OPEN_WAIT_S = 10.0
 BELOW_MIN_ISR_S = 20.0
 """How long two of three brokers stay down: below ``min.insync.replicas = 2`` the last
 one accepts no write, so producers wait rather than fail."""
+
+
+DISK_FULL_EXIT_S = 60.0
+"""How long a broker whose only log directory is full may take to stop by itself (it
+fails its next write, the controller's periodic one within a second): past that, it is
+reported as still running and stopped."""
+
+
+def stall_bound_s(*, exactly_once: bool, session_timeout_s: float) -> float:
+    """How long a partition may sit still after a cluster fault before it is a stall.
+
+    Every fault here takes a broker away, and with it, for some worker, the group's
+    coordinator or a partition's leader. At least once: a session timeout and a settling
+    time, as after a network fault (the harness keeps a longer floor of its own).
+    Exactly-once: a worker's transactional call can then wedge in librdkafka as when Kafka
+    is cut off (``send_offsets_to_transaction`` after the group coordinator moved, seen
+    after a restart of its broker); the worker gives it up and starts again in place,
+    which takes the bound of a cut (``netfaults.recovery_bound_s``)."""
+    cut = netfaults.net_faults(session_timeout_s)["broker-down"]
+    return netfaults.recovery_bound_s(
+        cut, exactly_once=exactly_once, session_timeout_s=session_timeout_s
+    )
 
 
 @dataclass(frozen=True)
@@ -206,3 +231,27 @@ def share_leader_then_coordinator_kill(target: Target) -> list[str]:
         cluster.wait_in_sync(None)
         hurt.append(f"killed {node}, {what}")
     return hurt
+
+
+def disk_full(target: Target) -> list[str]:
+    """Fill the log directory (a tmpfs of its own) of the broker leading most request
+    partitions: its next write fails, it takes the directory offline and, with no other
+    one, stops by itself. Then, as an operator would, free the space and start it again."""
+    cluster = target.cluster
+    time.sleep(LEAD_S)
+    node = cluster.leader_of_most(target.topics[0])
+    target.mark()
+    try:
+        taken = cluster.fill_disk(node)
+        stopped_s = cluster.wait_exit(node, DISK_FULL_EXIT_S)
+    finally:
+        cluster.free_disk(node)
+    if stopped_s is None:
+        cluster.stop_node(node)
+        what = f"still running {DISK_FULL_EXIT_S:.0f}s later, stopped"
+    else:
+        what = f"it stopped by itself {stopped_s:.1f}s later"
+        time.sleep(max(0.0, TAKEOVER_S - stopped_s))
+    cluster.start_node(node)
+    cluster.wait_in_sync(None)
+    return [f"filled {node}'s log directory (its last {taken >> 20} MiB), {what}; freed, started"]

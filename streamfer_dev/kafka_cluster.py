@@ -5,8 +5,10 @@ and each node is a JVM of its own, stopped by its PID.
 
 A test or the fault harness can stop (SIGTERM), kill (SIGKILL) and start any node again
 on its logs and ports, and ask which node leads a partition or coordinates a group, to
-hurt the one that matters. The heaps are small (384 MB each, C1 only, as
-``start_kafka``): three nodes and the workers share two cores here.
+hurt the one that matters. With ``disk_mb`` each node's log directory is a ``tmpfs`` of
+its own (``streamfer_dev.small_disk``), which ``fill_disk`` fills. The heaps are small
+(384 MB each, C1 only, as ``start_kafka``): three nodes and the workers share two cores
+here.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import subprocess
 import tempfile
 import time
 from collections import Counter
@@ -24,6 +27,7 @@ from confluent_kafka import IsolationLevel, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._listoffsets import OffsetSpec  # not re-exported by name
 
+from streamfer_dev import small_disk
 from streamfer_dev.stack import (
     Service,
     _spawn,
@@ -51,6 +55,8 @@ class KafkaCluster:
     heap_mb: int
     owned: bool = True
     ports: dict[int, int] = field(default_factory=dict)
+    disks: dict[int, Path] = field(default_factory=dict)
+    """Each node's log directory where it is a tmpfs of its own (``disk_mb``)."""
 
     @property
     def address(self) -> str:
@@ -70,6 +76,23 @@ class KafkaCluster:
             raise StackError(f"Kafka node {node_id} is running")
         self.nodes[node_id] = _start_node(self.work / f"node-{node_id}", node_id, self.heap_mb)
         _wait_for_port(self.nodes[node_id], self.ports[node_id], timeout)
+
+    def fill_disk(self, node_id: int) -> int:
+        """Take every byte left on the node's log directory; returns how many."""
+        if node_id not in self.disks:
+            raise StackError("filling a disk needs the cluster started with disk_mb")
+        return small_disk.fill(self.disks[node_id])
+
+    def free_disk(self, node_id: int) -> None:
+        small_disk.free(self.disks[node_id])
+
+    def wait_exit(self, node_id: int, timeout: float) -> float | None:
+        """Seconds until the node's process ended by itself, None if not in ``timeout``."""
+        began = time.monotonic()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.nodes[node_id].process.wait(timeout)
+            return time.monotonic() - began
+        return None
 
     def partitions_of(self, topic: str) -> list[int]:
         return sorted(self._admin().list_topics(topic, timeout=10).topics[topic].partitions)
@@ -168,8 +191,12 @@ class KafkaCluster:
         raise StackError(f"replicas not back in sync in {timeout:.0f}s: {short[:5]}")
 
     def stop(self) -> None:
-        for node in self.nodes.values():
-            node.stop(timeout=30)
+        try:
+            for node in self.nodes.values():
+                node.stop(timeout=30)
+        finally:
+            for disk in self.disks.values():
+                small_disk.unmount(disk)
         if self.owned:
             shutil.rmtree(self.work, ignore_errors=True)
 
@@ -203,9 +230,11 @@ def start_kafka_cluster(
     heap_mb: int = 384,
     timeout: float = 180.0,
     consumer_session_timeout_ms: int = 10_000,
+    disk_mb: int | None = None,
 ) -> KafkaCluster:
     """Three nodes, formatted as one cluster, started together (a quorum needs two of
-    them to elect its leader); returns once every node lists all three brokers."""
+    them to elect its leader); returns once every node lists all three brokers.
+    ``disk_mb``: each node's log directory is a tmpfs of that size (root only)."""
     owned = workdir is None
     work = Path(tempfile.mkdtemp(prefix="streamfer-kcluster-")) if workdir is None else workdir
     ids = range(1, REPLICAS + 1)
@@ -223,6 +252,9 @@ def start_kafka_cluster(
         for i in ids:
             node_dir = work / f"node-{i}"
             node_dir.mkdir(parents=True, exist_ok=True)
+            if disk_mb is not None:
+                small_disk.mount(node_dir / "data", disk_mb)
+                cluster.disks[i] = node_dir / "data"
             props = kraft_node_props(
                 node_id=i,
                 port=ports[i],

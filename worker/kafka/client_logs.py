@@ -50,7 +50,9 @@ broker (authentication, TLS, a wrong protocol) says something else."""
 
 class RepeatFilter(logging.Filter):
     """Passes the first record of a kind (its message with numbers blanked: ports,
-    timings and ids vary between repeats) and then one per ``window_s``."""
+    timings and ids vary between repeats) and then one per ``window_s``. DEBUG records
+    all pass: librdkafka logs them only when its ``debug`` option is set, and whoever
+    sets it wants the whole sequence, with each line's time."""
 
     def __init__(self, window_s: float = 30.0, clock: Clock = monotonic_clock) -> None:
         super().__init__()
@@ -60,6 +62,8 @@ class RepeatFilter(logging.Filter):
         """kind -> (when one last went through, how many were held back since)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno <= logging.DEBUG:
+            return True
         message = record.getMessage()
         kind = f"{record.levelno}:{_NUMBERS.sub('#', message)}"
         now = self._clock()

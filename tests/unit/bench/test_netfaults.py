@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from benchmarks import netfaults
+from benchmarks.cluster_faults import stall_bound_s
 from benchmarks.netfaults import apply, heal, net_faults, recovery_bound_s, served, unmet
 from streamfer_dev.toxiproxy import Toxic
 from worker.kafka.call_watch import CALL_TIMEOUT_S, STALL_MARGIN_S
@@ -137,3 +138,11 @@ def test_a_worker_that_exited_fails_the_run_unless_the_harness_restarts_workers(
     assert unmet(exited, exactly_once=True) == ["workers exited by themselves: exit codes [1]"]
     assert unmet({**exited, "harness_restarts": True}, exactly_once=True) == []
     assert unmet({**report(), "worker_exits": []}, exactly_once=True) == []
+
+
+def test_a_cluster_fault_gives_exactly_once_the_time_a_wedged_call_takes() -> None:
+    wedged = CALL_TIMEOUT_S + STALL_MARGIN_S
+    assert stall_bound_s(exactly_once=True, session_timeout_s=6.0) > wedged + 10.0, (
+        "a call given up 40 s after it began, then a start in place"
+    )
+    assert stall_bound_s(exactly_once=False, session_timeout_s=6.0) < wedged

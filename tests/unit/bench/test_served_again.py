@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from benchmarks.served_again import OffsetHistory, answered_after
+import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from benchmarks.served_again import END_WAIT_S, OffsetHistory, answered_after, read_ends
 
 
 def history(*samples: tuple[float, dict[int, int], dict[int, int]]) -> OffsetHistory:
@@ -19,6 +22,21 @@ def test_served_again_when_every_partition_moved_past_where_it_stood() -> None:
         (103.5, {0: 30, 1: 12}, {0: 80, 1: 80}),
     )
     assert h.after(100.0) == 3.5
+    h._read_s[103.5] = 2.0
+    assert h.sampling(100.0) == {"longest_gap_s": 2.5, "read_s": 2.0}, "103.5 - 101.0"
+    h._consumer.close()
+
+
+def test_caught_up_once_everything_written_before_the_fault_is_committed() -> None:
+    h = history(
+        (100.2, {0: 10, 1: 10}, {0: 60, 1: 40}),  # log ends at the fault: 60 and 40
+        (101.0, {0: 20, 1: 11}, {0: 70, 1: 50}),  # both moved: served again, not caught up
+        (109.0, {0: 60, 1: 30}, {0: 90, 1: 80}),
+        (111.5, {0: 75, 1: 41}, {0: 95, 1: 85}),
+    )
+    assert h.after(100.0) == 1.0
+    assert h.caught_up_after(100.0) == 11.5
+    assert h.caught_up_after(200.0) is None
     h._consumer.close()
 
 
@@ -35,6 +53,7 @@ def test_never_served_while_sampling_is_none() -> None:
     h = history((100.5, {0: 10, 1: 10}, {0: 60, 1: 60}), (104.0, {0: 10, 1: 20}, {0: 60, 1: 60}))
     assert h.after(100.0) is None
     assert h.after(200.0) is None, "no sample after the fault"
+    assert h.sampling(100.0) is None
     h._consumer.close()
 
 
@@ -47,3 +66,35 @@ def test_a_share_group_is_served_again_when_every_request_written_before_was_ans
 
 def test_a_request_never_answered_is_never_served() -> None:
     assert answered_after(10_000, {"0/0": 9_000}, {"0/1": [9_100]}) is None
+
+
+class _Leaders:
+    """Log ends by partition; a partition without one has a dead leader (the read fails)."""
+
+    def __init__(self, ends: dict[int, int]) -> None:
+        self.ends = ends
+        self.waited: list[float] = []
+
+    def get_watermark_offsets(
+        self, partition: TopicPartition, timeout: float = -1, cached: bool = False
+    ) -> tuple[int, int]:
+        self.waited.append(timeout)
+        if partition.partition not in self.ends:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
+        return 0, self.ends[partition.partition]
+
+
+def test_a_dead_leaders_partition_keeps_its_last_end_and_holds_no_sample() -> None:
+    parts = [TopicPartition("t", 0), TopicPartition("t", 1)]
+    known: dict[int, int] = {}
+    assert read_ends(_Leaders({0: 10, 1: 20}), parts, known) == {0: 10, 1: 20}
+
+    leaders = _Leaders({0: 15})  # partition 1's leader killed
+    assert read_ends(leaders, parts, known) == {0: 15, 1: 20}
+    assert leaders.waited == [END_WAIT_S, END_WAIT_S]
+    assert END_WAIT_S <= 1.0
+
+
+def test_a_partition_never_read_fails_the_sample() -> None:
+    with pytest.raises(KafkaException):
+        read_ends(_Leaders({0: 10}), [TopicPartition("t", 0), TopicPartition("t", 1)], {})

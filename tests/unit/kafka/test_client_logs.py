@@ -33,6 +33,19 @@ def test_repeats_differing_only_in_numbers_pass_once_per_window() -> None:
     assert repeats.filter(_record(line.format(1, 1), level=logging.WARNING))  # another level
 
 
+def test_debug_lines_all_pass_for_a_debugging_reader() -> None:
+    clock = FakeClock(0.0)
+    repeats = RepeatFilter(window_s=30.0, clock=clock)
+    line = "FETCH [rdkafka#consumer-1] [thrd:127.0.0.1:9092/1]: Fetch topic t [{}] at offset {}"
+    passed = 0
+    for i in range(50):
+        clock.now = i * 0.1
+        passed += repeats.filter(_record(line.format(i % 4, i), level=logging.DEBUG))
+    assert passed == 50
+    assert repeats.filter(_record(line.format(0, 0), level=logging.INFO))
+    assert not repeats.filter(_record(line.format(1, 1), level=logging.INFO))
+
+
 def test_every_kafka_client_logs_through_the_filtered_logger(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
