@@ -102,12 +102,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         _recover("worker stopped", exc, recoveries, stopping)
     except ProducerUnusable as exc:
         recoveries.restart("producer_unusable", f"worker stopped: {exc}", stopping)
-        log.error("worker stopped: %s", exc)
-        return 1
+        return _stopped(exc, stopping)
     except MemberFenced as exc:
         recoveries.restart("member_fenced", f"worker stopped: {exc}", stopping)
-        log.error("worker stopped: %s", exc)
-        return 1
+        return _stopped(exc, stopping)
     except StreamferError as exc:
         log.error("worker stopped: %s", exc)
         return 1
@@ -138,25 +136,47 @@ def _serve_probes(
     )
 
 
+def _stopped(exc: StreamferError, stopping: Callable[[], bool]) -> int:
+    """The exit code of a worker whose client a recovery could not replace: 0 when a
+    signal asked it to stop (it did; the next owner starts from the committed offsets),
+    else 1."""
+    if stopping():
+        log.warning("stopped as asked: %s", exc)
+        return 0
+    log.error("worker stopped: %s", exc)
+    return 1
+
+
 def _recover(
-    what: str, exc: CallStalled, recoveries: Recoveries, stopping: Callable[[], bool]
+    what: str,
+    exc: CallStalled,
+    recoveries: Recoveries,
+    stopping: Callable[[], bool],
+    exit_now: Callable[[int], object] = os._exit,
 ) -> NoReturn:
     """A Kafka client is stuck inside a call: start the worker again in place
-    (``worker.ops.recovery``), or, when a signal asked it to stop meanwhile or the new
-    image cannot start, exit 1 at once, without the interpreter's clean exit, which would
-    wait on the stuck call for good. Either way nothing is lost: the stuck transaction
-    never commits, and the next worker starts from the committed offsets."""
+    (``worker.ops.recovery``), or end the process at once, without the interpreter's
+    clean exit, which would wait on the stuck call for good. A worker a signal asked to
+    stop exits 0: it stopped as asked, and nothing is lost, because the stuck transaction
+    never commits and the next owner starts from the committed offsets. One whose new
+    image cannot start exits 1."""
     recoveries.restart("call_stalled", f"{what}: {exc}", stopping)
-    _exit_stalled(what, exc)
-
-
-def _exit_stalled(what: str, exc: CallStalled) -> NoReturn:
-    """End the process now, exit code 1, leaving the stuck clients unclosed."""
-    log.error("%s: %s; exiting without closing the Kafka clients", what, exc)
+    if stopping():
+        log.warning(
+            "stopped as asked, leaving the Kafka clients unclosed (%s: %s); the open "
+            "transaction never commits, the next owner starts from the committed offsets",
+            what,
+            exc,
+        )
+        code = 0
+    else:
+        log.error("%s: %s; exiting without closing the Kafka clients", what, exc)
+        code = 1
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(1)
+    exit_now(code)
+    raise AssertionError("unreachable: os._exit returned")
 
 
 def _run_supervisor(args: argparse.Namespace, config: WorkerConfig, processes: int) -> int:

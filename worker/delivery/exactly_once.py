@@ -247,6 +247,7 @@ class Transactional:
                 lambda: self._calls.run(
                     "send_offsets_to_transaction",
                     lambda t: producer.send_offsets_to_transaction(parts, metadata, t),
+                    self._calls.coordinator_timeout_s,
                 )
             )
             _retrying(lambda: self._calls.run("commit_transaction", producer.commit_transaction))

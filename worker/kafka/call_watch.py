@@ -26,7 +26,14 @@ from typing import Any, Generic, TypeVar
 from worker.core import Clock, monotonic_clock
 from worker.errors import CallStalled
 
-__all__ = ["CALL_TIMEOUT_S", "ON_TIME_GRACE_S", "STALL_MARGIN_S", "CallStalled", "CallWatch"]
+__all__ = [
+    "CALL_TIMEOUT_S",
+    "COORDINATOR_CALL_TIMEOUT_S",
+    "ON_TIME_GRACE_S",
+    "STALL_MARGIN_S",
+    "CallStalled",
+    "CallWatch",
+]
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +41,16 @@ T = TypeVar("T")
 
 CALL_TIMEOUT_S = 30.0
 """The timeout given to a transactional call that names none."""
+
+COORDINATOR_CALL_TIMEOUT_S = 12.0
+"""The timeout of a call that waits on the group coordinator
+(``send_offsets_to_transaction``). librdkafka never times such a request out
+(confluentinc/librdkafka issue 5456): it answers once the coordinator is found, or waits
+for good on a coordinator it cached whose broker has left the cluster (issue 5511). A
+coordinator that moved is found again about ``broker.session.timeout.ms`` (9 s by
+default) after its broker died, plus the group's load; a call still unanswered
+``STALL_MARGIN_S`` after this is not coming back, and waiting the general 30 s first
+only kept the worker's partitions unserved longer."""
 
 STALL_MARGIN_S = 10.0
 """How long past its own timeout a call may take before the worker gives it up: enough
@@ -77,15 +94,18 @@ class CallWatch:
         self,
         *,
         timeout_s: float = CALL_TIMEOUT_S,
+        coordinator_timeout_s: float = COORDINATOR_CALL_TIMEOUT_S,
         margin_s: float = STALL_MARGIN_S,
         on_stall: Callable[[str | None], None] | None = None,
         name: str = "streamfer-txn",
         clock: Clock = monotonic_clock,
     ) -> None:
-        """``timeout_s`` is what each call is given unless it names its own;
+        """``timeout_s`` is what each call is given unless it names its own,
+        ``coordinator_timeout_s`` what a call waiting on the group coordinator names;
         ``on_stall(why)`` is told when a call passes its timeout and ``on_stall(None)``
         when a late call came back after all."""
         self.timeout_s = timeout_s
+        self.coordinator_timeout_s = coordinator_timeout_s
         self._margin_s = margin_s
         self._on_stall = on_stall
         self._clock = clock

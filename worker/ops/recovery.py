@@ -143,8 +143,11 @@ class Recoveries:
     def restart(self, reason: RecoveryReason, why: str, stopping: Callable[[], bool]) -> None:
         """Log one warning, wait the backoff (``/healthz`` still says why the worker is
         not live), then replace this process with a fresh start of the same command.
-        Returns only when ``stopping()`` turned true meanwhile (a signal: the caller exits
-        instead) or the new image could not be started (logged)."""
+        Returns at once, logging nothing, when ``stopping()`` is already true (a signal:
+        the caller exits instead), and later when it turned true meanwhile or the new
+        image could not be started (logged)."""
+        if stopping():
+            return
         delay, quick = self.delay_s()
         record = self.record.after(reason, quick)
         log.warning(

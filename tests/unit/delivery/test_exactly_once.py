@@ -170,7 +170,9 @@ def test_a_transactional_call_stuck_past_its_timeout_stops_the_worker(
     from worker.ops.health import HealthState
 
     health = HealthState()
-    calls = CallWatch(timeout_s=0.1, margin_s=0.2, on_stall=health.call_stalled)
+    calls = CallWatch(
+        timeout_s=5, coordinator_timeout_s=0.1, margin_s=0.2, on_stall=health.call_stalled
+    )
     worker, consumer, producer, _ = eos(classifier, transaction_calls=calls)
     worker.health = health
     release = threading.Event()
