@@ -22,7 +22,7 @@ from typing import Any
 
 from worker.core import Clock, monotonic_clock
 
-__all__ = ["BROKER_OUTAGES", "KAFKA_LOG", "BrokerOutages", "RepeatFilter"]
+__all__ = ["BROKER_OUTAGES", "KAFKA_LOG", "BrokerOutages", "RepeatFilter", "TransactionErrors"]
 
 _NUMBERS = re.compile(r"\d+")
 
@@ -155,6 +155,30 @@ class BrokerOutages(logging.Filter):
                 )
 
 
+_TRANSACTION_FACILITIES = frozenset({"TXNERR", "ADDOFFSETS"})
+"""librdkafka's facilities for a transaction that failed and for offsets refused to one
+(``send_offsets_to_transaction``)."""
+
+
+class TransactionErrors(logging.Filter):
+    """librdkafka's error lines about a failed transaction pass as warnings: the call that
+    made the transaction gets the same error, and the worker logs it with what it does
+    about it (an abort and a rewind, or a start again in place). Left as errors, every
+    coordinator that moves in a cluster (an event an operator expects) logged one or two
+    ``ERROR`` lines for a transaction the worker retried by itself."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if (
+            record.levelno >= logging.ERROR
+            and isinstance(args, tuple)
+            and args
+            and args[0] in _TRANSACTION_FACILITIES
+        ):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
 def _broker_of(message: str) -> str | None:
     """``host:port`` of the broker a connection error is about, or None."""
     named = _BROKER.search(message)
@@ -169,4 +193,5 @@ KAFKA_LOG = logging.getLogger("streamfer.kafka")
 BROKER_OUTAGES = BrokerOutages()
 """The outages ``KAFKA_LOG``'s lines and the consumers' statistics report."""
 KAFKA_LOG.addFilter(BROKER_OUTAGES)
+KAFKA_LOG.addFilter(TransactionErrors())
 KAFKA_LOG.addFilter(RepeatFilter())

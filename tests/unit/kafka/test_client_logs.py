@@ -7,7 +7,13 @@ import logging
 import pytest
 
 from tests.fakes.clock import FakeClock
-from worker.kafka.client_logs import BROKER_OUTAGES, KAFKA_LOG, BrokerOutages, RepeatFilter
+from worker.kafka.client_logs import (
+    BROKER_OUTAGES,
+    KAFKA_LOG,
+    BrokerOutages,
+    RepeatFilter,
+    TransactionErrors,
+)
 
 
 def _record(message: str, level: int = logging.ERROR) -> logging.LogRecord:
@@ -178,3 +184,24 @@ def test_errors_after_a_quiet_spell_are_a_new_outage() -> None:
     record = _librdkafka(REFUSED.format(port=9093, id=2))
     assert outages.filter(record)
     assert record.getMessage().startswith("Kafka broker 127.0.0.1:9093 is unreachable (")
+
+
+def test_a_failed_transaction_is_a_warning_and_other_errors_stay_errors() -> None:
+    """The worker reports a failed transaction itself, with the abort and rewind it does;
+    librdkafka's own line about it is no error for an operator to chase."""
+    transactions = TransactionErrors()
+    failed = _librdkafka(
+        "Current transaction failed in state InTransaction: Failed to commit offsets to "
+        "transaction on broker 127.0.0.1:9093/2: ILLEGAL_GENERATION (requires epoch bump)",
+        fac="TXNERR",
+    )
+    refused = _librdkafka(
+        "TxnCoordinator/3: Failed to add offsets to transaction on broker TxnCoordinator/3: "
+        "Broker: Not coordinator",
+        fac="ADDOFFSETS",
+    )
+    fatal = _librdkafka("Fatal error: Broker: Producer fenced", fac="FATAL")
+    for record in (failed, refused, fatal):
+        assert transactions.filter(record)
+    assert [r.levelname for r in (failed, refused, fatal)] == ["WARNING", "WARNING", "ERROR"]
+    assert TransactionErrors in [type(f) for f in KAFKA_LOG.filters]
