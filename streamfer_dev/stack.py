@@ -69,7 +69,11 @@ _LOG4J = """<Configuration status="warn">
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("STREAMFER_CACHE", Path.home() / ".cache" / "streamfer"))
+    """The tool cache (``STREAMFER_CACHE``, else ``~/.cache/streamfer``), made if missing:
+    on a fresh machine the first tool to build something there must not find it absent."""
+    path = Path(os.environ.get("STREAMFER_CACHE", Path.home() / ".cache" / "streamfer"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 _HANDED_OUT: set[int] = set()
