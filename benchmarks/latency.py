@@ -60,6 +60,7 @@ __all__ = [
     "next_rates",
     "slo_rate",
     "stop_after",
+    "tail_split",
     "window_p99s",
 ]
 
@@ -85,6 +86,10 @@ class Step:
     pauses: int
     lost: int
     duplicates: int
+    tail_split_ms: tuple[float | None, float | None] = (None, None)
+    """Of the requests at or above the p99, the median time until the contender produced
+    the result (the first hop and its own work) and the median time after (its producer's
+    linger and the second hop): which side the tail lives on."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -98,6 +103,7 @@ class Step:
             "pauses": self.pauses,
             "lost": self.lost,
             "duplicates": self.duplicates,
+            "tail_split_ms": list(self.tail_split_ms),
         }
 
 
@@ -117,6 +123,20 @@ def latency_figures(latencies: Sequence[float]) -> tuple[float | None, ...]:
     if not latencies:
         return (None, None, None)
     return tuple(round(percentile(latencies, q), 2) for q in (50, 99, 99.9))
+
+
+def tail_split(
+    latencies: Sequence[float], produced: Sequence[float], q: float = 99.0
+) -> tuple[float | None, float | None]:
+    """Of the latencies at or above their ``q`` percentile, the median of the part until
+    the result was produced and the median of the rest (``Step.tail_split_ms``)."""
+    if not latencies:
+        return (None, None)
+    bound = percentile(latencies, q)
+    tail = [(v, b) for v, b in zip(latencies, produced, strict=True) if v >= bound]
+    before = round(percentile([b for _, b in tail], 50), 2)
+    after = round(percentile([v - b for v, b in tail], 50), 2)
+    return (before, after)
 
 
 def window_p99s(
@@ -257,11 +277,13 @@ def _step(done: Measured, opts: Options) -> Step:
     row = summarize(reading, backlog=False, rss_mb=done.rss_mb, warmup_s=opts.warmup_s or 0.0)
     start = (reading.first_request_ms or 0) + (opts.warmup_s or 0.0) * 1000.0
     kept = [
-        (v, t)
-        for v, t in zip(reading.latencies_ms, reading.request_ts_ms, strict=True)
+        (v, t, b)
+        for v, t, b in zip(
+            reading.latencies_ms, reading.request_ts_ms, reading.produced_ms, strict=True
+        )
         if t >= start
     ]
-    p50, p99, p999 = latency_figures([v for v, _ in kept])
+    p50, p99, p999 = latency_figures([v for v, _, _ in kept])
     logs = "".join(p.read_text(errors="replace") for p in done.launched.logs if p.exists())
     return Step(
         rate=opts.rate,
@@ -274,6 +296,7 @@ def _step(done: Measured, opts: Options) -> Step:
         pauses=backpressure_pauses(logs),
         lost=row["lost"],
         duplicates=row["duplicates"],
+        tail_split_ms=tail_split([v for v, _, _ in kept], [b for _, _, b in kept]),
     )
 
 
@@ -320,20 +343,28 @@ def format_curve(report: dict[str, Any]) -> str:
     """The report as a plain table, one row per step, then each contender's SLO rate."""
     lines = [
         "contender | rate/s | got/s | p50 ms | p99 ms | p99.9 ms | CPU s/10k | pauses | "
-        "p99 per 5 s window ms"
+        "p99 per 5 s window ms | tail: to produce / after ms"
     ]
     for name, steps in report["curves"].items():
         for s in steps:
             windows = ", ".join("-" if w is None else f"{w:.0f}" for w in s["window_p99_ms"])
             lines.append(
                 f"{name} | {s['rate']:.0f} | {s['rps']:.0f} | {s['p50_ms']} | {s['p99_ms']} | "
-                f"{s['p999_ms']} | {s['cpu_s_per_10k']} | {s['pauses']} | {windows}"
+                f"{s['p999_ms']} | {s['cpu_s_per_10k']} | {s['pauses']} | {windows} | "
+                f"{_pair(s.get('tail_split_ms'))}"
             )
     lines.append("")
     for name, rate in report["slo_rate"].items():
         shown = "none" if rate is None else f"{rate:.0f}/s"
         lines.append(f"{name}: highest rate with p99 <= {report['slo_ms']:.0f} ms: {shown}")
     return "\n".join(lines)
+
+
+def _pair(split: Sequence[float | None] | None) -> str:
+    """A tail split as ``before / after``; ``-`` where a report has none."""
+    if not split or split[0] is None:
+        return "-"
+    return f"{split[0]} / {split[1]}"
 
 
 def _parser() -> argparse.ArgumentParser:

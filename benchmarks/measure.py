@@ -67,6 +67,9 @@ class Reading:
     latencies_ms: list[float] = field(default_factory=list)
     request_ts_ms: list[int] = field(default_factory=list)
     """The request time of each latency, in the same order."""
+    produced_ms: list[float] = field(default_factory=list)
+    """Of each latency, in the same order, the part until the result's CreateTime (the
+    moment the contender produced it; the rest is its linger and the second hop)."""
     first_request_ms: float | None = None
     first_result_ms: float | None = None
     last_result_ms: float | None = None
@@ -178,6 +181,7 @@ def _count(out: Reading, msg: Any, pending: set[str], received_ms: float | None 
     if request_ts is not None:
         out.latencies_ms.append(end - request_ts)
         out.request_ts_ms.append(request_ts)
+        out.produced_ms.append(ts - request_ts)
         if out.first_request_ms is None or request_ts < out.first_request_ms:
             out.first_request_ms = request_ts
     if out.first_result_ms is None or ts < out.first_result_ms:

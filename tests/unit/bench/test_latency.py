@@ -15,6 +15,7 @@ from benchmarks.latency import (
     next_rates,
     slo_rate,
     stop_after,
+    tail_split,
     window_p99s,
 )
 
@@ -51,6 +52,17 @@ def test_a_stalled_window_stands_out_among_the_windows() -> None:
     for i in range(1000, 1100):  # one second of the third window stalls
         lat[i] = 2000.0
     assert window_p99s(lat, ts) == [5.0, 5.0, 2000.0, 5.0]
+
+
+def test_the_tail_split_says_which_side_the_slowest_requests_lost_time_on() -> None:
+    # 1,000 requests of 3 ms, 2 before the result was produced; the slowest 20 spent
+    # 12 ms after it (a producer's linger, say)
+    latencies = [3.0] * 980 + [14.0] * 20
+    produced = [2.0] * 980 + [2.0] * 20
+    assert tail_split(latencies, produced) == (2.0, 12.0)
+    # the same tail spent in the worker instead
+    assert tail_split(latencies, [2.0] * 980 + [13.0] * 20) == (13.0, 1.0)
+    assert tail_split([], []) == (None, None)
 
 
 def test_a_window_without_requests_is_none() -> None:
@@ -100,7 +112,7 @@ def test_table_and_chart(tmp_path: Path) -> None:
         "slo_rate": {"relay": 250.0},
     }
     table = format_curve(report)
-    assert "relay | 250 | 250 | 2.0 | 8.0 | 8.0 | 0.5 | 0 | 8" in table
+    assert "relay | 250 | 250 | 2.0 | 8.0 | 8.0 | 0.5 | 0 | 8 | -" in table
     assert "relay: highest rate with p99 <= 20 ms: 250/s" in table
     chart = tmp_path / "curve.png"
     draw_chart(report, chart)
