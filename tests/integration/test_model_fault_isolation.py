@@ -25,11 +25,11 @@ from streamfer_dev.modelgen import DemoModel
 from streamfer_dev.stack import free_port
 from tests.conftest import Topics
 from tests.integration.helpers import (
-    assert_committed_to_end,
     eventually,
     http_get,
     scrape_metrics,
     services_toml,
+    wait_committed_to_end,
 )
 from tests.integration.test_hot_reload import publish_version
 from tests.integration.test_model_faults import failing_on_real_rows
@@ -135,7 +135,7 @@ def test_a_broken_model_holds_its_pipeline_while_the_other_is_served(
         assert metric(port, "streamfer_model_paused", pipeline="healthy") == 0
         assert metric(port, "streamfer_paused_partitions") == 2
         assert http_get(port, "/readyz")[0] == 503
-        assert_committed_to_end(kafka_bootstrap, healthy.group, healthy.requests)
+        wait_committed_to_end(kafka_bootstrap, healthy.group, healthy.requests)
         still = collect_outcomes(
             kafka_bootstrap,
             held.results,
@@ -158,7 +158,7 @@ def test_a_broken_model_holds_its_pipeline_while_the_other_is_served(
         assert eventually(lambda: http_get(port, "/readyz")[0] == 200, 30)
         assert metric(port, "streamfer_model_paused", pipeline="held") == 0
         assert eventually(lambda: metric(port, "streamfer_paused_partitions") == 0, 30)
-        assert_committed_to_end(kafka_bootstrap, healthy.group, held.requests)
+        wait_committed_to_end(kafka_bootstrap, healthy.group, held.requests)
     finally:
         code = worker.terminate()
     assert code == 0, worker.log_text()[-3000:]
