@@ -10,9 +10,9 @@ JSON shape as streamfer's: ``id``, ``key``, ``outputs``, ``model``, ``request_ts
 and serves delivery reports with ``poll(0)``. Every ``COMMIT_EVERY_S`` (100 ms) it
 flushes the producer and then commits what it consumed asynchronously: at-least-once
 without a flush per batch, with none of a worker's dead letters, retries, metrics or
-rebalance care. Kafka clients use
-streamfer's producer settings and ONNX Runtime one intra-op thread, so what differs from
-streamfer is what it leaves out. It prints ``ready: owning N partitions`` on assignment
+rebalance care. Kafka clients use streamfer's producer settings (with librdkafka's
+linger, 5 ms, as a user writing the loop would keep it) and ONNX Runtime one intra-op
+thread, so what differs from streamfer is what it leaves out. It prints ``ready: owning N partitions`` on assignment
 and stops, flushing, on SIGTERM or SIGINT.
 """
 

@@ -6,7 +6,7 @@ HMGETs its entity's hash (or GETs its packed float32 vector), runs ONNX Runtime 
 one row, produces the result (the same JSON shape as streamfer's: ``id``, ``key``,
 ``outputs``, ``model``, ``request_ts_ms``) and commits that record's offset
 synchronously, one record at a time. Kafka clients use streamfer's producer settings
-(idempotent, acks=all, linger 5 ms, lz4) and ONNX Runtime one intra-op thread, so only
+(idempotent, acks=all, lz4; librdkafka's linger, 5 ms) and ONNX Runtime one intra-op thread, so only
 the shape of the loop differs. It prints ``ready: owning N partitions`` on assignment and
 stops, flushing, on SIGTERM or SIGINT.
 """

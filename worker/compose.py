@@ -467,7 +467,8 @@ def _consumer_parts(
 
 def producer_linger_ms(config: WorkerConfig) -> int:
     """The producer's ``linger.ms`` unless the config sets one: none where a pipeline
-    batches adaptively (the latency setting), else a few milliseconds for throughput."""
+    batches adaptively (the latency setting), else one millisecond: a batch's results
+    leave together."""
     adaptive = any(p.batch.mode == "adaptive" for p in config.pipelines)
     return LOW_LATENCY_LINGER_MS if adaptive else LINGER_MS
 

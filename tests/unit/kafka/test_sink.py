@@ -53,7 +53,7 @@ def test_linger_follows_the_batch_mode_unless_the_config_sets_it() -> None:
         }
         return WorkerConfig.model_validate({"pipelines": [pipeline], "kafka": kafka})
 
-    assert producer_linger_ms(config("fixed")) == LINGER_MS == 5
+    assert producer_linger_ms(config("fixed")) == LINGER_MS == 1
     assert producer_linger_ms(config("adaptive")) == 0
     chosen = config("adaptive", producer_options={"linger.ms": 2})
     conf = producer_config(chosen.kafka, linger_ms=producer_linger_ms(chosen))
