@@ -79,6 +79,8 @@ class FakeConsumer:
     """Raised by every commit, before it is recorded."""
     rejects: dict[PartitionKey, KafkaError] = field(default_factory=dict)
     """Partitions a synchronous commit answers with an error (as the broker would)."""
+    timeouts: list[float] = field(default_factory=list)
+    """The timeout of every ``consume`` and ``poll``: how long the loop would wait."""
 
     # -- the test's hands --------------------------------------------------------------
 
@@ -127,6 +129,7 @@ class FakeConsumer:
         self.callbacks = callbacks
 
     def consume(self, num_messages: int, timeout: float) -> list[Message]:
+        self.timeouts.append(timeout)
         while self.events:
             self.events.pop(0)(self)
         out: list[Message] = []

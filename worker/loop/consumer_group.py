@@ -56,8 +56,12 @@ __all__ = ["ConsumerGroup", "ConsumerParts"]
 
 log = logging.getLogger(__name__)
 
-_IDLE_CHECK_S = 0.005
-"""Adaptive batching: how often the loop looks for an idle model while records wait."""
+_IDLE_CHECK_S = 0.001
+"""Adaptive batching: how often the loop looks for an idle model while records wait. The
+loop waits inside the consumer's fetch, which nothing wakes when the stages finish, so
+this is how late a waiting record may reach the idle model: at 5 ms it was most of the
+latency setting's p99 (8-10 ms against a median of 2-3). 1 ms is librdkafka's finest
+wait, and the loop wakes that often only while the model is busy and records wait."""
 
 
 @dataclass(frozen=True, slots=True)
