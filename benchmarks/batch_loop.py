@@ -12,8 +12,8 @@ flushes the producer and then commits what it consumed asynchronously: at-least-
 without a flush per batch, with none of a worker's dead letters, retries, metrics or
 rebalance care. Kafka clients use streamfer's producer settings (with librdkafka's
 linger, 5 ms, as a user writing the loop would keep it) and ONNX Runtime one intra-op
-thread, so what differs from streamfer is what it leaves out. It prints ``ready: owning N partitions`` on assignment
-and stops, flushing, on SIGTERM or SIGINT.
+thread, so what differs from streamfer is what it leaves out. It prints ``ready: owning
+N partitions`` on assignment and stops, flushing, on SIGTERM or SIGINT.
 """
 
 from __future__ import annotations

@@ -36,8 +36,8 @@ LINGER_MS = 1
 """The producer's default ``linger.ms``: a batch's results are produced in one go, so
 one millisecond lets them leave in one request, and the batch window has already done
 the waiting that batching needs. librdkafka's own 5 ms also merged consecutive full
-batches under a backlog (about 6% more records/s draining one) at the price of 4-5 ms
-on every result at a steady rate; ``producer_options`` can set it back."""
+batches under a backlog (5-15% more records/s draining one) at the price of 4-5 ms on
+every result at a steady rate; ``producer_options`` can set it back."""
 LOW_LATENCY_LINGER_MS = 0
 """The default for a worker with an adaptive pipeline: its batch is handed over the
 moment the model is idle, so waiting again before producing its results gains nothing
