@@ -13,7 +13,7 @@ another namespace keeps nothing, so a batch that ran on the old model and settle
 the reload cannot bring its rows back in.
 
 It is read and written a batch at a time from the stage threads (the enrich thread
-promotes Redis hits into it, the model thread reads it and stores what it computed) and
+promotes Redis hits into it, the model stage reads it and stores what it computed) and
 cleared from the reloader's, so every call takes one lock for the whole batch. Built on
 ``collections.OrderedDict``, whose ``move_to_end`` and ``popitem(last=False)`` are the
 LRU in C; a library would add a dependency for the same two calls.

@@ -9,13 +9,13 @@ handing the next a frozen value (``CachedRows``, ``CachePlan``, ``SettledRows``)
 - ``look_up`` (enrich thread): keys for every row; the in-process tier
   (``worker.cache.memory``), then one Redis read for the rest (``worker.cache.redis_tier``,
   when ``redis_ttl_s`` is set); Redis hits are kept in process too.
-- ``to_run`` and ``settle`` (model thread): the in-process tier again for rows still
+- ``to_run`` and ``settle`` (model stage): the in-process tier again for rows still
   missing (the batch before may have just computed them), and each distinct missing
   key once: repeats within the batch share the first row's outputs. The model runs on
   those rows in one call; ``settle`` encodes each row's outputs as the result publishes
   them and keeps them in process. Rows the model refused or answered with NaN or
   infinity are never kept.
-- ``share`` (publish thread, after the batch's results are handed to the producer): one
+- ``share`` (publish stage, after the batch's results are handed to the producer): one
   Redis write of what the model computed.
 
 A cached row's result is the uncached one's byte for byte (its ``outputs`` are the very
@@ -234,7 +234,7 @@ class OutputCache:
         return SettledRows(encoded, reused, refused, fresh)
 
     def share(self, settled: SettledRows) -> None:
-        """Write what the model computed to Redis (publish thread); never raises."""
+        """Write what the model computed to Redis (publish stage); never raises."""
         if self.redis is not None and settled.fresh:
             self.redis.put_many(settled.fresh)
 

@@ -76,7 +76,7 @@ class RedisCacheTier:
     at start-up (or a cluster whose slot map cannot be read) only delays the tier.
     ``fields``, when known, are the result fields a value must hold, in order.
     ``on_error(kind)`` hears each failed round trip (``redis``) and each unreadable value
-    (``corrupt``). Reads come from the enrich thread, writes from the publish thread.
+    (``corrupt``). Reads come from the enrich stage, writes from the publish stage.
     """
 
     def __init__(

@@ -68,6 +68,10 @@ class LaneQueue(Generic[T]):
             return len(queue)
         return sum(1 for item, _ in queue if where(item))
 
+    def has_ready(self, ready: Callable[[int, T], bool]) -> bool:
+        """Whether ``take`` would take an item now (without taking it or counting)."""
+        return any(ready(lane, item) for lane in self._order for item, _ in self._lanes[lane])
+
     def __iter__(self) -> Iterator[T]:
         """Every waiting item, highest lane first, in order within a lane."""
         for lane in self._order:

@@ -2,23 +2,29 @@
 
 The loop thread keeps calling ``consume`` (so the group never sees a stalled member,
 however slow the model or the feature store) and hands each closed batch to the
-``StageThreads`` as a ``Job``. Each stage has its own thread: in the worker, one decodes
-and enriches batch k+2 while the next runs the model on batch k+1 and the last produces
-the results of batch k. ONNX Runtime and Redis release the GIL, so the model overlaps
-the per-record Python on both sides of it. Every stage takes jobs one at a time from a
-``worker.loop.lanes.LaneQueue``: the oldest of the highest lane (a pipeline's priority) whose
-next stage has room, in submission order within a lane, which keeps each partition's
-results in order; with one lane (every pipeline alike) that is plain submission order.
-At most ``ahead`` jobs of a lane wait between two stages, so memory stays bounded and a
-lower lane's backlog never fills a higher lane's room; the highest of several lanes is
-bounded only by the worker's in-flight bound, so that its small batches are all ready
-the moment the model is free. An exception in any stage stops
-them all and is re-raised on the loop thread by ``check()``.
+``StageThreads`` as a ``Job``. A job goes through the stages in a row (in the worker:
+decode and enrich, run the model, publish), and each stage runs one job at a time, so
+one thread decodes and enriches batch k+2 while another runs the model on batch k+1 and
+a third produces the results of batch k. ONNX Runtime and Redis release the GIL, so the
+model overlaps the per-record Python on both sides of it. Every stage takes jobs one at
+a time from a ``worker.loop.lanes.LaneQueue``: the oldest of the highest lane (a
+pipeline's priority) whose next stage has room, in submission order within a lane, which
+keeps each partition's results in order; with one lane (every pipeline alike) that is
+plain submission order. At most ``ahead`` jobs of a lane wait between two stages, so
+memory stays bounded and a lower lane's backlog never fills a higher lane's room; the
+highest of several lanes is bounded only by the worker's in-flight bound, so that its
+small batches are all ready the moment the model is free. An exception in any stage
+stops them all and is re-raised on the loop thread by ``check()``.
 
-All stages share one lock, but each waits on a condition of its own, and a change wakes
-only the stage it can let go on: a job handed to a stage wakes that stage, room made in
-a stage's queue (a take, a job parked there) wakes the stage before it if jobs wait
-there. A hand-off so costs one thread switch, not one per stage, at every small batch.
+The threads are a pool, one per stage, not one bound to each stage: a thread that
+finishes a job's step goes on with that job's next step itself when the next stage is
+free and nothing waits for it, and otherwise queues the job there and takes whatever
+work is ready. At a steady rate, where a batch meets idle stages, a batch so costs no
+hand-off between threads at all (each one a futex wake, a thread switch and the GIL
+changing hands: about a fifth of a worker's CPU at 2,000 small batches a second), and
+under a backlog the stages overlap as before. All threads share one lock and one
+condition; a thread that leaves work it cannot take wakes one idle thread, which wakes
+the next if it too leaves some.
 
 A step that cannot go on yet raises ``Parked`` (``worker.core.parked``: its pipeline's
 model is at fault). The stage sets the job aside and serves other pipelines' jobs; the
@@ -65,7 +71,7 @@ class _Aside:
 
 
 class StageThreads:
-    """Runs jobs through ``stages`` threads in a row, by lane, first in, first out."""
+    """Runs jobs through ``stages`` stages in a row, by lane, first in, first out."""
 
     def __init__(
         self,
@@ -100,15 +106,15 @@ class StageThreads:
         """Per stage: the job parked there, by pipeline."""
         self._holding: dict[str, Job] = {}
         """Pipelines with a parked job, and that job (while it is tried again too)."""
-        self._finished = [False] * stages
+        self._ready = [self._readiness(index) for index in range(stages)]
         self._lock = threading.RLock()
-        self._wake = [threading.Condition(self._lock) for _ in range(stages)]
-        """Per stage: what its thread waits on when it has nothing it may take."""
-        self._wakes = [0] * stages
+        self._idle = threading.Condition(self._lock)
+        """What a thread with nothing it may take waits on."""
+        self._wakes = 0
         self._closed = False
         self._error: BaseException | None = None
         self._threads = [
-            threading.Thread(target=self._stage, args=(i,), name=f"{name}-{i}", daemon=True)
+            threading.Thread(target=self._serve, name=f"{name}-{i}", daemon=True)
             for i in range(stages)
         ]
         for thread in self._threads:
@@ -118,7 +124,8 @@ class StageThreads:
         lane = self._lane(job)
         with self._lock:
             self._queues[0].append(lane, (job, None), self._clock())
-            self._wake[0].notify()
+            if self._running[0] is None:  # else the thread running it looks when done
+                self._idle.notify()
 
     def pending(self, lane_at_least: int | None = None) -> int:
         """Jobs queued for, running in or parked at any stage; with ``lane_at_least``,
@@ -156,7 +163,7 @@ class StageThreads:
             dropped = [job for queue in reversed(self._queues) for job, _step in queue]
             for queue in self._queues:
                 queue.clear()
-            self._notify_all()
+            self._idle.notify_all()
             return dropped
 
     def check(self) -> None:
@@ -168,29 +175,29 @@ class StageThreads:
         """Stop after the queued jobs; True if every thread finished within ``timeout``."""
         with self._lock:
             self._closed = True
-            self._wake[0].notify()
+            self._idle.notify_all()
         for thread in self._threads:
             thread.join(timeout)
         return not any(thread.is_alive() for thread in self._threads)
 
-    def wakes(self) -> list[int]:
-        """Per stage, how often its thread woke from waiting for a job it may take."""
+    def wakes(self) -> int:
+        """How often a thread woke from waiting for a job it may take."""
         with self._lock:
-            return list(self._wakes)
+            return self._wakes
 
     def _unfinished(self) -> list[Job]:
         queued = [job for queue in self._queues for job, _step in queue]
         aside = [a.job for stage in self._parked for a in stage.values()]
         return queued + aside + [job for job in self._running if job is not None]
 
-    def _stage(self, index: int) -> None:
-        lock, wake = self._lock, self._wake[index]
-        downstream = self._wake[index + 1] if index + 1 < len(self._wake) else None
-        inbox = self._queues[index]
-        outbox = self._queues[index + 1] if index + 1 < len(self._queues) else None
+    def _readiness(self, index: int) -> Callable[[int, tuple[Job, Step | None]], bool]:
+        """Whether stage ``index`` may take an item now: its pipeline has no job parked
+        there, and the next stage has room for it."""
         here = self._parked[index]
-        after = self._parked[index + 1] if outbox is not None else {}
-        ahead, top, clock, on_take = self._ahead, self._top_lane, self._clock, self._on_take
+        last = index + 1 == len(self._queues)
+        outbox = None if last else self._queues[index + 1]
+        after = {} if last else self._parked[index + 1]
+        ahead, top = self._ahead, self._top_lane
 
         def ready(lane: int, item: tuple[Job, Step | None]) -> bool:
             name = item[0].pipeline
@@ -204,57 +211,118 @@ class StageThreads:
                 return outbox.count(lane, lambda it: it[0].pipeline == name) < ahead
             return outbox.count(lane, lambda it: it[0].pipeline not in after) < ahead
 
+        return ready
+
+    def _serve(self) -> None:
+        """One pool thread: take a job's step, run it, go on with its next step while
+        the next stage is free, else queue it there and take what is ready."""
+        lock, on_take = self._lock, self._on_take
+        carried: tuple[int, Taken[tuple[Job, Step | None]]] | None = None
         while True:
-            with lock:
-                while True:
-                    if self._error is not None:
-                        taken = None
-                    else:
-                        taken = self._due(here, clock()) or inbox.take(ready, clock())
-                    if taken is not None:
-                        break
-                    if self._error is not None or (
-                        not inbox and not here and self._upstream_done(index)
-                    ):
-                        self._finished[index] = True
-                        if downstream is not None:
-                            downstream.notify()
-                        return
-                    wake.wait(self._next_due(here))
-                    self._wakes[index] += 1
-                job, step = taken.item
-                self._running[index] = job
-                self._made_room(index)
+            if carried is None:
+                with lock:
+                    work = self._next_work()
+                if work is None:
+                    return
+                index, taken = work
+            else:
+                index, taken = carried
+            job, step = taken.item
             try:
                 if on_take is not None and taken.waited_s >= 0.0:
                     on_take(index, job, taken.waited_s, taken.aged)
                 following = self._start(job) if step is None else step()
             except Parked as parked:
                 with lock:
-                    self._running[index] = None
-                    if self._error is None:  # not stopped meanwhile
-                        again = step if step is not None else functools.partial(self._start, job)
-                        due = clock() + parked.after_s
-                        here[job.pipeline] = _Aside(job, again, taken.lane, due)
-                        self._holding[job.pipeline] = job
-                    self._made_room(index)  # its pipeline's jobs leave the lane's room
+                    self._park(index, taken, step, parked.after_s)
+                carried = None
                 continue
             except BaseException as exc:  # surfaced on the loop thread by check()
                 self._stop_with(exc)
                 return
             with lock:
-                self._running[index] = None
-                if self._holding.get(job.pipeline) is job:
-                    del self._holding[job.pipeline]
-                if following is not None:
-                    if outbox is None or downstream is None:
-                        self._stop_with(RuntimeError("a job returned work after its last stage"))
-                        return
-                    outbox.append(taken.lane, (job, following), clock())
-                    downstream.notify()
+                carried = self._finished(index, taken, following)
             # the values the step held go now, not at the next take: a published batch
             # lets go of the engine it ran on
             del taken, step, following
+
+    def _next_work(self) -> tuple[int, Taken[tuple[Job, Step | None]]] | None:
+        """The next step this thread runs (the caller holds the lock), the latest stage
+        first; waits while there is none. None: stop (an error, or closed and done)."""
+        while True:
+            if self._error is not None:
+                return None
+            now = self._clock()
+            for index in reversed(range(len(self._queues))):
+                if self._running[index] is not None:
+                    continue
+                taken = self._due(self._parked[index], now) or self._queues[index].take(
+                    self._ready[index], now
+                )
+                if taken is not None:
+                    self._running[index] = taken.item[0]
+                    self._pass_on(now)
+                    return index, taken
+            if self._closed and not self._unfinished():
+                self._idle.notify_all()
+                return None
+            self._idle.wait(self._next_due(now))
+            self._wakes += 1
+
+    def _finished(
+        self, index: int, taken: Taken[tuple[Job, Step | None]], following: Step | None
+    ) -> tuple[int, Taken[tuple[Job, Step | None]]] | None:
+        """Settle a step that ran (the caller holds the lock): the job's next step to run
+        on this thread at once, when its stage is free and nothing waits there, or None
+        (queued there, or done) and the thread takes what is ready."""
+        job = taken.item[0]
+        self._running[index] = None
+        if self._holding.get(job.pipeline) is job:
+            del self._holding[job.pipeline]
+        if following is None or self._error is not None:
+            return None
+        after = index + 1
+        if after == len(self._queues):
+            self._stop_with(RuntimeError("a job returned work after its last stage"))
+            return None
+        item = (job, following)
+        now = self._clock()
+        if (
+            self._running[after] is None
+            and not self._queues[after]
+            and not self._parked[after]
+            and self._ready[after](taken.lane, item)
+        ):
+            self._running[after] = job
+            self._pass_on(now)  # the stage this thread leaves may have work for another
+            return after, Taken(item, taken.lane, 0.0, False)
+        self._queues[after].append(taken.lane, item, now)
+        return None
+
+    def _park(
+        self, index: int, taken: Taken[tuple[Job, Step | None]], step: Step | None, after_s: float
+    ) -> None:
+        """Set a job aside at its stage until ``after_s`` from now (the caller holds the
+        lock); every idle thread looks again, for the work its pipeline held up and to
+        wait no longer than the new due time."""
+        job = taken.item[0]
+        self._running[index] = None
+        if self._error is None:  # not stopped meanwhile
+            again = step if step is not None else functools.partial(self._start, job)
+            due = self._clock() + after_s
+            self._parked[index][job.pipeline] = _Aside(job, again, taken.lane, due)
+            self._holding[job.pipeline] = job
+        self._idle.notify_all()
+
+    def _pass_on(self, now: float) -> None:
+        """Wake one idle thread (the caller holds the lock) if a free stage has work it
+        may take, or a job parked whose due time an idle thread must wait for."""
+        for index, running in enumerate(self._running):
+            if running is None and (
+                self._parked[index] or self._queues[index].has_ready(self._ready[index])
+            ):
+                self._idle.notify()
+                return
 
     def _due(self, here: dict[str, _Aside], now: float) -> Taken[tuple[Job, Step | None]] | None:
         """The parked job whose wait is over (first parked first), taken back; its
@@ -265,20 +333,16 @@ class StageThreads:
         aside = here.pop(name)
         return Taken((aside.job, aside.step), aside.lane, -1.0, False)
 
-    def _next_due(self, here: dict[str, _Aside]) -> float | None:
-        """How long a stage with parked jobs may sleep; None: until notified."""
-        if not here:
-            return None
-        return max(0.0, min(aside.due for aside in here.values()) - self._clock())
-
-    def _made_room(self, index: int) -> None:
-        """Wake the stage before ``index`` (the caller holds the lock) if it has jobs,
-        which may have waited for room at ``index``; with none it waits for a job."""
-        if index > 0 and self._queues[index - 1]:
-            self._wake[index - 1].notify()
-
-    def _upstream_done(self, index: int) -> bool:
-        return self._closed if index == 0 else self._finished[index - 1]
+    def _next_due(self, now: float) -> float | None:
+        """How long an idle thread may sleep: until the first parked job at a free stage
+        is due; None: until notified."""
+        dues = [
+            aside.due
+            for index, here in enumerate(self._parked)
+            if self._running[index] is None
+            for aside in here.values()
+        ]
+        return max(0.0, min(dues) - now) if dues else None
 
     def _stop_with(self, exc: BaseException) -> None:
         with self._lock:
@@ -290,9 +354,4 @@ class StageThreads:
             self._holding.clear()
             for queue in self._queues:
                 queue.clear()
-            self._notify_all()
-
-    def _notify_all(self) -> None:
-        """Wake every stage (the caller holds the lock): an error, or every queue cleared."""
-        for wake in self._wake:
-            wake.notify()
+            self._idle.notify_all()
