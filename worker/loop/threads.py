@@ -221,12 +221,11 @@ class StageThreads:
         while True:
             if carried is None:
                 with lock:
-                    work = self._next_work()
-                if work is None:
+                    carried = self._next_work()
+                if carried is None:
                     return
-                index, taken = work
-            else:
-                index, taken = carried
+            index, taken = carried
+            carried = None
             job, step = taken.item
             try:
                 if on_take is not None and taken.waited_s >= 0.0:
@@ -235,7 +234,6 @@ class StageThreads:
             except Parked as parked:
                 with lock:
                     self._park(index, taken, step, parked.after_s)
-                carried = None
                 continue
             except BaseException as exc:  # surfaced on the loop thread by check()
                 self._stop_with(exc)

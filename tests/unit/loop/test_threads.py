@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -472,6 +473,47 @@ def test_stages_still_overlap_when_a_thread_runs_a_job_through() -> None:
         proc.close(5.0)
     proc.check()
     assert recorder.of("publish") == ["bulk0", "bulk1", "bulk2"]
+
+
+def test_a_finished_job_leaves_nothing_of_its_steps_on_the_idle_thread() -> None:
+    """A published batch lets go of the engine it ran on when its last step returns,
+    not when its thread takes its next job (an idle thread may wait for long): p1's
+    publish waits behind p0's, so a thread takes it from the queue rather than going on
+    with it."""
+
+    class Engine:
+        pass
+
+    engines: list[weakref.ref[Engine]] = []
+    gate = threading.Event()
+
+    def start(job: Job) -> Step:
+        engine = Engine()
+        engines.append(weakref.ref(engine))
+
+        def infer() -> Step:
+            def publish() -> None:
+                assert engine is not None
+                if job.pipeline == "p0":
+                    assert gate.wait(10)
+
+            return publish
+
+        return infer
+
+    proc = StageThreads(start, stages=3, ahead=1)
+    try:
+        proc.submit(job(0))
+        proc.submit(job(1))
+        wait_for(lambda: proc.pending() == 2 and len(engines) == 2)
+        time.sleep(0.05)  # p1 reaches the publish stage's queue
+        gate.set()
+        wait_for(lambda: proc.pending() == 0)
+        wait_for(lambda: all(engine() is None for engine in engines), timeout=2.0)
+    finally:
+        gate.set()
+        assert proc.close(5.0)
+    proc.check()
 
 
 @pytest.mark.parametrize("held", ["infer", "publish"])
