@@ -21,8 +21,8 @@ finishes a job's step goes on with that job's next step itself when the next sta
 free and nothing waits for it, and otherwise queues the job there and takes whatever
 work is ready. At a steady rate, where a batch meets idle stages, a batch so costs no
 hand-off between threads at all (each one a futex wake, a thread switch and the GIL
-changing hands: about a fifth of a worker's CPU at 2,000 small batches a second), and
-under a backlog the stages overlap as before. All threads share one lock and one
+changing hands: 25-30 us of CPU, measured with this class alone), and under a backlog
+the stages overlap as before. All threads share one lock and one
 condition; a thread that leaves work it cannot take wakes one idle thread, which wakes
 the next if it too leaves some.
 
@@ -259,7 +259,7 @@ class StageThreads:
                 )
                 if taken is not None:
                     self._running[index] = taken.item[0]
-                    self._pass_on(now)
+                    self._pass_on()
                     return index, taken
             if self._closed and not self._unfinished():
                 self._idle.notify_all()
@@ -292,7 +292,7 @@ class StageThreads:
             and self._ready[after](taken.lane, item)
         ):
             self._running[after] = job
-            self._pass_on(now)  # the stage this thread leaves may have work for another
+            self._pass_on()  # the stage this thread leaves may have work for another
             return after, Taken(item, taken.lane, 0.0, False)
         self._queues[after].append(taken.lane, item, now)
         return None
@@ -312,7 +312,7 @@ class StageThreads:
             self._holding[job.pipeline] = job
         self._idle.notify_all()
 
-    def _pass_on(self, now: float) -> None:
+    def _pass_on(self) -> None:
         """Wake one idle thread (the caller holds the lock) if a free stage has work it
         may take, or a job parked whose due time an idle thread must wait for."""
         for index, running in enumerate(self._running):
