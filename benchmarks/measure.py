@@ -71,10 +71,14 @@ class Reading:
     """Of each latency, in the same order, the part until the result's CreateTime (the
     moment the contender produced it; the rest is its linger and the second hop)."""
     first_request_ms: float | None = None
+    newest_request_ms: float | None = None
+    """The latest request time among the results read so far."""
     first_result_ms: float | None = None
     last_result_ms: float | None = None
     results_at_first: int = 0
-    """Results already read when the first CPU sample was taken."""
+    """Results already read when the first CPU sample was taken: at the first result, or
+    with ``cpu_after_s`` at the first result of a request made that long after the first
+    request."""
     cpu_first: float | None = None
     cpu_last: float | None = None
     results_at_last: int = 0
@@ -103,12 +107,17 @@ def read_results(
     alive: Callable[[], bool] = lambda: True,
     on_first: Callable[[], None] | None = None,
     arrival: bool = False,
+    cpu_after_s: float = 0.0,
 ) -> Reading:
     """Read until every expected id has a result, or the contender stalls or dies.
 
     ``start_timeout_s`` bounds the wait for the first result, ``idle_timeout_s`` any gap
     after it, and ``deadline_s`` the whole read. ``pids`` names the processes whose CPU
-    time is sampled; ``on_first`` runs once, right after the first results arrive.
+    time is sampled, from the first result on, or with ``cpu_after_s`` from the first
+    result of a request made that long after the first request (a steady run's CPU per
+    record then leaves out the contender's start-up, the backlog its group join left and
+    its first connections, as its latency percentiles do); ``on_first`` runs once, right
+    after that first sample.
     With ``arrival`` a latency ends when the reader receives the result (it then takes
     each result as soon as it is fetched) rather than at the result's CreateTime, so the
     result producer's linger and the second hop count too.
@@ -154,7 +163,7 @@ def read_results(
                 if msg.error() is not None:
                     continue
                 _count(out, msg, pending, received_ms)
-            if out.cpu_first is None and out.results:
+            if out.cpu_first is None and out.results and _past(out, cpu_after_s):
                 out.cpu_first = cpu_seconds(pids())
                 out.results_at_first = sum(out.results.values())
                 if on_first is not None:
@@ -164,6 +173,14 @@ def read_results(
     finally:
         consumer.close()
     return out
+
+
+def _past(out: Reading, seconds: float) -> bool:
+    """Whether a result of a request made ``seconds`` after the first request was read."""
+    if seconds <= 0:
+        return True
+    first, newest = out.first_request_ms, out.newest_request_ms
+    return first is not None and newest is not None and newest >= first + seconds * 1000.0
 
 
 def _count(out: Reading, msg: Any, pending: set[str], received_ms: float | None = None) -> None:
@@ -184,6 +201,8 @@ def _count(out: Reading, msg: Any, pending: set[str], received_ms: float | None 
         out.produced_ms.append(ts - request_ts)
         if out.first_request_ms is None or request_ts < out.first_request_ms:
             out.first_request_ms = request_ts
+        if out.newest_request_ms is None or request_ts > out.newest_request_ms:
+            out.newest_request_ms = request_ts
     if out.first_result_ms is None or ts < out.first_result_ms:
         out.first_result_ms = ts
     if out.last_result_ms is None or ts > out.last_result_ms:

@@ -4,13 +4,15 @@
 latency the other way), and two workers' (``streamfer_2w``, ``streamfer_2p``) with one's;
 ``format_table`` prints the report as ``python -m benchmarks.run`` shows it: a header
 naming the model, load, settings, commit and machine load, one row per contender, the
-ratios, ONNX Runtime's rows/s by batch size, any log tail of a contender that failed, and
-the top py-spy frames when sampled.
+ratios (over several rounds, each round's too), ONNX Runtime's rows/s by batch size, any
+log tail of a contender that failed, and the top py-spy frames when sampled.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from benchmarks.rounds import rounds_text
 
 __all__ = ["format_table", "latency_targets", "ratios"]
 
@@ -173,6 +175,11 @@ def format_table(report: dict[str, Any]) -> str:
         if v is not None
     )
     lines += ["", f"ratios: {ratio_text or '-'}"]
+    if report.get("rounds"):
+        lines.append(
+            f"ratios round by round ({report['rounds']['count']} rounds, order alternating):"
+        )
+        lines += rounds_text(report["rounds"]["ratios"])
     targets = report.get("latency_targets")
     if targets:
         lines.append(
@@ -195,11 +202,13 @@ def format_table(report: dict[str, Any]) -> str:
             else ""
         )
         + (
-            f"; requests of the first {report['warmup_s']:g} s are left out of latency"
+            f"; requests of the first {report['warmup_s']:g} s are left out of latency and CPU"
             if report.get("warmup_s")
             else ""
         )
-        + "; CPU s/10k counts the contender's processes from first to last result"
+        + "; CPU s/10k counts the contender's processes from the first result"
+        + (" of a request made after them" if report.get("warmup_s") else "")
+        + " to the last"
     )
     for name, r in report["results"].items():
         if r.get("log_tail"):

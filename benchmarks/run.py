@@ -42,6 +42,7 @@ from benchmarks.models import MODEL_NAMES, ModelKind, make_model
 from benchmarks.producer import request_ids
 from benchmarks.pyspy import Profiler, top_frames
 from benchmarks.report import format_table, latency_targets, ratios
+from benchmarks.rounds import median_row, round_orders, round_ratios
 from streamfer_dev.modelgen import DemoModel, seed_entities
 from streamfer_dev.stack import KAFKA_VERSION, local_kafka, local_redis
 from streamfer_dev.triton import start_triton
@@ -132,6 +133,9 @@ class Options:
     baseline_ref: str | None = None
     """A commit whose worker runs as ``streamfer_baseline`` beside today's (git archive of
     it into the run's folder): what a change cost, measured in the same run."""
+    rounds: int = 1
+    """How often the Kafka contenders run, their order reversed every other round
+    (``benchmarks.rounds``)."""
 
 
 def run_benchmark(
@@ -227,17 +231,28 @@ def run_benchmark(
             if row.get("error"):
                 extra["broker_warmup"]["error"] = row["error"]
 
-        for name in (c for c in KAFKA_CONTENDERS if c in opts.contenders):
-            progress(name)
-            slow = name in SLOW_CONTENDERS and opts.cap > 0
-            n = min(opts.records, opts.cap) if slow else opts.records
-            job = job_for(name, name)
-            row, profile = _run_kafka_contender(name, job, n, len(entities), opts, run_id)
-            if n < opts.records:
-                row["note"] = f"capped at {n} records"
-            results[name] = row
-            if profile:
-                profiles[name] = profile
+        names = [c for c in KAFKA_CONTENDERS if c in opts.contenders]
+        rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+        for r, order in enumerate(round_orders(names, opts.rounds)):
+            for name in order:
+                progress(name if opts.rounds == 1 else f"{name}, round {r + 1}/{opts.rounds}")
+                slow = name in SLOW_CONTENDERS and opts.cap > 0
+                n = min(opts.records, opts.cap) if slow else opts.records
+                job = job_for(name, name if opts.rounds == 1 else f"{name}-r{r}")
+                row, profile = _run_kafka_contender(name, job, n, len(entities), opts, run_id)
+                if n < opts.records:
+                    row["note"] = f"capped at {n} records"
+                rounds[name].append(row)
+                if profile:
+                    profiles[name] = profile
+        for name, rows in rounds.items():
+            results[name] = median_row(rows)
+        if opts.rounds > 1:
+            extra["rounds"] = {
+                "count": opts.rounds,
+                "ratios": round_ratios(rounds, ratios),
+                "rows": rounds,
+            }
 
         if "ort_alone" in results and any(c in results for c in KAFKA_CONTENDERS):
             # This machine's speed drifts by 10-20% over minutes, and a 2 s timing once
@@ -463,6 +478,7 @@ def measure_contender(
             alive=procs.alive,
             on_first=on_first,
             arrival=opts.arrival,
+            cpu_after_s=_warmup_s(opts),
         )
         rss = peak_rss_mb(procs.pids())
     finally:
@@ -623,6 +639,14 @@ def _parser() -> argparse.ArgumentParser:
         "--baseline-ref",
         help="also run the worker of this commit (streamfer_baseline), on the same config",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run the Kafka contenders N times, their order reversed every other round; "
+        "rows are medians, ratios are given round by round (default 1)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
@@ -661,6 +685,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.distinct < 1:
         print("--distinct must be at least 1", file=sys.stderr)
         return 2
+    if args.rounds < 1:
+        print("--rounds must be at least 1", file=sys.stderr)
+        return 2
     pairs = [o.split("=", 1) for o in args.consumer_option]
     if any(len(p) != 2 for p in pairs):
         print("--consumer-option takes KEY=VALUE", file=sys.stderr)
@@ -692,6 +719,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         baseline_ref=args.baseline_ref,
         triton_instances=max(1, args.triton_instances),
         triton_max_batch_size=args.triton_max_batch_size,
+        rounds=args.rounds,
     )
 
     def progress(name: str) -> None:
