@@ -450,7 +450,7 @@ def measure_contender(
         ]
         producer_argv += ["--feature", job.fields[0]]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    producer: subprocess.Popen[bytes] | None = None
+    producers: list[subprocess.Popen[bytes]] = []
     profiler = Profiler(opts.py_spy) if opts.py_spy is not None else None
     launched: Launched | None = None
     try:
@@ -463,8 +463,10 @@ def measure_contender(
             on_launch(launched)
             launched.wait_ready(opts.partitions, timeout=120)
             on_launch(launched)  # and the threads it started meanwhile
-            producer = subprocess.Popen(producer_argv, cwd=ROOT, env=env)
         procs = launched
+
+        def start_requests() -> None:
+            producers.append(subprocess.Popen(producer_argv, cwd=ROOT, env=env))
 
         def on_first() -> None:
             if profiler is not None:
@@ -479,13 +481,14 @@ def measure_contender(
             on_first=on_first,
             arrival=opts.arrival,
             cpu_after_s=_warmup_s(opts),
+            start=None if backlog else start_requests,
         )
         rss = peak_rss_mb(procs.pids())
     finally:
         spied = profiler.stop() if profiler is not None else []
         if launched is not None:
             launched.stop()
-        if producer is not None:
+        for producer in producers:
             _reap(producer)
     profile = {path.stem: top_frames(path) for path in spied}
     return Measured(reading, rss, launched, profile)

@@ -243,8 +243,10 @@ def produce_requests(
     *,
     rate: float = 0.0,
     producer_options: dict[str, Any] | None = None,
+    settle_s: float = 0.0,
 ) -> dict[str, str]:
-    """Produce ``(tag, key, value)`` triples, paced at ``rate`` per second when given.
+    """Produce ``(tag, key, value)`` triples, paced at ``rate`` per second when given,
+    the first ``settle_s`` after the producer has connected.
 
     Returns each tag's position as ``topic/partition/offset``: the id by which a dead
     letter of an undecodable request is counted.
@@ -262,6 +264,7 @@ def produce_requests(
     # Connect and fetch metadata before the first record, so its timestamp does not
     # include the producer's own start-up.
     producer.list_topics(topic, timeout=10)
+    time.sleep(settle_s)
 
     def reporter(tag: str) -> Any:
         def on_delivery(err: KafkaError | None, msg: Any) -> None:
