@@ -5,8 +5,11 @@
 arrive so start-up is not sampled, and stops it with SIGINT, which makes py-spy write the
 collapsed stacks. ``top_frames`` reads such a file and returns the frames with the most
 samples, by self time (the innermost frame) and inclusive time (anywhere on the stack).
-Idle threads (blocked in a system call with the GIL released) are not sampled, so the
-counts show where CPU went.
+py-spy leaves out threads it sees idle, but not all of them: a thread waiting in
+``Condition.wait``, or in librdkafka's ``consume`` or ``poll`` with the GIL released, is
+counted as busy there (seen in the worker's stage and loop threads), so those frames are
+waits, not CPU. ``py-spy record --gil`` samples only the thread holding the GIL, which is
+where Python time went.
 """
 
 from __future__ import annotations

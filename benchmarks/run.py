@@ -592,8 +592,9 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         metavar="S",
-        help="steady mode: latency percentiles skip requests of the first S seconds, for "
-        "every contender (default 3; records still count for throughput and loss)",
+        help="steady mode: latency percentiles and CPU per record skip requests of the "
+        "first S seconds, for every contender (default 3; records still count for "
+        "throughput and loss)",
     )
     parser.add_argument(
         "--no-source-headers",
