@@ -122,8 +122,13 @@ def read_results(
     With ``arrival`` a latency ends when the reader receives the result (it then takes
     each result as soon as it is fetched) rather than at the result's CreateTime, so the
     result producer's linger and the second hop count too. ``start`` starts the requests
-    (a steady run): it is called ``FIRST_FETCH_S`` after the reader is assigned, and the
-    contender has been ready at least as long.
+    (a steady run) once the reader is assigned. The first fetch of a consumer just
+    assigned a new, empty partition is held by the broker for the whole
+    ``fetch.wait.max.ms`` even when records arrive meanwhile (with librdkafka's 500 ms,
+    the first record after an assignment took 560-620 ms to be consumed, none once the
+    consumer had been assigned 0.6 s): the reader's wait is 20 ms, and the request
+    producer sends its first request ``benchmarks.producer.PRODUCER_ID_WAIT_S`` (0.6 s)
+    after it connected, by when the contender, ready before the reader, is past its own.
     """
     consumer = Consumer(
         {
@@ -141,13 +146,10 @@ def read_results(
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in meta.partitions])
         started = time.monotonic()
         last_seen = started
-        begin_at = started + (FIRST_FETCH_S if start is not None else 0.0)
+        if start is not None:
+            start()
         while pending:
             now = time.monotonic()
-            if start is not None and now >= begin_at:
-                start()
-                start = None
-                started = last_seen = now
             if now - started > deadline_s:
                 out.timed_out = True
                 break
@@ -181,18 +183,6 @@ def read_results(
     finally:
         consumer.close()
     return out
-
-
-FIRST_FETCH_S = 0.6
-"""Steady mode: how long the requests wait for a ready contender and a new reader. The
-first fetch of a consumer just assigned a new, empty partition is held by the broker
-for the whole ``fetch.wait.max.ms`` (librdkafka's 500 ms, every contender's and the
-reader's), even when records arrive meanwhile: measured here, the first record after an
-assignment took 560-620 ms to be consumed (160-170 ms with a 100 ms wait), those after
-it 1-3 ms, and none waited once the consumer had been assigned for 0.6 s. Requests made
-in that half second waited for the contender's first fetch or the reader's, whichever
-the contender (the relay too), in about half the steps of a latency curve. Where the
-partitions have traffic (the join scenario) no such wait shows."""
 
 
 def _past(out: Reading, seconds: float) -> bool:

@@ -35,7 +35,8 @@ idempotent producer sends nothing before it holds a producer id, and when its fi
 attempt finds no broker connected yet it asks again only 500 ms later: measured here, a
 new producer process's first records waited 500-519 ms in 4 of 15 tries (the others
 1-10 ms), and a paced run's first half second of requests waited so in about half the
-steps of a latency curve, whichever the contender."""
+steps of a latency curve, whichever the contender. The wait also covers the first fetch
+of the contender, assigned before this process starts (``benchmarks.measure.read_results``)."""
 
 
 def request_ids(n: int) -> list[str]:
