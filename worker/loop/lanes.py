@@ -91,13 +91,18 @@ class LaneQueue(Generic[T]):
         passed over, not reordered: the caller makes readiness the same for items that
         must keep their order (one pipeline's). Every lower ready lane passed over starts
         (or goes on) counting."""
+        since = self._overtaken_since
+        if not self._size:  # what an idle thread finds at most stages: nothing to scan
+            since.clear()
+            return None
+        if len(self._order) == 1:  # one lane: nothing overtakes, the first ready goes
+            return self._take_first(self._order[0], ready, now)
         firsts: dict[int, int] = {}
         for lane in self._order:
             at = next((i for i, (item, _) in enumerate(self._lanes[lane]) if ready(lane, item)), -1)
             if at >= 0:
                 firsts[lane] = at
         ready_lanes = list(firsts)
-        since = self._overtaken_since
         for lane in [lane for lane in since if lane not in firsts]:
             del since[lane]  # nothing to take, or its next stage is full: not overtaken
         if not ready_lanes:
@@ -115,8 +120,20 @@ class LaneQueue(Generic[T]):
                 for lane in ready_lanes[1:]:
                     since.setdefault(lane, now)
         since.pop(chosen, None)
-        queue = self._lanes[chosen]
-        item, queued_at = queue[firsts[chosen]]
-        del queue[firsts[chosen]]
+        return self._remove(chosen, firsts[chosen], now, aged)
+
+    def _take_first(
+        self, lane: int, ready: Callable[[int, T], bool], now: float
+    ) -> Taken[T] | None:
+        """``take`` with a single lane: its first ready item."""
+        for at, (item, _) in enumerate(self._lanes[lane]):
+            if ready(lane, item):
+                return self._remove(lane, at, now, False)
+        return None
+
+    def _remove(self, lane: int, at: int, now: float, aged: bool) -> Taken[T]:
+        queue = self._lanes[lane]
+        item, queued_at = queue[at]
+        del queue[at]
         self._size -= 1
-        return Taken(item, chosen, max(0.0, now - queued_at), aged)
+        return Taken(item, lane, max(0.0, now - queued_at), aged)

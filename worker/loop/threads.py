@@ -325,6 +325,8 @@ class StageThreads:
     def _due(self, here: dict[str, _Aside], now: float) -> Taken[tuple[Job, Step | None]] | None:
         """The parked job whose wait is over (first parked first), taken back; its
         retry is not a take for ``on_take`` (waited_s < 0)."""
+        if not here:
+            return None
         name = next((name for name, aside in here.items() if aside.due <= now), None)
         if name is None:
             return None
