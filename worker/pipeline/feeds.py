@@ -59,6 +59,40 @@ class InputFeed:
 
 
 @dataclass(frozen=True, slots=True)
+class LookupColumns:
+    """Where one lookup's fields go in a batch's matrices, fixed with the plan so that a
+    batch computes none of it."""
+
+    used: tuple[str, ...]
+    """The lookup's fields some input reads, in its order."""
+    number_src: npt.NDArray[np.intp]
+    """Positions, among the lookup's fields, of those held as numbers ..."""
+    number_dst: npt.NDArray[np.intp]
+    """... and their columns in the number matrix."""
+    every_number: bool
+    """The lookup's fields are the number matrix's columns, all of them and in order."""
+    text_src: npt.NDArray[np.intp]
+    text_dst: npt.NDArray[np.intp]
+
+    @classmethod
+    def of(
+        cls, lookup: LookupSpec, column: Mapping[str, int], text_column: Mapping[str, int]
+    ) -> LookupColumns:
+        fields = lookup.fields
+        num = [(j, column[f]) for j, f in enumerate(fields) if f in column]
+        txt = [(j, text_column[f]) for j, f in enumerate(fields) if f in text_column]
+        index = list(range(len(fields)))
+        return cls(
+            used=tuple(f for f in fields if f in column or f in text_column),
+            number_src=np.asarray([j for j, _ in num], dtype=np.intp),
+            number_dst=np.asarray([c for _, c in num], dtype=np.intp),
+            every_number=len(column) == len(fields) and [c for _, c in num] == index,
+            text_src=np.asarray([j for j, _ in txt], dtype=np.intp),
+            text_dst=np.asarray([c for _, c in txt], dtype=np.intp),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class FeedPlan:
     """Which features fill which model inputs; fixed when the model loads."""
 
@@ -75,6 +109,12 @@ class FeedPlan:
     kinds: dict[str, FeatureKind] = field(default_factory=dict)
     source: dict[str, str] = field(default_factory=dict)
     """Feature -> where it comes from: ``lookup NAME (layout)`` or ``request``."""
+    column: dict[str, int] = field(default_factory=dict)
+    """Number feature -> its column in the number matrix."""
+    text_column: dict[str, int] = field(default_factory=dict)
+    """String feature -> its column in the text matrix."""
+    lookup_columns: dict[str, LookupColumns] = field(default_factory=dict)
+    """Lookup name -> where its fields go."""
 
     @classmethod
     def build(cls, config: PipelineConfig, model: Sequence[TensorInput]) -> FeedPlan:
@@ -138,6 +178,8 @@ class FeedPlan:
             ],
             dtype=np.float64,
         )
+        column = {name: j for j, name in enumerate(numbers)}
+        text_column = {name: j for j, name in enumerate(texts)}
         return cls(
             inputs=inputs,
             lookups=tuple(config.lookups),
@@ -150,6 +192,11 @@ class FeedPlan:
             source={
                 n: f"lookup {owner[n].name} ({owner[n].layout})" if n in owner else "request"
                 for n in kinds
+            },
+            column=column,
+            text_column=text_column,
+            lookup_columns={
+                lk.name: LookupColumns.of(lk, column, text_column) for lk in config.lookups
             },
         )
 
@@ -245,15 +292,14 @@ def assemble(plan: FeedPlan, decoded: DecodedRequests, fetcher: BatchFetcher) ->
     numbers[:] = plan.number_defaults
     texts = np.full((n, len(plan.texts)), "", dtype=object) if plan.texts else None
     rejected: dict[int, tuple[str, str]] = {}
-    column = {name: j for j, name in enumerate(plan.numbers)}
-    text_column = {name: j for j, name in enumerate(plan.texts)}
+    column, text_column = plan.column, plan.text_column
 
-    no_inline = all(feats is None for feats in inline)
+    no_inline = inline.count(None) == n
     wanted: dict[str, list[str]] = {}
     rows_of: dict[str, list[int]] = {}
     for lookup in plan.lookups:
         entities = decoded.entities[lookup.name]
-        fields = [f for f in lookup.fields if f in column or f in text_column]
+        fields = plan.lookup_columns[lookup.name].used
         if no_inline:
             rows = [r for r in range(n) if entities[r] is not None]
         else:  # a request that carries every field inline needs no lookup
@@ -282,8 +328,8 @@ def assemble(plan: FeedPlan, decoded: DecodedRequests, fetcher: BatchFetcher) ->
                     f"{len(distinct)} entities of {len(lookup.fields)} values expected"
                 )
             found, unknown = _fill(
-                lookup, got, distinct, rows_of[lookup.name], decoded, numbers, column,
-                texts, text_column, rejected,
+                lookup, plan.lookup_columns[lookup.name], got, distinct, rows_of[lookup.name],
+                decoded, numbers, texts, rejected,
             )  # fmt: skip
             lookups += found
             misses += unknown
@@ -308,45 +354,47 @@ def assemble(plan: FeedPlan, decoded: DecodedRequests, fetcher: BatchFetcher) ->
 
 def _fill(
     lookup: LookupSpec,
+    at: LookupColumns,
     got: Fetched,
     distinct: list[str],
     lookup_rows: list[int],
     decoded: DecodedRequests,
     numbers: npt.NDArray[np.float64],
-    column: dict[str, int],
     texts: npt.NDArray[np.object_] | None,
-    text_column: dict[str, int],
     rejected: dict[int, tuple[str, str]],
 ) -> tuple[int, int]:
     """Write one lookup's stored values into the batch's matrices; reject the rows its
     policy refuses. Returns (entities looked up, entities unknown)."""
     entities, inline = decoded.entities[lookup.name], decoded.inline
     values, absent, bad = got.values, got.absent, got.bad
-    unknown: npt.NDArray[np.bool_] = np.asarray(absent.all(axis=1))
-    partial: npt.NDArray[np.bool_] = np.asarray(absent.any(axis=1)) & ~unknown
+    complete = not absent.any()  # every entity had every field: the common batch
     position = {entity: i for i, entity in enumerate(distinct)}
     idx = np.fromiter((position[entities[r]] for r in lookup_rows), np.intp, len(lookup_rows))  # type: ignore[index]
     rows = np.asarray(lookup_rows, dtype=np.intp)
-    fields = lookup.fields
-    num = [(j, column[f]) for j, f in enumerate(fields) if f in column]
-    if num:
-        src = [j for j, _ in num]
-        dst = [c for _, c in num]
+    if at.every_number:
+        if complete:
+            filled = values
+        else:
+            with np.errstate(invalid="ignore"):
+                filled = np.where(absent, lookup.default_value, values)
+        numbers[rows] = filled[idx]
+    elif len(at.number_src):
+        src = at.number_src
         with np.errstate(invalid="ignore"):
             filled = np.where(absent[:, src], lookup.default_value, values[:, src])
-        if len(dst) == numbers.shape[1] and dst == list(range(len(dst))):
-            numbers[rows] = filled[idx]
-        else:
-            numbers[np.ix_(rows, np.asarray(dst, dtype=np.intp))] = filled[idx]
-    txt = [(j, text_column[f]) for j, f in enumerate(fields) if f in text_column]
-    if txt and texts is not None:
+        numbers[np.ix_(rows, at.number_dst)] = filled[idx]
+    if len(at.text_src) and texts is not None:
         if got.text is None:
             raise FeatureStoreError(f"lookup {lookup.name!r} answered no text for string features")
-        src = [j for j, _ in txt]
+        src = at.text_src
         stored = got.text[:, src]
         stored = np.where(absent[:, src], "", stored)
-        texts[np.ix_(rows, np.asarray([c for _, c in txt], dtype=np.intp))] = stored[idx]
+        texts[np.ix_(rows, at.text_dst)] = stored[idx]
 
+    if complete and bad.count(None) == len(bad):
+        return len(distinct), 0
+    unknown: npt.NDArray[np.bool_] = np.asarray(absent.all(axis=1))
+    partial: npt.NDArray[np.bool_] = np.asarray(absent.any(axis=1)) & ~unknown
     troubled = np.fromiter((b is not None for b in bad), np.bool_, len(bad))
     if lookup.on_missing_entity == "dead_letter":
         troubled |= unknown
@@ -365,8 +413,8 @@ def _fill(
             given = inline[r] or {}
             missing = [
                 f
-                for k, f in enumerate(fields)
-                if absent[e, k] and f not in given and (f in column or f in text_column)
+                for k, f in enumerate(lookup.fields)
+                if absent[e, k] and f not in given and f in at.used
             ]
             if not missing:
                 continue  # the request carried what the store lacks

@@ -387,3 +387,60 @@ def test_the_demo_shape_is_one_matrix_of_every_stored_field() -> None:
     plan = FeedPlan.build(config, [TensorInput("X", "tensor(float)", np.dtype(np.float32), 2, 2)])
     assert [(i.name, i.columns) for i in plan.inputs] == [("X", ("f0", "f1"))]
     assert plan.request_only == ()
+
+
+class Stored:
+    """A ``BatchFetcher`` of one lookup's rows as given, absent where None."""
+
+    def __init__(self, rows: dict[str, list[float | None]]) -> None:
+        self.rows = rows
+
+    def fetch_all(self, wanted: Mapping[str, Sequence[str]]) -> dict[str, Fetched]:
+        (name, entities), width = next(iter(wanted.items())), 3
+        raw = [self.rows.get(e, [None] * width) for e in entities]
+        values = np.array([[v or 0.0 for v in row] for row in raw], dtype=np.float32)
+        absent = np.array([[v is None for v in row] for row in raw], dtype=np.bool_)
+        return {name: Fetched(values, absent, [None] * len(entities))}
+
+
+@pytest.mark.parametrize("on_missing_entity", ["dead_letter", "default"])
+def test_one_lookup_filling_the_whole_matrix_keeps_every_policy(on_missing_entity: str) -> None:
+    """The shape most pipelines have (one lookup, every field a column in order) takes a
+    shorter path; a complete batch, an unknown entity and a missing field still come out
+    as the general path makes them."""
+    config = PipelineConfig.model_validate(
+        {
+            "name": "one",
+            "request_topics": ["req"],
+            "result_topic": "res",
+            "dead_letter_topic": "dlq",
+            "features": {
+                "fields": ["f0", "f1", "f2"],
+                "layout": "packed",
+                "default_value": -1.0,
+                "on_missing_entity": on_missing_entity,
+            },
+            "model": {"path": Path("m.onnx"), "name": "m"},
+        }
+    )
+    plan = FeedPlan.build(config, [TensorInput("X", "tensor(float)", np.dtype(np.float32), 2, 3)])
+    shape = RequestShape.of(config, plan.kinds)
+    store = Stored({"a": [1.0, 2.0, 3.0], "b": [4.0, None, 6.0]})
+
+    def assembled(entities: list[str]) -> Assembled:
+        docs = [orjson.dumps({"id": f"r{i}", "entity": e}) for i, e in enumerate(entities)]
+        return assemble(plan, decode_requests(docs, shape, 1 << 20), store)
+
+    whole = assembled(["a", "a"])
+    assert whole.rejected == []
+    assert (whole.lookups, whole.misses) == (1, 0)
+    np.testing.assert_array_equal(whole.feeds["X"], [[1, 2, 3], [1, 2, 3]])
+
+    mixed = assembled(["b", "x", "a"])
+    assert (mixed.lookups, mixed.misses) == (3, 1)
+    if on_missing_entity == "dead_letter":
+        assert mixed.rejected == [(1, "unknown_entity", "no features for entity 'x'")]
+        np.testing.assert_array_equal(mixed.feeds["X"][[0, 2]], [[4, -1, 6], [1, 2, 3]])
+    else:
+        assert mixed.rejected == []
+        np.testing.assert_array_equal(mixed.feeds["X"], [[4, -1, 6], [-1, -1, -1], [1, 2, 3]])
