@@ -72,7 +72,9 @@ class LookupColumns:
     every_number: bool
     """The lookup's fields are the number matrix's columns, all of them and in order."""
     text_src: npt.NDArray[np.intp]
+    """Positions, among the lookup's fields, of those held as strings ..."""
     text_dst: npt.NDArray[np.intp]
+    """... and their columns in the text matrix."""
 
     @classmethod
     def of(

@@ -403,8 +403,11 @@ class Stored:
         return {name: Fetched(values, absent, [None] * len(entities))}
 
 
+@pytest.mark.parametrize("on_missing_field", ["default", "dead_letter"])
 @pytest.mark.parametrize("on_missing_entity", ["dead_letter", "default"])
-def test_one_lookup_filling_the_whole_matrix_keeps_every_policy(on_missing_entity: str) -> None:
+def test_one_lookup_filling_the_whole_matrix_keeps_every_policy(
+    on_missing_entity: str, on_missing_field: str
+) -> None:
     """The shape most pipelines have (one lookup, every field a column in order) takes a
     shorter path; a complete batch, an unknown entity and a missing field still come out
     as the general path makes them."""
@@ -419,28 +422,35 @@ def test_one_lookup_filling_the_whole_matrix_keeps_every_policy(on_missing_entit
                 "layout": "packed",
                 "default_value": -1.0,
                 "on_missing_entity": on_missing_entity,
+                "on_missing_field": on_missing_field,
             },
             "model": {"path": Path("m.onnx"), "name": "m"},
         }
     )
     plan = FeedPlan.build(config, [TensorInput("X", "tensor(float)", np.dtype(np.float32), 2, 3)])
+    (lookup,) = config.lookups
+    assert plan.lookup_columns[lookup.name].every_number
     shape = RequestShape.of(config, plan.kinds)
-    store = Stored({"a": [1.0, 2.0, 3.0], "b": [4.0, None, 6.0]})
+    store = Stored({"a": [1.0, 2.0, 3.0], "b": [4.0, None, 6.0], "c": [7.0, 8.0, 9.0]})
 
-    def assembled(entities: list[str]) -> Assembled:
-        docs = [orjson.dumps({"id": f"r{i}", "entity": e}) for i, e in enumerate(entities)]
-        return assemble(plan, decode_requests(docs, shape, 1 << 20), store)
+    def assembled(*docs: dict[str, Any]) -> Assembled:
+        values = [orjson.dumps({"id": f"r{i}", **doc}) for i, doc in enumerate(docs)]
+        return assemble(plan, decode_requests(values, shape, 1 << 20), store)
 
-    whole = assembled(["a", "a"])
+    inline = {"entity": "a", "features": {"f0": 10, "f1": 11, "f2": 12}}  # not looked up
+    whole = assembled({"entity": "c"}, inline, {"entity": "a"}, {"entity": "c"})
     assert whole.rejected == []
-    assert (whole.lookups, whole.misses) == (1, 0)
-    np.testing.assert_array_equal(whole.feeds["X"], [[1, 2, 3], [1, 2, 3]])
+    assert (whole.lookups, whole.misses) == (2, 0)
+    np.testing.assert_array_equal(whole.feeds["X"], [[7, 8, 9], [10, 11, 12], [1, 2, 3], [7, 8, 9]])
 
-    mixed = assembled(["b", "x", "a"])
+    mixed = assembled({"entity": "b"}, {"entity": "x"}, {"entity": "a"})
     assert (mixed.lookups, mixed.misses) == (3, 1)
+    expected = np.array([[4, -1, 6], [-1, -1, -1], [1, 2, 3]], dtype=np.float32)
+    rejected = []
+    if on_missing_field == "dead_letter":
+        rejected.append((0, "missing_feature", f"{lookup.name} 'b' lacks fields ['f1']"))
     if on_missing_entity == "dead_letter":
-        assert mixed.rejected == [(1, "unknown_entity", "no features for entity 'x'")]
-        np.testing.assert_array_equal(mixed.feeds["X"][[0, 2]], [[4, -1, 6], [1, 2, 3]])
-    else:
-        assert mixed.rejected == []
-        np.testing.assert_array_equal(mixed.feeds["X"], [[4, -1, 6], [-1, -1, -1], [1, 2, 3]])
+        rejected.append((1, "unknown_entity", "no features for entity 'x'"))
+    assert mixed.rejected == rejected
+    kept = [r for r in range(3) if r not in {row for row, _, _ in rejected}]
+    np.testing.assert_array_equal(mixed.feeds["X"][kept], expected[kept])
