@@ -83,12 +83,12 @@ class LookupColumns:
         fields = lookup.fields
         num = [(j, column[f]) for j, f in enumerate(fields) if f in column]
         txt = [(j, text_column[f]) for j, f in enumerate(fields) if f in text_column]
-        index = list(range(len(fields)))
+        dst = [c for _, c in num]
         return cls(
             used=tuple(f for f in fields if f in column or f in text_column),
             number_src=np.asarray([j for j, _ in num], dtype=np.intp),
-            number_dst=np.asarray([c for _, c in num], dtype=np.intp),
-            every_number=len(column) == len(fields) and [c for _, c in num] == index,
+            number_dst=np.asarray(dst, dtype=np.intp),
+            every_number=len(column) == len(fields) and dst == list(range(len(fields))),
             text_src=np.asarray([j for j, _ in txt], dtype=np.intp),
             text_dst=np.asarray([c for _, c in txt], dtype=np.intp),
         )
@@ -161,7 +161,9 @@ class FeedPlan:
                 )
         texts = tuple(n for n, k in kinds.items() if k == "text")
         numbers = tuple(n for n, k in kinds.items() if k != "text")
-        at = {n: i for i, n in enumerate(numbers)} | {n: i for i, n in enumerate(texts)}
+        column = {name: j for j, name in enumerate(numbers)}
+        text_column = {name: j for j, name in enumerate(texts)}
+        at = column | text_column
         inputs = tuple(
             InputFeed(
                 t.name,
@@ -180,8 +182,6 @@ class FeedPlan:
             ],
             dtype=np.float64,
         )
-        column = {name: j for j, name in enumerate(numbers)}
-        text_column = {name: j for j, name in enumerate(texts)}
         return cls(
             inputs=inputs,
             lookups=tuple(config.lookups),
